@@ -1,0 +1,29 @@
+# The two front-door commands: `make demo` (the main job on the bundled default) and `make test`.
+# Both create .venv on first use. torch is installed first and pinned in the same pip command,
+# because any other torch spec pulls a multi-GB CUDA build on machines like ours.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.depthscope-installed
+PYTEST_ARGS ?=
+
+.PHONY: demo test venv clean-venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[dev]' "$(TORCH_SPEC)"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/depthscope demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+clean-venv:
+	rm -rf $(VENV)

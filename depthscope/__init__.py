@@ -1,0 +1,9 @@
+"""depthscope: measure how transformers mix earlier layers' outputs across depth."""
+
+__version__ = "0.1.0"
+
+from depthscope.errors import DepthscopeError  # noqa: E402
+from depthscope.schemes import DepthModel, ModelConfig  # noqa: E402
+from depthscope.schemes.checkpoint import load  # noqa: E402
+
+__all__ = ["DepthModel", "DepthscopeError", "ModelConfig", "load", "__version__"]

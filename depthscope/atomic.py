@@ -1,0 +1,34 @@
+"""Atomic output: write to a temporary name beside the target, rename on success."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from depthscope.errors import DepthscopeError
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path; rename it onto ``path`` if the block succeeds, else delete it.
+
+    An interrupted or failed write never leaves a half-written file under the final name.
+    """
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+    except OSError as err:
+        raise DepthscopeError(f"cannot write {path}: {err.strerror or err}") from None
+    os.close(fd)
+    tmp_path = Path(tmp)
+    try:
+        yield tmp_path
+        os.replace(tmp_path, path)
+    except BaseException:
+        tmp_path.unlink(missing_ok=True)
+        raise

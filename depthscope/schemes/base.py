@@ -1,0 +1,318 @@
+"""The scheme protocol, the model config, and the layout of sources and consumers.
+
+A residual scheme is a class with a name, a frozen ``Options`` dataclass, and two duties:
+
+* ``start(cfg, x0, track)`` turns the token embedding into the scheme's depth state;
+* ``mixer(cfg, site)`` builds the module that, for one consumer (a sublayer input or the
+  read-out), *reads* the state into that consumer's input and *writes* the consumer's output
+  back into the state.
+
+Every mixer reports, through ``hook_weights``, its per-token weights over the sources written so
+far in the delta basis (embedding + sublayer outputs), whatever its native parametrisation; the
+input it hands on goes through ``hook_in``. The standard residual is the degenerate case.
+
+Legend: batch, pos, d_model, source (embedding, then sublayer outputs in execution order).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import json
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from depthscope.errors import ConfigError
+from depthscope.schemes import names
+from depthscope.schemes._common import MLP, Attention, listening
+
+VOCAB = 256  # byte-level models
+
+
+@dataclass(frozen=True)
+class NoOptions:
+    """A scheme without settings of its own."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Size and scheme of a byte-level decoder-only pre-norm transformer."""
+
+    scheme: str = "standard"
+    n_layers: int = 4
+    d_model: int = 64
+    n_heads: int = 4
+    d_mlp: int = 0  # 0 means 4 * d_model
+    ctx: int = 128
+    options: Any = field(default=None)  # the scheme's Options instance; None = its defaults
+
+    def __post_init__(self) -> None:
+        scheme = get_scheme(self.scheme)
+        if self.options is None:
+            object.__setattr__(self, "options", scheme.Options())
+        elif isinstance(self.options, dict):
+            object.__setattr__(self, "options", build_options(scheme, self.options))
+        elif not isinstance(self.options, scheme.Options):
+            raise ConfigError(f"options for {self.scheme!r} must be {scheme.Options.__name__}")
+        if self.d_mlp == 0:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)
+        for key in ("n_layers", "d_model", "n_heads", "d_mlp", "ctx"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
+        if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
+            raise ConfigError(
+                f"d_model {self.d_model} must split into {self.n_heads} heads of even size"
+            )
+        scheme.validate(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (options as a plain dict)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["options"] = dataclasses.asdict(self.options)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ConfigError(f"unknown model config keys: {sorted(unknown)}")
+        return cls(**d)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        """Sublayer kinds of one block, in execution order."""
+        return get_scheme(self.scheme).kinds(self.options)
+
+    @property
+    def n_sublayers(self) -> int:
+        return self.n_layers * len(self.kinds)
+
+
+@dataclass(frozen=True)
+class Site:
+    """Where a consumer sits: block, kind and position in execution order.
+
+    ``index`` counts sublayers from 0 in execution order; the read-out has index = number of
+    sublayers. ``depth`` = index + 1 is the number of sources written before it (embed has
+    depth 0), so a consumer of depth T has the uniform 1/T share.
+    """
+
+    block: int
+    kind: str
+    index: int
+
+    @property
+    def label(self) -> str:
+        return names.READOUT if self.kind == names.READOUT else f"{self.block}.{self.kind}"
+
+    @property
+    def depth(self) -> int:
+        return self.index + 1
+
+    @property
+    def n_sources(self) -> int:
+        return self.index + 1
+
+
+def sublayer_sites(cfg: ModelConfig) -> list[Site]:
+    """Every sublayer in execution order."""
+    kinds = cfg.kinds
+    return [Site(b, k, b * len(kinds) + j) for b in range(cfg.n_layers) for j, k in enumerate(kinds)]
+
+
+def readout_site(cfg: ModelConfig) -> Site:
+    return Site(cfg.n_layers, names.READOUT, cfg.n_sublayers)
+
+
+@dataclass(frozen=True)
+class Consumer:
+    """One row of the depth-mixing matrix: a distinct input of a sublayer, or the read-out."""
+
+    site: Site
+    view: str | None = None
+
+    @property
+    def label(self) -> str:
+        return f"{self.site.label}.{self.view}" if self.view else self.site.label
+
+    @property
+    def hook_in(self) -> str:
+        return names.mix_in(self.site.block, self.site.kind, self.view)
+
+    @property
+    def hook_weights(self) -> str:
+        return names.mix_weights(self.site.block, self.site.kind, self.view)
+
+
+@dataclass(frozen=True)
+class Source:
+    """One column of the depth-mixing matrix: the embedding or a sublayer output."""
+
+    label: str
+    hook: str
+    depth: int
+    kind: str
+
+
+def sources(cfg: ModelConfig) -> list[Source]:
+    """The embedding, then every sublayer output, in execution order."""
+    out = [Source("embed", names.EMBED, 0, "embed")]
+    out += [Source(s.label, names.source_out(s.block, s.kind), s.depth, s.kind) for s in sublayer_sites(cfg)]
+    return out
+
+
+def consumers(cfg: ModelConfig) -> list[Consumer]:
+    """Every consumer (with one row per view), in execution order, then the read-out."""
+    scheme = get_scheme(cfg.scheme)
+    out = []
+    for site in sublayer_sites(cfg):
+        views = scheme.views(cfg.options, site.kind)
+        out += [Consumer(site, v) for v in views] if views else [Consumer(site)]
+    return out + [Consumer(readout_site(cfg))]
+
+
+class Mixer(nn.Module, abc.ABC):
+    """One consumer's depth mixer: state -> consumer input, then consumer output -> state."""
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__()
+        self.site = site
+        self.hook_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_weights = HookPoint()  # [batch, pos, source] or [batch, pos, source, d_model]
+
+    @abc.abstractmethod
+    def read(self, state: Any) -> Tensor | tuple[Tensor, ...]:
+        """The consumer's input (already passed through ``hook_in``)."""
+
+    def write(self, state: Any, out: Tensor) -> Any:
+        """Fold the consumer's output into the state (the read-out never writes)."""
+        raise ConfigError(f"{self.site.label} does not write")
+
+    def emit(self, weights: typing.Callable[[], Tensor]) -> None:
+        """Pass delta-basis weights to ``hook_weights``, building them only if someone listens."""
+        if listening(self.hook_weights):
+            self.hook_weights(weights())
+
+
+class Scheme(abc.ABC):
+    """A residual scheme: its name, paper, options, sublayer kinds and mixers."""
+
+    name: ClassVar[str]
+    paper: ClassVar[str]  # "arXiv id: short title"
+    Options: ClassVar[type] = NoOptions
+
+    @classmethod
+    def kinds(cls, options: Any) -> tuple[str, ...]:
+        return ("attn", "mlp")
+
+    @classmethod
+    def views(cls, options: Any, kind: str) -> tuple[str, ...]:
+        """Named inputs of a sublayer kind when it takes several (DCA: q, k, v)."""
+        return ()
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """Raise ConfigError if the options do not fit the model size."""
+
+    @classmethod
+    def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
+        if site.kind == "attn":
+            return Attention(cfg.d_model, cfg.n_heads, cfg.ctx)
+        if site.kind == "mlp":
+            return MLP(cfg.d_model, cfg.d_mlp)
+        raise ConfigError(f"scheme {cls.name!r} has no sublayer kind {site.kind!r}")
+
+    @classmethod
+    @abc.abstractmethod
+    def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> Any:
+        """The depth state after the embedding; ``track`` asks for delta-basis bookkeeping."""
+
+    @classmethod
+    @abc.abstractmethod
+    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """The mixer of one consumer."""
+
+
+_REGISTRY: dict[str, type[Scheme]] = {}
+
+
+def register(cls: type[Scheme]) -> type[Scheme]:
+    """Class decorator adding a scheme to the registry."""
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def scheme_names() -> list[str]:
+    _load_builtin()
+    return list(_REGISTRY)
+
+
+def get_scheme(name: str) -> type[Scheme]:
+    """The scheme class registered under ``name``."""
+    _load_builtin()
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"unknown scheme {name!r}; known: {', '.join(_REGISTRY)}") from None
+
+
+def _load_builtin() -> None:
+    import depthscope.schemes  # noqa: F401  (registers the built-in schemes)
+
+
+def _convert(value: str, kind: Any, key: str) -> Any:
+    origin = typing.get_origin(kind)
+    if origin is typing.Literal:
+        choices = typing.get_args(kind)
+        for c in choices:
+            if str(c) == str(value):
+                return c
+        raise ConfigError(f"option {key}={value!r} is not one of {', '.join(map(str, choices))}")
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if value in (None, "none", "None"):
+            return None
+        return _convert(value, args[0], key)
+    if not isinstance(value, str):
+        if kind is float and isinstance(value, int):
+            return float(value)
+        if kind is bool and not isinstance(value, bool):
+            raise ConfigError(f"option {key} must be true or false, got {value!r}")
+        if not isinstance(value, kind):
+            raise ConfigError(f"option {key} must be {kind.__name__}, got {value!r}")
+        return value
+    try:
+        if kind is bool:
+            if value.lower() in ("1", "true", "yes"):
+                return True
+            if value.lower() in ("0", "false", "no"):
+                return False
+            raise ValueError(value)
+        return kind(value)
+    except ValueError:
+        raise ConfigError(f"option {key}={value!r} is not a valid {kind.__name__}") from None
+
+
+def build_options(scheme: type[Scheme], values: dict[str, Any]) -> Any:
+    """The scheme's Options from a dict of (string or typed) values, validated."""
+    hints = typing.get_type_hints(scheme.Options)
+    fields = {f.name for f in dataclasses.fields(scheme.Options)}
+    unknown = set(values) - fields
+    if unknown:
+        valid = ", ".join(sorted(fields)) or "none"
+        raise ConfigError(
+            f"unknown option(s) {', '.join(sorted(unknown))} for scheme {scheme.name!r} (valid: {valid})"
+        )
+    try:
+        return scheme.Options(**{k: _convert(v, hints[k], k) for k, v in values.items()})
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"bad options for scheme {scheme.name!r}: {err}") from None

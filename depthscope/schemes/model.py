@@ -1,0 +1,99 @@
+"""The one model family: a byte-level decoder-only pre-norm transformer with a pluggable scheme.
+
+Tokens are bytes (vocabulary 256). Positions are rotary (inside attention), so the embedding
+source is the token embedding alone. Every sublayer computes f(RMSNorm(input)); where its input
+comes from, and where its output goes, is the scheme's business (``schemes/base.py``).
+
+Legend: batch, pos, d_model, vocab.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from depthscope.schemes._common import RMSNorm, init_sublayer, listening
+from depthscope.schemes.base import VOCAB, ModelConfig, Site, get_scheme, readout_site
+
+
+class Block(nn.Module):
+    """One transformer block: for each sublayer kind, mixer -> sublayer -> output hook -> write."""
+
+    def __init__(self, cfg: ModelConfig, block: int):
+        super().__init__()
+        scheme = get_scheme(cfg.scheme)
+        self.kinds = cfg.kinds
+        for j, kind in enumerate(self.kinds):
+            site = Site(block, kind, block * len(self.kinds) + j)
+            # registration order = execution order, so hook_dict lists hooks as they fire
+            self.add_module(f"{kind}_mix", scheme.mixer(cfg, site))
+            self.add_module(kind, scheme.sublayer(cfg, site))
+            self.add_module(f"hook_{kind}_out", HookPoint())  # [batch, pos, d_model]
+
+    def forward(self, state: Any) -> Any:
+        for kind in self.kinds:
+            mixer = getattr(self, f"{kind}_mix")
+            out = getattr(self, f"hook_{kind}_out")(getattr(self, kind)(mixer.read(state)))
+            state = mixer.write(state, out)
+        return state
+
+
+class DepthModel(HookedRootModule):
+    """Byte-level transformer whose every sublayer input is produced by the scheme's mixer.
+
+    Call it on a LongTensor of bytes [batch, pos] to get logits [batch, pos, 256].
+    ``run_with_cache`` and ``hooks`` come from TransformerLens's HookedRootModule.
+    """
+
+    def __init__(self, cfg: ModelConfig, training: dict[str, Any] | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.training_summary: dict[str, Any] = dict(training or {})
+        self.embed = nn.Embedding(VOCAB, cfg.d_model)
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
+        self.blocks = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
+        self.readout_mix = get_scheme(cfg.scheme).mixer(cfg, readout_site(cfg))
+        self.ln_final = RMSNorm(cfg.d_model)
+        self.unembed = nn.Linear(cfg.d_model, VOCAB, bias=False)
+        self._init_weights()
+        self.setup()
+        self._weight_hooks = [h for n, h in self.hook_dict.items() if n.endswith("hook_weights")]
+
+    @property
+    def scheme(self):
+        return get_scheme(self.cfg.scheme)
+
+    def _init_weights(self) -> None:
+        # Only embedding, sublayers and unembedding: each mixer owns its initialisation (a global
+        # re-init would break the schemes that start out equal to the standard residual).
+        nn.init.normal_(self.embed.weight, 0.0, 0.02)
+        nn.init.normal_(self.unembed.weight, 0.0, 0.02)
+        for block in self.blocks:
+            for kind in block.kinds:
+                init_sublayer(getattr(block, kind), self.cfg.n_sublayers)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        if tokens.dtype != torch.long or tokens.ndim != 2:
+            raise ValueError(f"expected LongTensor [batch, pos], got {tokens.dtype} {tuple(tokens.shape)}")
+        if tokens.shape[1] > self.cfg.ctx:
+            raise ValueError(f"sequence of {tokens.shape[1]} exceeds the context of {self.cfg.ctx}")
+        x0 = self.hook_embed(self.embed(tokens))
+        track = any(listening(h) for h in self._weight_hooks)
+        state = self.scheme.start(self.cfg, x0, track)
+        for block in self.blocks:
+            state = block(state)
+        return self.unembed(self.ln_final(self.readout_mix.read(state)))
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def save(self, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:
+        """Write a .safetensors checkpoint with the config in its metadata (atomic)."""
+        from depthscope.schemes.checkpoint import save
+
+        return save(self, path, dtype=dtype)

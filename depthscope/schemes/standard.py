@@ -1,0 +1,58 @@
+"""The standard pre-norm residual: x_{l+1} = x_l + f_l(Norm(x_l)).
+
+Every consumer's input is the unit-weight sum of everything written before it, so in the delta
+basis its weights are exactly 1 on every available source (He et al., arXiv 1512.03385;
+pre-norm placement as in Xiong et al., arXiv 2002.04745).
+
+Legend: batch, pos, d_model, source.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from depthscope.schemes.base import Mixer, ModelConfig, Scheme, register
+
+
+@dataclass
+class SumState:
+    """The running sum and how many sources it holds."""
+
+    x: Tensor  # [batch, pos, d_model]
+    n: int
+
+
+class SumMixer(Mixer):
+    """Reads the running sum; writes by adding the output."""
+
+    def read(self, state: SumState) -> Tensor:
+        x = state.x
+        self.emit(lambda: x.new_ones(*x.shape[:-1], state.n))
+        return self.hook_in(x)
+
+    def write(self, state: SumState, out: Tensor) -> SumState:
+        return SumState(state.x + out, state.n + 1)
+
+
+@register
+class Standard(Scheme):
+    """Standard pre-norm residual (the degenerate depth mixer: all ones)."""
+
+    name = "standard"
+    paper = "arXiv 1512.03385: Deep Residual Learning (pre-norm: arXiv 2002.04745)"
+
+    @classmethod
+    def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:
+        return SumState(x0, 1)
+
+    @classmethod
+    def mixer(cls, cfg, site) -> Mixer:
+        return SumMixer(cfg, site)
+
+
+def ones_weights(x: Tensor, n: int) -> Tensor:
+    """All-ones weights [batch, pos, n] (the standard residual in the delta basis)."""
+    return torch.ones(*x.shape[:-1], n, dtype=x.dtype, device=x.device)
