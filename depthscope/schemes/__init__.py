@@ -1,6 +1,14 @@
 """Reference implementations: one module per residual scheme, one shared model."""
 
-from depthscope.schemes import standard  # noqa: F401  (registration order = table order)
+# Importing a scheme module registers it; this order is the order of every table.
+from depthscope.schemes import standard  # noqa: F401, I001
+from depthscope.schemes import denseformer  # noqa: F401
+from depthscope.schemes import dca  # noqa: F401
+from depthscope.schemes import attnres  # noqa: F401
+from depthscope.schemes import hc  # noqa: F401
+from depthscope.schemes import mhc  # noqa: F401
+from depthscope.schemes import ddl  # noqa: F401
+from depthscope.schemes import shortswa  # noqa: F401
 from depthscope.schemes.base import (
     Consumer,
     Mixer,
@@ -12,6 +20,7 @@ from depthscope.schemes.base import (
     get_scheme,
     scheme_names,
     sources,
+    variants,
 )
 from depthscope.schemes.model import DepthModel
 
@@ -27,4 +36,5 @@ __all__ = [
     "get_scheme",
     "scheme_names",
     "sources",
+    "variants",
 ]

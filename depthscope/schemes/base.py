@@ -209,6 +209,9 @@ class Scheme(abc.ABC):
     name: ClassVar[str]
     paper: ClassVar[str]  # "arXiv id: short title"
     Options: ClassVar[type] = NoOptions
+    # Named option sets shown in the demo table, benchmarks, zoo and the generic tests;
+    # an empty dict means one variant, named after the scheme, with default options.
+    variants: ClassVar[dict[str, dict[str, Any]]] = {}
 
     @classmethod
     def kinds(cls, options: Any) -> tuple[str, ...]:
@@ -249,6 +252,15 @@ def register(cls: type[Scheme]) -> type[Scheme]:
     """Class decorator adding a scheme to the registry."""
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def variants() -> list[tuple[str, str, dict[str, Any]]]:
+    """Every (label, scheme name, options) variant of every registered scheme."""
+    _load_builtin()
+    out = []
+    for name, cls in _REGISTRY.items():
+        out += [(label, name, dict(opts)) for label, opts in (cls.variants or {name: {}}).items()]
+    return out
 
 
 def scheme_names() -> list[str]:

@@ -29,9 +29,8 @@ class SumMixer(Mixer):
     """Reads the running sum; writes by adding the output."""
 
     def read(self, state: SumState) -> Tensor:
-        x = state.x
-        self.emit(lambda: x.new_ones(*x.shape[:-1], state.n))
-        return self.hook_in(x)
+        self.emit(lambda: ones_weights(state.x, state.n))
+        return self.hook_in(state.x)
 
     def write(self, state: SumState, out: Tensor) -> SumState:
         return SumState(state.x + out, state.n + 1)

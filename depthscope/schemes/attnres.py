@@ -1,0 +1,122 @@
+"""Attention Residuals (Kimi Team, arXiv 2603.15031), full and block.
+
+Every attention and every MLP is a layer l with a learned pseudo-query w_l in R^d (init 0) and
+its own RMSNorm on the keys. Its input is a softmax over depth (Sec. 3.1):
+
+    h_l = sum_i alpha_{i->l} v_i,   alpha_{i->l} = softmax_i( w_l . RMSNorm_l(v_i) )
+
+with v_0 = embedding and v_i = f_i(h_i) the (un-normalised) layer outputs; no 1/sqrt(d)
+temperature. The layer itself still applies its own pre-norm, f_l(Norm(h_l)). A read-out
+AttnRes (own w, own norm) mixes the sources before the final norm. With w = 0 every weight is
+uniform, 1/(number of sources): an equal-weight average, not the unit-weight residual sum.
+
+Block AttnRes (Sec. 3.2): the L layers are split into N blocks of S = L // N (the last block
+takes the remainder). Sources of a layer are the embedding b_0, the sums b_1..b_{n} of completed
+blocks, and, from the second layer of a block on, the partial sum of the current block. The
+read-out mixes b_0 and all N block sums. N = L is Full AttnRes, computed by the same code.
+In the delta basis a block's weight is shared by all of its members.
+
+Legend: batch, pos, d_model, entry (a softmax source: embedding, block sum or partial sum),
+source (embedding + sublayer outputs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from depthscope.errors import ConfigError
+from depthscope.schemes._common import rms_norm
+from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+
+
+@dataclass(frozen=True)
+class AttnResOptions:
+    blocks: int | None = None  # number of blocks N; None = Full AttnRes (N = number of sublayers)
+
+
+def n_blocks(cfg: ModelConfig) -> int:
+    return cfg.options.blocks or cfg.n_sublayers
+
+
+def block_of(cfg: ModelConfig, index: int) -> int:
+    """Block of sublayer ``index``: blocks of S = L // N, the last takes the remainder."""
+    size = cfg.n_sublayers // n_blocks(cfg)
+    return min(index // size, n_blocks(cfg) - 1)
+
+
+@dataclass
+class BlockState:
+    """Completed entries (embedding, block sums) with their weightless RMS norms, and the partial sum."""
+
+    entries: list[Tensor]
+    normed: list[Tensor]
+    partial: Tensor | None = None
+    extra: dict = field(default_factory=dict)
+
+
+def entry_of_source(cfg: ModelConfig, site: Site) -> list[int]:
+    """For each source available at ``site``, the index of the softmax entry that holds it."""
+    n_done = 1 + (block_of(cfg, site.index) if site.kind != "readout" else n_blocks(cfg))
+    out = [0]  # the embedding is entry 0
+    for s in range(site.index):  # sublayer outputs written before this consumer
+        b = block_of(cfg, s)
+        out.append(b + 1 if b + 1 < n_done else n_done)  # completed block, else the partial entry
+    return out
+
+
+class DepthAttention(Mixer):
+    """Softmax over depth with a static pseudo-query (one per consumer)."""
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__(cfg, site)
+        self.cfg = cfg
+        self.query = nn.Parameter(torch.zeros(cfg.d_model))  # w_l, init 0 => uniform weights
+        self.key_gain = nn.Parameter(torch.ones(cfg.d_model))  # the gain of RMSNorm_l
+        self.register_buffer("entry_index", torch.tensor(entry_of_source(cfg, site)), persistent=False)
+        self.last_in_block = site.kind != "readout" and (
+            site.index == cfg.n_sublayers - 1 or block_of(cfg, site.index + 1) != block_of(cfg, site.index)
+        )
+
+    def read(self, state: BlockState) -> Tensor:
+        values, normed = state.entries, state.normed
+        if state.partial is not None:
+            values, normed = values + [state.partial], normed + [rms_norm(state.partial)]
+        # w . (g * rmsnorm(v)) = (w * g) . rmsnorm(v): norm each entry once, fold the gain into the query
+        logits = torch.einsum("ebpd,d->bpe", torch.stack(normed), self.query * self.key_gain)
+        alpha = logits.float().softmax(-1).to(logits.dtype)  # [batch, pos, entry]
+        self.emit(lambda: alpha[..., self.entry_index])
+        h = torch.einsum("bpe,ebpd->bpd", alpha, torch.stack(values))
+        return self.hook_in(h)
+
+    def write(self, state: BlockState, out: Tensor) -> BlockState:
+        partial = out if state.partial is None else state.partial + out
+        if self.last_in_block:
+            return BlockState(state.entries + [partial], state.normed + [rms_norm(partial)], None)
+        return BlockState(state.entries, state.normed, partial)
+
+
+@register
+class AttnRes(Scheme):
+    """Attention Residuals, full (blocks=None) or block (blocks=N); arXiv 2603.15031 Eq. 3-4."""
+
+    name = "attnres"
+    paper = "arXiv 2603.15031: Attention Residuals"
+    Options = AttnResOptions
+    variants = {"attnres": {}, "attnres-block4": {"blocks": 4}}
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        n = cfg.options.blocks
+        if n is not None and not 1 <= n <= cfg.n_sublayers:
+            raise ConfigError(f"attnres blocks must be between 1 and {cfg.n_sublayers} (sublayers), got {n}")
+
+    @classmethod
+    def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> BlockState:
+        return BlockState([x0], [rms_norm(x0)])
+
+    @classmethod
+    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        return DepthAttention(cfg, site)

@@ -1,0 +1,45 @@
+"""Helpers shared by the tests: tiny configs, weight sharing, delta-basis reconstruction."""
+
+from __future__ import annotations
+
+import torch
+
+from depthscope.schemes import DepthModel, ModelConfig, consumers, sources
+
+TINY = dict(n_layers=3, d_model=16, n_heads=2, ctx=32)
+
+
+def tiny(scheme: str = "standard", options: dict | None = None, **size) -> ModelConfig:
+    """A tiny model config (3 blocks, d_model 16) for fast tests."""
+    return ModelConfig(scheme=scheme, options=options, **{**TINY, **size})
+
+
+def build(cfg: ModelConfig, seed: int = 0, dtype=torch.float32) -> DepthModel:
+    torch.manual_seed(seed)
+    return DepthModel(cfg).to(dtype).eval()
+
+
+def share_weights(src: DepthModel, dst: DepthModel) -> DepthModel:
+    """Copy every tensor whose name and shape match (embedding, sublayers, unembedding)."""
+    theirs = dst.state_dict()
+    shared = {k: v for k, v in src.state_dict().items() if k in theirs and theirs[k].shape == v.shape}
+    dst.load_state_dict(shared, strict=False)
+    return dst
+
+
+def random_tokens(cfg: ModelConfig, batch: int = 2, pos: int | None = None, seed: int = 1) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, pos or cfg.ctx), generator=g)
+
+
+def reconstruct(model: DepthModel, tokens: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For every consumer: (hook_in, sum_s weights_s * v_s) from one run_with_cache."""
+    _, cache = model.run_with_cache(tokens)
+    srcs = torch.stack([cache[s.hook] for s in sources(model.cfg)], dim=-2)  # [batch, pos, source, d_model]
+    out = {}
+    for c in consumers(model.cfg):
+        w = cache[c.hook_weights]
+        n = w.shape[2]
+        w = w if w.ndim == 4 else w[..., None]
+        out[c.label] = (cache[c.hook_in], (w * srcs[..., :n, :]).sum(-2))
+    return out
