@@ -1,0 +1,61 @@
+"""Training: every variant learns, runs are repeatable, the schedule is what it says."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from depthscope.corpus import load_corpus
+from depthscope.schemes.base import variants
+from depthscope.train import TrainConfig, evaluate, lr_at, train
+from tests.helpers import build, tiny
+
+VARIANTS = variants()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return load_corpus()
+
+
+@pytest.mark.parametrize("label, scheme, options", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_short_training_lowers_validation_loss(corpus, label, scheme, options):
+    cfg = tiny(scheme, options)
+    before = evaluate(build(cfg), corpus, n_tokens=2048)
+    model = train(cfg, TrainConfig(steps=40, batch_size=8, lr=1e-2, eval_tokens=2048), corpus, progress=False)
+    after = model.training_summary["val_loss"]
+    assert after < before - 0.5, f"{label}: {before:.3f} -> {after:.3f}"
+
+
+@pytest.mark.parametrize("label, scheme, options", VARIANTS, ids=[v[0] for v in VARIANTS])
+def test_same_seed_gives_identical_weights(corpus, label, scheme, options):
+    cfg = tiny(scheme, options)
+    tc = TrainConfig(steps=3, batch_size=4, eval_tokens=256, seed=7)
+    a = train(cfg, tc, corpus, progress=False).state_dict()
+    b = train(cfg, tc, corpus, progress=False).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    c = train(cfg, TrainConfig(steps=3, batch_size=4, eval_tokens=256, seed=8), corpus, progress=False).state_dict()
+    assert not torch.equal(a["embed.weight"], c["embed.weight"])
+
+
+def test_zero_steps_is_the_initialised_model(corpus):
+    cfg = tiny()
+    model = train(cfg, TrainConfig(steps=0, eval_tokens=256, seed=3), corpus, progress=False)
+    torch.manual_seed(3)
+    fresh = build(cfg, seed=3)
+    assert all(torch.equal(v, fresh.state_dict()[k]) for k, v in model.state_dict().items())
+    assert model.training_summary["steps"] == 0 and model.training_summary["final_loss"] is None
+
+
+def test_schedule_warms_up_then_decays_to_a_tenth():
+    cfg = TrainConfig(steps=100, lr=1.0, warmup=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert max(lrs) == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:]))
+    assert lr_at(100, cfg) == pytest.approx(0.1)
+
+
+def test_initial_loss_is_near_uniform(corpus):
+    """An untrained model predicts bytes almost uniformly: loss close to ln 256."""
+    assert abs(evaluate(build(tiny()), corpus, n_tokens=1024) - torch.log(torch.tensor(256.0)).item()) < 0.05
