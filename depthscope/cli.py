@@ -22,7 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
-out = Console()
+out = Console() if sys.stdout.isatty() else Console(width=160)
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
@@ -103,6 +103,70 @@ def demo(
         s = model.training_summary
         table.add_row(label, scheme, f"{model.n_params():,}", f"{s['final_loss']:.3f}", f"{s['val_loss']:.3f}", f"{s['tokens_per_s']:.0f}")
     out.print(table)
+
+
+@app.command()
+def capture(
+    checkpoint: Annotated[Path, typer.Argument(help="A .safetensors checkpoint or a local Hugging Face model directory.")],
+    out_path: Annotated[Path, typer.Option("--out", help="Trace file to write (netCDF).")],
+    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens to analyse.")] = 16384,
+    batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Capture a trace: what each layer's input is made of, in the delta basis."""
+    from depthscope.probes import capture as run_capture
+    from depthscope.probes import save_trace
+    from depthscope.probes.bridge import load_model
+
+    if batch_size < 1:
+        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
+    model = load_model(str(checkpoint))
+    trace = run_capture(model, corpus, n_tokens=tokens, batch_size=batch_size, seed=seed, progress=not quiet, checkpoint=str(checkpoint))
+    save_trace(trace, out_path)
+    worst = float(trace["residual_error"].max())
+    out.print(f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x {trace.sizes['source']} sources, {trace.attrs['tokens']} tokens (max residual error {worst:.1e})")
+
+
+@app.command()
+def dilution(
+    trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
+    k: Annotated[int, typer.Option(help="Recent sources counted by the pattern score.")] = 2,
+) -> None:
+    """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
+    from depthscope.analysis.dilution import consumer_table, summary
+    from depthscope.probes import load_trace
+    from depthscope.probes.trace import select_scheme
+
+    if k < 0:
+        raise ConfigError(f"k must be >= 0, got {k}")
+    trace = load_trace(trace_path)
+    stacked = "scheme" in trace.dims
+    for t in [select_scheme(trace, s) for s in trace["scheme"].values] if stacked else [trace]:
+        table = consumer_table(t, k)
+        title = t.attrs.get("label", t.attrs.get("scheme", ""))
+        rows = Table(
+            "consumer", "sources", "1/T", "embed share", "latest share", "embed index", "latest index", f"pattern (k={k})",
+            title=f"{title}: dilution against the 1/T baseline ({t.attrs.get('tokens', '?')} tokens)",
+        )
+        for i in range(table.sizes["layer"]):
+            r = table.isel(layer=i)
+            rows.add_row(
+                str(r["layer"].item()), str(int(r["n_sources"])), _fmt(r["baseline"]), _fmt(r["embed_share"]),
+                _fmt(r["latest_share"]), _fmt(r["embed_index"], 2), _fmt(r["latest_index"], 2), _fmt(r["pattern_score"], 2),
+            )
+        out.print(rows)
+        s = summary(t, k)
+        out.print(
+            f"mean pattern score {_fmt(s['pattern_score'], 3)}; read-out: embedding share {_fmt(s['readout_embed_share'])}, "
+            f"latest share {_fmt(s['readout_latest_share'])}; max residual error {float(s['max_residual_error']):.1e}"
+        )
+
+
+def _fmt(x, digits: int = 3) -> str:
+    v = float(x)
+    return "-" if v != v else f"{v:.{digits}f}"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -227,6 +227,16 @@ class Scheme(abc.ABC):
         """Raise ConfigError if the options do not fit the model size."""
 
     @classmethod
+    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        """Per-token native quantities worth keeping in a trace (token means), if any."""
+        return []
+
+    @classmethod
+    def static_native(cls, model: nn.Module) -> dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]]:
+        """Input-independent native weights as {name: (dims, array, coords)}, if any."""
+        return {}
+
+    @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
         if site.kind == "attn":
             return Attention(cfg.d_model, cfg.n_heads, cfg.ctx)
@@ -328,3 +338,32 @@ def build_options(scheme: type[Scheme], values: dict[str, Any]) -> Any:
         return scheme.Options(**{k: _convert(v, hints[k], k) for k, v in values.items()})
     except (TypeError, ValueError) as err:
         raise ConfigError(f"bad options for scheme {scheme.name!r}: {err}") from None
+
+
+def variant_label(cfg: ModelConfig) -> str:
+    """The named variant a config belongs to (e.g. ``attnres-block4``), else scheme + options."""
+    scheme = get_scheme(cfg.scheme)
+    for label, opts in (scheme.variants or {cfg.scheme: {}}).items():
+        if build_options(scheme, opts) == cfg.options:
+            return label
+    default = scheme.Options()
+    changed = [
+        f"{f.name}={getattr(cfg.options, f.name)}"
+        for f in dataclasses.fields(cfg.options)
+        if getattr(cfg.options, f.name) != getattr(default, f.name)
+    ]
+    return f"{cfg.scheme}({','.join(changed)})" if changed else cfg.scheme
+
+
+@dataclass(frozen=True)
+class NativeHook:
+    """A scheme-specific per-token hook whose token mean the probe stores as a trace variable.
+
+    ``hook`` fires once per consumer ``layer`` (a consumer label); the tensor is
+    [batch, pos, *dims] and becomes variable ``name`` with dims (layer, *dims).
+    """
+
+    name: str
+    hook: str
+    layer: str
+    dims: tuple[str, ...] = ()

@@ -1,0 +1,262 @@
+"""The trace: streaming accumulation of depth-mixing statistics, and the labelled Dataset.
+
+A trace (format version 1, see DESIGN.md "The trace") is an xarray.Dataset with dims ``layer``
+(consumers, in execution order, then the read-out) and ``source`` (embedding, then sublayer
+outputs). It is built from per-batch sums held in float64, so capturing many small batches gives
+the same trace as one large batch and memory does not grow with the number of tokens.
+
+With c[l, s] = weights[l, s] * v_s the part of consumer l's input that comes from source s and
+h_l = sum_s c[l, s]:
+
+    mixing[l, s]             = mean over tokens of the per-token weight (feature-mean if per-feature)
+    mixing_std[l, s]         = its standard deviation over tokens
+    contribution_share[l, s] = sum_tokens <c[l,s], h_l> / sum_tokens |h_l|^2      (sums to 1 over s)
+    norm_share[l, s]         = sum_tokens |c[l,s]| / sum_tokens sum_s' |c[l,s']|   (sums to 1 over s)
+    source_rms[s], input_rms[l] = sqrt(sum_tokens |x|^2 / (tokens * d_model))
+    residual_error[l]        = sqrt(sum_tokens |hook_in - h_l|^2 / sum_tokens |hook_in|^2)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import Tensor
+
+from depthscope.atomic import atomic_path
+from depthscope.errors import TraceError
+
+TRACE_FORMAT = 1
+
+VARIABLE_ATTRS = {
+    "mixing": ("effective depth-mixing weight M[l, s] (token mean)", "1"),
+    "mixing_std": ("standard deviation of the mixing weight over tokens", "1"),
+    "contribution_share": ("share of the input: sum <c[l,s], h_l> / sum |h_l|^2", "fraction"),
+    "norm_share": ("norm share: sum |c[l,s]| / sum_s' |c[l,s']|", "fraction"),
+    "source_rms": ("root-mean-square of the source output", "1"),
+    "input_rms": ("root-mean-square of the consumer input", "1"),
+    "residual_error": ("relative error of rebuilding the input from its sources", "1"),
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Labels of the trace axes: consumers (rows) and sources (columns)."""
+
+    layer: list[str]
+    layer_depth: list[int]
+    layer_kind: list[str]
+    layer_sources: list[int]  # number of sources available to each consumer
+    source: list[str]
+    source_depth: list[int]
+    source_kind: list[str]
+
+    @property
+    def available(self) -> np.ndarray:
+        """Boolean [layer, source]: source written before the consumer reads."""
+        return np.arange(len(self.source))[None, :] < np.asarray(self.layer_sources)[:, None]
+
+
+@dataclass
+class Accumulator:
+    """Float64 sums over tokens, one consumer or source at a time."""
+
+    layout: Layout
+    tokens: int = 0
+    sums: dict[str, np.ndarray] = field(default_factory=dict)
+    native: dict[str, tuple[tuple[str, ...], dict[int, np.ndarray]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n_l, n_s = len(self.layout.layer), len(self.layout.source)
+        for name in ("mix", "mix_sq", "dot", "cnorm"):
+            self.sums[name] = np.zeros((n_l, n_s))
+        for name in ("hh", "ctotal", "err", "in_sq"):
+            self.sums[name] = np.zeros(n_l)
+        self.sums["src_sq"] = np.zeros(n_s)
+        self.d_model = 0
+
+    def add_tokens(self, n: int) -> None:
+        self.tokens += n
+
+    @torch.no_grad()
+    def source(self, j: int, v: Tensor) -> None:
+        """Source j's output for this batch [batch, pos, d_model]."""
+        self.d_model = v.shape[-1]
+        self.sums["src_sq"][j] += v.double().pow(2).sum().item()
+
+    @torch.no_grad()
+    def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor) -> None:
+        """Consumer i: input h [b, p, d], weights [b, p, n(, d)], source values [b, p, n, d]."""
+        n = weights.shape[2]
+        w = weights if weights.ndim == 4 else weights[..., None]
+        c = w * values[:, :, :n]  # [batch, pos, source, d_model]
+        rebuilt = c.sum(2)
+        per_token = weights if weights.ndim == 3 else weights.mean(-1)
+        s = self.sums
+        s["mix"][i, :n] += per_token.double().sum((0, 1)).numpy()
+        s["mix_sq"][i, :n] += per_token.double().pow(2).sum((0, 1)).numpy()
+        s["dot"][i, :n] += torch.einsum("bpsd,bpd->s", c, rebuilt).double().numpy()
+        s["hh"][i] += rebuilt.double().pow(2).sum().item()
+        cn = c.norm(dim=-1).double().sum((0, 1)).numpy()
+        s["cnorm"][i, :n] += cn
+        s["ctotal"][i] += cn.sum()
+        s["err"][i] += (h - rebuilt).double().pow(2).sum().item()
+        s["in_sq"][i] += h.double().pow(2).sum().item()
+
+    @torch.no_grad()
+    def native_mean(self, name: str, dims: tuple[str, ...], i: int, x: Tensor) -> None:
+        """Token sum of a native per-token quantity [batch, pos, *dims] for consumer i."""
+        _, store = self.native.setdefault(name, (dims, {}))
+        total = x.double().sum((0, 1)).numpy()
+        store[i] = store[i] + total if i in store else total
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        """The trace Dataset (NaN on unavailable cells)."""
+        lay, s, n = self.layout, self.sums, max(self.tokens, 1)
+        avail = lay.available
+        nan = np.where(avail, 1.0, np.nan)
+        mix = s["mix"] / n
+        std = np.sqrt(np.maximum(s["mix_sq"] / n - mix**2, 0.0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = s["dot"] / s["hh"][:, None]
+            nshare = s["cnorm"] / s["ctotal"][:, None]
+            err = np.sqrt(s["err"] / s["in_sq"])
+        d = max(self.d_model, 1)
+        data = {
+            "mixing": (("layer", "source"), mix * nan),
+            "mixing_std": (("layer", "source"), std * nan),
+            "contribution_share": (("layer", "source"), share * nan),
+            "norm_share": (("layer", "source"), nshare * nan),
+            "source_rms": (("source",), np.sqrt(s["src_sq"] / (n * d))),
+            "input_rms": (("layer",), np.sqrt(s["in_sq"] / (n * d))),
+            "residual_error": (("layer",), err),
+        }
+        coords = {
+            "layer": np.array(lay.layer, dtype=object),
+            "source": np.array(lay.source, dtype=object),
+            "layer_depth": ("layer", np.array(lay.layer_depth, dtype=np.int64)),
+            "layer_kind": ("layer", np.array(lay.layer_kind, dtype=object)),
+            "source_depth": ("source", np.array(lay.source_depth, dtype=np.int64)),
+            "source_kind": ("source", np.array(lay.source_kind, dtype=object)),
+        }
+        ds = xr.Dataset(data, coords=coords, attrs={**attrs, "trace_format": TRACE_FORMAT, "tokens": int(self.tokens)})
+        for name, (long_name, units) in VARIABLE_ATTRS.items():
+            ds[name].attrs.update(long_name=long_name, units=units)
+        for name, (dims, store) in self.native.items():
+            rows = sorted(store)
+            arr = np.full((len(lay.layer), *next(iter(store.values())).shape), np.nan)
+            for i in rows:
+                arr[i] = store[i] / n
+            ds[name] = (("layer", *dims), arr)
+            ds[name].attrs.update(long_name=f"{name} (token mean, native)", units="1")
+        return ds
+
+
+def save_trace(trace: xr.Dataset, path: str | Path) -> Path:
+    """Write a trace as netCDF, atomically."""
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        trace.to_netcdf(tmp, engine="netcdf4")
+    return path
+
+
+def load_trace(path: str | Path) -> xr.Dataset:
+    """Open a trace written by ``save_trace``; TraceError for missing, corrupt or other-version files."""
+    path = Path(path)
+    if not path.is_file():
+        raise TraceError(f"{path}: no such trace file")
+    try:
+        with xr.open_dataset(path, engine="netcdf4") as ds:
+            trace = ds.load()
+    except Exception as err:  # netCDF4/HDF5 raise many types for a corrupt file
+        raise TraceError(f"{path}: not a readable netCDF trace ({type(err).__name__})") from None
+    version = trace.attrs.get("trace_format")
+    if version is None:
+        raise TraceError(f"{path}: not a depthscope trace (no trace_format attribute)")
+    if int(version) != TRACE_FORMAT:
+        raise TraceError(f"{path}: trace format {version}, this depthscope reads {TRACE_FORMAT}")
+    return trace
+
+
+def config_json(cfg) -> str:
+    return json.dumps(cfg, sort_keys=True) if isinstance(cfg, dict) else cfg.to_json()
+
+
+PER_TRACE_ATTRS = ("scheme", "config", "checkpoint", "corpus", "tokens", "seed")
+
+
+def _union(traces: list[xr.Dataset], dim: str) -> tuple[list[str], dict[str, np.ndarray]]:
+    """Labels of ``dim`` over all traces, ordered by depth (then first appearance), and coords."""
+    seen: dict[str, tuple[int, int, dict]] = {}
+    order = 0
+    for t in traces:
+        for i, label in enumerate(t[dim].values):
+            if label not in seen:
+                coords = {c: t[c].values[i] for c in t[dim].coords if c != dim}
+                last = label == "readout"  # the read-out closes every trace, whatever its depth
+                seen[label] = (last, int(t[f"{dim}_depth"].values[i]), order, coords)
+                order += 1
+    labels = sorted(seen, key=lambda k: seen[k][:3])
+    names = list(next(iter(seen.values()))[3]) if seen else []
+    coords = {c: np.array([seen[k][3][c] for k in labels], dtype=traces[0][c].dtype) for c in names}
+    return labels, coords
+
+
+def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
+    """Concatenate traces along a ``scheme`` dimension (labels from each trace's ``label``).
+
+    Consumers and sources are the union over traces in depth order; a trace's missing rows and
+    columns are NaN. Per-trace attrs (scheme name, config, checkpoint, corpus, tokens, seed) become
+    coordinates along ``scheme``.
+    """
+    if not traces:
+        raise TraceError("no traces to stack")
+    labels, counts = [], {}
+    for t in traces:
+        base = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
+        counts[base] = counts.get(base, 0) + 1
+        labels.append(base if counts[base] == 1 else f"{base}#{counts[base]}")
+    layers, layer_coords = _union(traces, "layer")
+    srcs, source_coords = _union(traces, "source")
+    variables = {}
+    for t in traces:
+        for name, var in t.data_vars.items():
+            variables.setdefault(name, var)
+    aligned = []
+    for t in traces:
+        t = t.drop_vars([c for c in (*layer_coords, *source_coords) if c in t.coords])
+        t = t.reindex(layer=layers, source=srcs)
+        for name, var in variables.items():
+            if name not in t:
+                shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
+                t[name] = (var.dims, np.full(shape, np.nan))
+        aligned.append(t.drop_attrs() if hasattr(t, "drop_attrs") else t.assign_attrs({}))
+    out = xr.concat(aligned, dim="scheme", join="outer", combine_attrs="drop", coords="minimal", compat="override")
+    out = out.assign_coords(
+        scheme=np.array(labels, dtype=object),
+        **{c: ("layer", v) for c, v in layer_coords.items()},
+        **{c: ("source", v) for c, v in source_coords.items()},
+        **{
+            f"scheme_{a}" if a == "scheme" else a: ("scheme", np.array([t.attrs.get(a, "") for t in traces], dtype=object if a not in ("tokens", "seed") else np.int64))
+            for a in PER_TRACE_ATTRS
+        },
+    )
+    for name in variables:
+        out[name].attrs = dict(variables[name].attrs)
+    out.attrs = {"trace_format": TRACE_FORMAT, "depthscope_version": traces[0].attrs.get("depthscope_version", "")}
+    return out
+
+
+def select_scheme(stacked: xr.Dataset, label: str) -> xr.Dataset:
+    """One trace out of a stack, without the padding rows/columns, with its attrs restored."""
+    t = stacked.sel(scheme=label)
+    rows = t["mixing"].notnull().any("source")
+    cols = t["mixing"].notnull().any("layer")
+    t = t.isel(layer=np.flatnonzero(rows.values), source=np.flatnonzero(cols.values))
+    attrs = {a: t[f"scheme_{a}" if a == "scheme" else a].item() for a in PER_TRACE_ATTRS}
+    t = t.drop_vars(["scheme", *(f"scheme_{a}" if a == "scheme" else a for a in PER_TRACE_ATTRS)])
+    return t.assign_attrs({**stacked.attrs, **attrs, "label": label})

@@ -1,0 +1,77 @@
+"""Foreign models through TransformerBridge: agreement with TransformerLens, refusal of post-LN."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from depthscope.cli import main
+from depthscope.errors import TraceError
+from depthscope.probes import capture
+from depthscope.probes.bridge import load_bridge
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def gpt2_like():
+    from transformer_lens import TransformerBridge, TransformerBridgeConfig
+
+    cfg = TransformerBridgeConfig(d_model=32, d_head=8, n_heads=4, n_layers=3, n_ctx=32, d_vocab=256, d_mlp=128, act_fn="gelu", seed=0)
+    return TransformerBridge.boot_native(cfg)
+
+
+@pytest.fixture(scope="module")
+def post_ln_dir(tmp_path_factory):
+    """A tiny random BERT (post-LN) saved as a local Hugging Face directory with a tokenizer."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    d = tmp_path_factory.mktemp("bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(33, 127)]
+    (d / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    BertForMaskedLM(cfg).save_pretrained(d)
+    return d
+
+
+def test_bridge_trace_agrees_with_transformer_lens_decomposition(gpt2_like):
+    tokens = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    trace = capture(gpt2_like, tokens, batch_size=2)
+    assert list(trace["source"].values[:2]) == ["embed", "pos_embed"]
+    assert float(trace["residual_error"].max()) < 1e-5
+    _, cache = gpt2_like.run_with_cache(tokens)
+    n = gpt2_like.cfg.n_layers
+    rows = [(f"{i}.{k}", dict(layer=i, mlp_input=k == "mlp")) for i in range(n) for k in ("attn", "mlp")]
+    rows.append(("readout", dict(layer=None)))
+    for label, kwargs in rows:
+        comps = cache.decompose_resid(incl_embeds=True, **kwargs).double()  # [component, batch, pos, d]
+        h = comps.sum(0)
+        share = torch.einsum("cbpd,bpd->c", comps, h) / h.pow(2).sum()
+        ours = trace["contribution_share"].sel(layer=label).dropna("source").values
+        np.testing.assert_allclose(ours, share.numpy(), atol=1e-5, err_msg=label)
+        assert np.all(trace["mixing"].sel(layer=label).dropna("source").values == 1.0)
+
+
+def test_bridge_on_bytes_from_the_default_corpus(gpt2_like):
+    trace = capture(gpt2_like, None, n_tokens=128, batch_size=2)
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
+    assert trace.attrs["tokens"] == 128
+
+
+def test_post_ln_model_is_refused(post_ln_dir):
+    bert = load_bridge(str(post_ln_dir))
+    with pytest.raises(TraceError, match="not additive"):
+        capture(bert, None, n_tokens=128, batch_size=2)
+
+
+def test_cli_refuses_post_ln_model_without_output(post_ln_dir, tmp_path, capsys):
+    out = tmp_path / "t.nc"
+    rc = main(["capture", str(post_ln_dir), "--out", str(out), "--tokens", "128", "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "not additive" in err and "Traceback" not in err
+    assert not out.exists()

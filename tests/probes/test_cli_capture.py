@@ -1,0 +1,97 @@
+"""`depthscope capture` and `depthscope dilution` end to end, and their bad inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from depthscope.analysis.dilution import consumer_table
+from depthscope.cli import main
+from depthscope.probes import load_trace, save_trace
+
+SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("ckpt") / "m.safetensors"
+    assert main(["train", "--scheme", "attnres", "--steps", "10", "--out", str(path), *SMALL]) == 0
+    return path
+
+
+def test_train_capture_dilution(ckpt, tmp_path, capsys):
+    out = tmp_path / "t.nc"
+    assert main(["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--batch-size", "3", "--quiet"]) == 0
+    trace = load_trace(out)
+    assert trace.attrs["scheme"] == "attnres" and trace.attrs["checkpoint"] == str(ckpt)
+    assert trace.attrs["tokens"] == 256
+    capsys.readouterr()
+    assert main(["dilution", str(out)]) == 0
+    printed = capsys.readouterr().out
+    table = consumer_table(trace)
+    for label in trace["layer"].values:
+        assert label in printed
+    # the printed embedding shares are the analysis values
+    for v in table["embed_share"].values:
+        assert f"{v:.3f}" in printed
+
+
+def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
+    from depthscope.probes.trace import stack_traces
+
+    a = tmp_path / "a.nc"
+    main(["capture", str(ckpt), "--out", str(a), "--tokens", "64", "--quiet"])
+    t = load_trace(a)
+    b = t.copy()
+    b.attrs["label"] = "copy"
+    save_trace(stack_traces([t, b]), tmp_path / "s.nc")
+    capsys.readouterr()
+    assert main(["dilution", str(tmp_path / "s.nc")]) == 0
+    printed = capsys.readouterr().out
+    assert "attnres" in printed and "copy" in printed
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d, c: ["capture", str(d / "missing.safetensors")], "no such file"),
+        (lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))], "not a safetensors file"),
+        (lambda d, c: ["capture", str(c), "--tokens", "16"], "fewer than one context window"),
+        (lambda d, c: ["capture", str(c), "--corpus", str(_write(d / "s.txt", b"tiny"))], "too short"),
+        (lambda d, c: ["capture", str(c), "--batch-size", "0"], "batch size must be >= 1"),
+        (lambda d, c: ["capture", str(d)], "not a Hugging Face model directory"),
+    ],
+)
+def test_capture_bad_input(ckpt, tmp_path, capsys, make, message):
+    out = tmp_path / "t.nc"
+    rc = main([*make(tmp_path, ckpt), "--out", str(out), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and "Traceback" not in err
+    assert err.strip().count("\n") == 0
+    assert not out.exists() and not list(tmp_path.glob(".t.nc*"))
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda d: d / "missing.nc", "no such trace file"),
+        (lambda d: _write(d / "junk.nc", b"\x89HDF junk"), "not a readable netCDF trace"),
+        (lambda d: _versioned(d / "v9.nc", 9), "trace format 9"),
+    ],
+)
+def test_dilution_bad_trace(tmp_path, capsys, make, message):
+    rc = main(["dilution", str(make(tmp_path))])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err and err.strip().count("\n") == 0
+
+
+def _write(path, data):
+    path.write_bytes(data)
+    return path
+
+
+def _versioned(path, version):
+    ds = xr.Dataset({"mixing": (("layer", "source"), np.ones((1, 1)))}, attrs={"trace_format": version})
+    ds.to_netcdf(path)
+    return path
