@@ -95,25 +95,27 @@ def capture_bridge(
 
     def on_source(j: int):
         def hook(t: Tensor, hook) -> None:
-            if state.get("values") is None:
-                state["values"] = t.new_empty(*t.shape[:-1], len(src_hooks), t.shape[-1])
+            if state.pop("fresh", False):  # first source of a batch, whichever hook fires first
+                shape = (*t.shape[:-1], len(src_hooks), t.shape[-1])
+                if state.get("values") is None or state["values"].shape != shape:
+                    state["values"], state["norms"] = t.new_empty(shape), t.new_empty(shape[:-1])
             state["values"][:, :, j] = t
-            acc.source(j, t)
+            state["norms"][:, :, j] = acc.source(j, t)
 
         return hook
 
     def on_consumer(i: int):
         def hook(t: Tensor, hook) -> None:
-            n = lay.layer_sources[i]
-            acc.consumer(i, t, t.new_ones(*t.shape[:-1], n), state["values"])
+            state["deferred"].append((i, t, t.new_ones(*t.shape[:-1], lay.layer_sources[i])))
 
         return hook
 
     fwd = [(h, on_source(j)) for j, h in enumerate(src_hooks)] + [(h, on_consumer(i)) for i, h in enumerate(con_hooks)]
     with torch.no_grad(), model.hooks(fwd_hooks=fwd), bar("capture", len(windows), enabled=progress) as pb:
         for b, chunk in enumerate(windows.split(batch_size)):
-            state["values"] = None
+            state["fresh"], state["deferred"] = True, []
             model(chunk)
+            acc.consumers(state["deferred"], state["values"], state["norms"])
             acc.add_tokens(chunk.numel())
             pb.advance(len(chunk))
             if b == 0:

@@ -95,6 +95,7 @@ def capture(
             for chunk in windows.split(batch_size):
                 hooks.new_batch()
                 model(chunk)
+                hooks.end_batch()
                 acc.add_tokens(chunk.numel())
                 pb.advance(len(chunk))
     finally:
@@ -128,7 +129,10 @@ class _ModelHooks:
         self.srcs = sources(cfg)
         self.cons = consumers(cfg)
         self.values: Tensor | None = None
+        self.norms: Tensor | None = None
         self.pending: dict[int, dict[str, Tensor]] = {}
+        self.deferred: list[tuple[int, Tensor, Tensor]] = []
+        self.fresh = True
         self.fwd_hooks = []
         for j, s in enumerate(self.srcs):
             self.fwd_hooks.append((s.hook, self._on_source(j)))
@@ -140,14 +144,23 @@ class _ModelHooks:
             self.fwd_hooks.append((nh.hook, self._on_native(nh.name, nh.dims, row[nh.layer])))
 
     def new_batch(self) -> None:
-        self.values, self.pending = None, {}
+        self.pending, self.fresh, self.deferred = {}, True, []
+
+    def end_batch(self) -> None:
+        """Fold the consumers with per-token scalar weights, now that every source is known."""
+        self.acc.consumers(self.deferred, self.values, self.norms)
+        self.deferred = []
 
     def _on_source(self, j: int):
         def hook(t: Tensor, hook) -> None:
-            if self.values is None:
-                self.values = t.new_empty(*t.shape[:-1], len(self.srcs), t.shape[-1])
+            if self.fresh:  # first source of a batch: (re)use one buffer of all source outputs
+                self.fresh = False
+                shape = (*t.shape[:-1], len(self.srcs), t.shape[-1])
+                if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
+                    self.values = t.new_empty(shape)
+                    self.norms = t.new_empty(shape[:-1])
             self.values[:, :, j] = t
-            self.acc.source(j, t)
+            self.norms[:, :, j] = self.acc.source(j, t)
 
         return hook
 
@@ -155,9 +168,12 @@ class _ModelHooks:
         def hook(t: Tensor, hook) -> None:
             got = self.pending.setdefault(i, {})
             got[key] = t
-            if len(got) == 2:  # input and weights both seen: fold in and forget
-                self.acc.consumer(i, got["h"], got["w"], self.values)
+            if len(got) == 2:  # input and weights both seen
                 del self.pending[i]
+                if got["w"].ndim == 3:  # scalar weights: fold at the end of the batch, cache-friendly
+                    self.deferred.append((i, got["h"], got["w"]))
+                else:  # per-feature weights are large: fold now and let them go
+                    self.acc.consumer(i, got["h"], got["w"], self.values, self.norms)
 
         return hook
 

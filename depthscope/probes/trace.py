@@ -77,35 +77,97 @@ class Accumulator:
         for name in ("hh", "ctotal", "err", "in_sq"):
             self.sums[name] = np.zeros(n_l)
         self.sums["src_sq"] = np.zeros(n_s)
+        self.seen = np.zeros(n_l, dtype=np.int64)  # tokens folded into each consumer's mean
         self.d_model = 0
 
     def add_tokens(self, n: int) -> None:
         self.tokens += n
 
     @torch.no_grad()
-    def source(self, j: int, v: Tensor) -> None:
-        """Source j's output for this batch [batch, pos, d_model]."""
+    def source(self, j: int, v: Tensor) -> Tensor:
+        """Source j's output for this batch [batch, pos, d_model]; returns its per-token norms."""
         self.d_model = v.shape[-1]
-        self.sums["src_sq"][j] += v.double().pow(2).sum().item()
+        norms = v.norm(dim=-1)
+        self.sums["src_sq"][j] += float(norms.pow(2).sum())
+        return norms
 
     @torch.no_grad()
-    def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor) -> None:
-        """Consumer i: input h [b, p, d], weights [b, p, n(, d)], source values [b, p, n, d]."""
+    def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor, norms: Tensor) -> None:
+        """Consumer i now: input h [b, p, d], weights [b, p, n(, d)], source values [b, p, S, d]
+        and their per-token norms [b, p, S] (only the first n sources are used)."""
         n = weights.shape[2]
-        w = weights if weights.ndim == 4 else weights[..., None]
-        c = w * values[:, :, :n]  # [batch, pos, source, d_model]
-        rebuilt = c.sum(2)
-        per_token = weights if weights.ndim == 3 else weights.mean(-1)
+        v = values[:, :, :n]
+        if weights.ndim == 3:
+            rebuilt = torch.einsum("bps,bpsd->bpd", weights, v)
+            dots = weights * (v * rebuilt.unsqueeze(2)).sum(-1)  # [batch, pos, source]
+            cn = (weights.abs() * norms[:, :, :n]).sum((0, 1))
+            per_token = weights
+        else:  # per-feature weights: contributions must be built
+            c = weights * v
+            rebuilt = c.sum(2)
+            dots = (c * rebuilt.unsqueeze(2)).sum(-1)
+            cn = c.norm(dim=-1).sum((0, 1))
+            per_token = weights.mean(-1)
+        self._fold_weights(i, per_token)
+        self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
+
+    @torch.no_grad()
+    def consumers(self, items: list[tuple[int, Tensor, Tensor]], values: Tensor, norms: Tensor, chunk: int = 256) -> None:
+        """Consumers with per-token scalar weights, all at once at the end of a batch.
+
+        ``items`` holds (i, h [b, p, d], weights [b, p, n]). Tokens are walked in chunks small
+        enough for the chunk of source values to stay in cache while every consumer reads it, so
+        the values are streamed from memory once instead of twice per consumer. Never builds the
+        [b, p, n, d] contributions: with g_s = <v_s, h>, <c_s, h> = w_s g_s and |c_s| = |w_s| |v_s|.
+        """
+        if not items:
+            return
+        v_all = values.flatten(0, 1)  # [tokens, source, d_model]
+        flat = [(i, h.flatten(0, 1), w.flatten(0, 1)) for i, h, w in items]
+        parts = {i: [torch.zeros(w.shape[-1], dtype=w.dtype), 0.0, 0.0] for i, _, w in flat}
+        for t0 in range(0, v_all.shape[0], chunk):
+            v_c = v_all[t0 : t0 + chunk]
+            for i, h, w in flat:
+                n = w.shape[-1]
+                w_c, v = w[t0 : t0 + chunk], v_c[:, :n]
+                # (bmm for the weighted sum, multiply-and-sum for the dots: the faster of the two
+                # forms for these tiny per-token products on CPU, measured)
+                rebuilt = torch.bmm(w_c.unsqueeze(1), v).squeeze(1)  # [tokens, d_model]
+                g = (v * rebuilt.unsqueeze(1)).sum(-1)  # [tokens, source]
+                acc = parts[i]
+                acc[0] += (w_c * g).sum(0)
+                acc[1] += float(rebuilt.pow(2).sum())
+                acc[2] += float((h[t0 : t0 + chunk] - rebuilt).pow(2).sum())
+        n_flat = norms.flatten(0, 1)
+        for i, h, w in flat:
+            dots, hh, err = parts[i]
+            self._fold_weights(i, w)
+            self._fold(i, dots, hh, (w.abs() * n_flat[:, : w.shape[-1]]).sum(0), err, h.pow(2).sum())
+
+    def _fold_weights(self, i: int, per_token: Tensor) -> None:
+        """Merge this batch's per-token weights into the running mean and spread (Chan et al.),
+        so the spread has no E[w^2] - E[w]^2 cancellation."""
         s = self.sums
-        s["mix"][i, :n] += per_token.double().sum((0, 1)).numpy()
-        s["mix_sq"][i, :n] += per_token.double().pow(2).sum((0, 1)).numpy()
-        s["dot"][i, :n] += torch.einsum("bpsd,bpd->s", c, rebuilt).double().numpy()
-        s["hh"][i] += rebuilt.double().pow(2).sum().item()
-        cn = c.norm(dim=-1).double().sum((0, 1)).numpy()
+        w64 = per_token.double().flatten(0, -2)  # [tokens, source]
+        n = w64.shape[-1]
+        m_b = w64.mean(0).numpy()
+        m2_b = (w64 - w64.mean(0)).pow(2).sum(0).numpy()
+        n_a, n_b = self.seen[i], w64.shape[0]
+        delta = m_b - s["mix"][i, :n]
+        s["mix"][i, :n] += delta * n_b / (n_a + n_b)
+        s["mix_sq"][i, :n] += m2_b + delta**2 * n_a * n_b / (n_a + n_b)
+        self.seen[i] += n_b
+
+    def _fold(self, i: int, dots: Tensor, hh, cnorm: Tensor, err, in_sq) -> None:
+        s = self.sums
+        n = dots.shape[0]
+        s["dot"][i, :n] += dots.double().numpy()
+        s["hh"][i] += float(hh)
+        cn = cnorm.double().numpy()
         s["cnorm"][i, :n] += cn
         s["ctotal"][i] += cn.sum()
-        s["err"][i] += (h - rebuilt).double().pow(2).sum().item()
-        s["in_sq"][i] += h.double().pow(2).sum().item()
+        s["err"][i] += float(err)
+        s["in_sq"][i] += float(in_sq)
 
     @torch.no_grad()
     def native_mean(self, name: str, dims: tuple[str, ...], i: int, x: Tensor) -> None:
@@ -119,8 +181,8 @@ class Accumulator:
         lay, s, n = self.layout, self.sums, max(self.tokens, 1)
         avail = lay.available
         nan = np.where(avail, 1.0, np.nan)
-        mix = s["mix"] / n
-        std = np.sqrt(np.maximum(s["mix_sq"] / n - mix**2, 0.0))
+        mix = s["mix"]  # running mean over tokens
+        std = np.sqrt(s["mix_sq"] / np.maximum(self.seen, 1)[:, None])
         with np.errstate(invalid="ignore", divide="ignore"):
             share = s["dot"] / s["hh"][:, None]
             nshare = s["cnorm"] / s["ctotal"][:, None]

@@ -34,9 +34,8 @@ def test_accumulator_on_planted_weights():
     v[..., 1, 1] = 2.0  # source 1 along e1
     w = torch.tensor([[[1.0, 3.0], [3.0, 1.0]]], dtype=torch.float64)  # two tokens
     h = (w[..., None] * v).sum(2)
-    acc.source(0, v[:, :, 0])
-    acc.source(1, v[:, :, 1])
-    acc.consumer(0, h, w, v)
+    norms = torch.stack([acc.source(0, v[:, :, 0]), acc.source(1, v[:, :, 1])], dim=-1)
+    acc.consumer(0, h, w, v, norms)
     acc.add_tokens(2)
     ds = acc.dataset({})
     np.testing.assert_allclose(ds["mixing"].values[0], [2.0, 2.0])
@@ -46,3 +45,10 @@ def test_accumulator_on_planted_weights():
     np.testing.assert_allclose(ds["norm_share"].values[0], [4 / 12, 8 / 12])
     np.testing.assert_allclose(ds["source_rms"].values, [np.sqrt(2 / 6), np.sqrt(8 / 6)])
     assert ds["residual_error"].item() == 0.0
+    # per-feature weights equal to the scalar ones give the same statistics
+    acc2 = Accumulator(lay)
+    acc2.consumer(0, h, w[..., None].expand(-1, -1, -1, 3), v, norms)
+    acc2.add_tokens(2)
+    ds2 = acc2.dataset({})
+    for name in ("mixing", "mixing_std", "contribution_share", "norm_share"):
+        np.testing.assert_allclose(ds2[name].values, ds[name].values)

@@ -1,0 +1,183 @@
+"""Cost of capturing a trace, relative to a plain forward pass over the same tokens.
+
+For each scheme variant (8 blocks, d_model 256, ctx 128 by default):
+
+* time ratio: capture / plain forward, measured in the same process with the two interleaved
+  chunk by chunk (so machine load hits both alike), over --tokens tokens;
+* memory ratio: peak RSS growth of a capture / of a plain forward (each in a fresh subprocess,
+  peak reset with /proc/self/clear_refs before the work starts);
+* flatness: capture peak at 8x the tokens / at 1x (1x = --tokens / 8), which is 1.0 when memory
+  does not grow with the number of tokens.
+
+And on a standard (GPT-2 style TransformerBridge) model: depthscope's capture versus
+TransformerLens ``run_with_cache`` + ``decompose_resid`` computing the same contribution shares.
+
+    .venv/bin/python benchmarks/capture_overhead.py [--tokens 65536] [--variants standard,attnres]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+TARGET_TIME = {"static": 1.15, "dynamic": 1.3}
+STATIC = {"standard", "denseformer", "denseformer-4x5", "grn-v1", "grn-v2", "ddl", "shortswa-seq"}
+
+
+def rss_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    raise RuntimeError(field)
+
+
+def build(label: str, args) -> torch.nn.Module:
+    from depthscope.schemes import DepthModel, ModelConfig, variants
+
+    torch.manual_seed(0)
+    for lab, scheme, options in variants():
+        if lab == label:
+            cfg = ModelConfig(scheme=scheme, options=options, n_layers=args.layers, d_model=args.d_model, n_heads=4, ctx=args.ctx)
+            return DepthModel(cfg).eval()
+    raise SystemExit(f"unknown variant {label}")
+
+
+def build_bridge(args):
+    from transformer_lens import TransformerBridge, TransformerBridgeConfig
+
+    cfg = TransformerBridgeConfig(
+        d_model=args.d_model, d_head=args.d_model // 4, n_heads=4, n_layers=args.layers, n_ctx=args.ctx,
+        d_vocab=256, d_mlp=4 * args.d_model, act_fn="gelu", seed=0,
+    )
+    return TransformerBridge.boot_native(cfg)
+
+
+def tokens_for(n: int, ctx: int) -> torch.Tensor:
+    return torch.randint(0, 256, (max(1, n // ctx), ctx), generator=torch.Generator().manual_seed(0))
+
+
+def tl_shares(model, toks: torch.Tensor, batch: int) -> torch.Tensor:
+    """TransformerLens path: run_with_cache + decompose_resid, shares accumulated over batches."""
+    n = model.cfg.n_layers
+    rows = [dict(layer=i, mlp_input=m) for i in range(n) for m in (False, True)] + [dict(layer=None)]
+    dots, hh = None, torch.zeros(len(rows), dtype=torch.float64)
+    for chunk in toks.split(batch):
+        _, cache = model.run_with_cache(chunk)
+        out = []
+        for r, kw in enumerate(rows):
+            comps = cache.decompose_resid(incl_embeds=True, **kw)
+            h = comps.sum(0)
+            d = torch.einsum("cbpd,bpd->c", comps, h).double()
+            out.append(torch.nn.functional.pad(d, (0, 2 * n + 2 - len(d))))
+            hh[r] += h.double().pow(2).sum()
+        dots = torch.stack(out) if dots is None else dots + torch.stack(out)
+        del cache
+    return dots / hh[:, None]
+
+
+def worker(mode: str, label: str, n_tokens: int, args) -> dict:
+    """One measurement in this (fresh) process: peak RSS growth and seconds."""
+    from depthscope.probes import capture
+
+    torch.set_num_threads(args.threads)
+    model = build_bridge(args) if label == "bridge" else build(label, args)
+    toks = tokens_for(n_tokens, args.ctx)
+    with torch.no_grad():  # warm-up outside the measured peak
+        model(toks[:1])
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    base = rss_kb("VmRSS")
+    t = time.perf_counter()
+    with torch.no_grad():
+        if mode == "forward":
+            for chunk in toks.split(args.batch):
+                model(chunk)
+        elif mode == "capture":
+            capture(model, toks, batch_size=args.batch)
+        elif mode == "tl":
+            tl_shares(model, toks, args.batch)
+    seconds = time.perf_counter() - t
+    return {"peak_mb": (rss_kb("VmHWM") - base) / 1024, "seconds": seconds}
+
+
+def spawn(mode: str, label: str, n_tokens: int, args) -> dict:
+    cmd = [sys.executable, __file__, "--worker", mode, label, str(n_tokens), "--layers", str(args.layers), "--d-model", str(args.d_model),
+           "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads)]
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def interleaved_time(label: str, args) -> tuple[float, float]:
+    """Seconds of plain forward and of capture over the same tokens, alternating chunk by chunk."""
+    from depthscope.probes import capture
+
+    torch.set_num_threads(args.threads)
+    model = build_bridge(args) if label == "bridge" else build(label, args)
+    toks = tokens_for(args.tokens, args.ctx)
+    per = max(1, 8192 // args.ctx)  # 8k-token chunks, each captured as a whole
+    t_fwd = t_cap = 0.0
+    with torch.no_grad():
+        model(toks[:1])
+        capture(model, toks[:1])
+        for chunk in toks.split(per):
+            t = time.perf_counter()
+            for b in chunk.split(args.batch):
+                model(b)
+            t_fwd += time.perf_counter() - t
+            t = time.perf_counter()
+            capture(model, chunk, batch_size=args.batch)
+            t_cap += time.perf_counter() - t
+    return t_fwd, t_cap
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", nargs=3, metavar=("MODE", "VARIANT", "TOKENS"))
+    ap.add_argument("--tokens", type=int, default=65536)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--d-model", type=int, default=256)
+    ap.add_argument("--ctx", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--variants", default="", help="comma-separated variant labels (default: all)")
+    args = ap.parse_args()
+    if args.worker:
+        mode, label, n = args.worker
+        print(json.dumps(worker(mode, label, int(n), args)))
+        return
+    from depthscope.schemes import variants
+
+    labels = [v for v in args.variants.split(",") if v] or [lab for lab, _, _ in variants()]
+    print(f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.tokens} tokens, {args.threads} thread(s)")
+    print("| variant | capture / forward time | capture / forward peak memory | peak at 8x / 1x tokens | time target |")
+    print("|---|---|---|---|---|")
+    for label in labels:
+        t_fwd, t_cap = interleaved_time(label, args)
+        fwd = spawn("forward", label, args.tokens, args)
+        cap = spawn("capture", label, args.tokens, args)
+        small = spawn("capture", label, args.tokens // 8, args)
+        target = TARGET_TIME["static" if label in STATIC else "dynamic"]
+        ok = "ok" if t_cap / t_fwd <= target else "MISSED"
+        print(f"| {label} | {t_cap / t_fwd:.2f} | {cap['peak_mb'] / max(fwd['peak_mb'], 1e-9):.2f} ({cap['peak_mb']:.0f} / {fwd['peak_mb']:.0f} MB) "
+              f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |", flush=True)
+    ds = spawn("capture", "bridge", args.tokens, args)
+    tl = spawn("tl", "bridge", args.tokens, args)
+    print()
+    print("Standard GPT-2-style TransformerBridge, same tokens, contribution shares of every consumer:")
+    print("| path | seconds | peak memory (MB) |")
+    print("|---|---|---|")
+    print(f"| depthscope capture | {ds['seconds']:.1f} | {ds['peak_mb']:.0f} |")
+    print(f"| TransformerLens run_with_cache + decompose_resid | {tl['seconds']:.1f} | {tl['peak_mb']:.0f} |")
+    print(f"| ratio (TransformerLens / depthscope) | {tl['seconds'] / ds['seconds']:.1f}x | {tl['peak_mb'] / max(ds['peak_mb'], 1e-9):.1f}x |")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    main()
