@@ -83,14 +83,14 @@ def bridge_tokens(model: Any, data: Any, n_tokens: int, seed: int) -> tuple[Tens
 
 
 def capture_bridge(
-    model: Any, data: Any, *, n_tokens: int, batch_size: int, seed: int, progress: bool, checkpoint: str = ""
+    model: Any, data: Any, *, n_tokens: int, batch_size: int, seed: int, progress: bool, checkpoint: str = "", rank: bool = False
 ):
     """Trace of a TransformerBridge model (all mixing weights 1), refusing non-additive models."""
     from depthscope import __version__
 
     lay, src_hooks, con_hooks = bridge_hooks(model)
     windows, corpus_name = bridge_tokens(model, data, n_tokens, seed)
-    acc = Accumulator(lay)
+    acc = Accumulator(lay, covariance=rank)
     state: dict[str, Any] = {}
 
     def on_source(j: int):

@@ -71,8 +71,13 @@ def capture(
     seed: int = 0,
     progress: bool = False,
     checkpoint: str = "",
+    rank: bool = False,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (tokens, a corpus or a path; None = default corpus).
+
+    ``rank=True`` also streams each source's covariance over tokens (d x d per source, whatever the
+    number of tokens) and stores its spectrum as ``source_spectrum`` (source, component), from
+    which ``depthscope.analysis.rank`` computes effective and collective ranks.
 
     Works for every built-in scheme and for TransformerLens ``TransformerBridge`` models (standard
     additive residual streams, checked before trusting hook names). Raises DepthscopeError for a
@@ -81,12 +86,14 @@ def capture(
     from depthscope.probes.bridge import capture_bridge, is_bridge
 
     if is_bridge(model):
-        return capture_bridge(model, data, n_tokens=n_tokens, batch_size=batch_size, seed=seed, progress=progress, checkpoint=checkpoint)
+        return capture_bridge(
+            model, data, n_tokens=n_tokens, batch_size=batch_size, seed=seed, progress=progress, checkpoint=checkpoint, rank=rank
+        )
     if not isinstance(model, DepthModel):
         raise DepthscopeError(f"cannot capture a {type(model).__name__}: expected a depthscope model or a TransformerBridge")
     cfg = model.cfg
     windows, corpus_name = token_windows(data, cfg.ctx, n_tokens, seed)
-    acc = Accumulator(layout(cfg))
+    acc = Accumulator(layout(cfg), covariance=rank)
     hooks = _ModelHooks(model, acc)
     was_training = model.training
     model.eval()

@@ -66,6 +66,7 @@ class Accumulator:
     """Float64 sums over tokens, one consumer or source at a time."""
 
     layout: Layout
+    covariance: bool = False  # also keep each source's covariance over tokens (d x d per source)
     tokens: int = 0
     sums: dict[str, np.ndarray] = field(default_factory=dict)
     native: dict[str, tuple[tuple[str, ...], dict[int, np.ndarray]]] = field(default_factory=dict)
@@ -78,6 +79,7 @@ class Accumulator:
             self.sums[name] = np.zeros(n_l)
         self.sums["src_sq"] = np.zeros(n_s)
         self.seen = np.zeros(n_l, dtype=np.int64)  # tokens folded into each consumer's mean
+        self.cov: dict[int, list] = {}  # source -> [tokens, mean (d,), M2 (d, d)], float64
         self.d_model = 0
 
     def add_tokens(self, n: int) -> None:
@@ -89,7 +91,30 @@ class Accumulator:
         self.d_model = v.shape[-1]
         norms = v.norm(dim=-1)
         self.sums["src_sq"][j] += float(norms.pow(2).sum())
+        if self.covariance:
+            self._fold_cov(j, v.flatten(0, -2))
         return norms
+
+    def _fold_cov(self, j: int, x: Tensor) -> None:
+        """Merge a batch [tokens, d] into source j's running mean and scatter matrix (Chan et al.)."""
+        mean_b = x.double().mean(0)
+        centred = x - mean_b.to(x.dtype)
+        m2_b = (centred.T @ centred).double()
+        n_b = x.shape[0]
+        if j not in self.cov:
+            self.cov[j] = [n_b, mean_b, m2_b]
+            return
+        n_a, mean_a, m2_a = self.cov[j]
+        delta = mean_b - mean_a
+        n = n_a + n_b
+        self.cov[j] = [n, mean_a + delta * n_b / n, m2_a + m2_b + torch.outer(delta, delta) * n_a * n_b / n]
+
+    def spectra(self) -> np.ndarray:
+        """Eigenvalues of each source's covariance over tokens, descending: [source, component]."""
+        out = np.full((len(self.layout.source), self.d_model), np.nan)
+        for j, (n, _, m2) in self.cov.items():
+            out[j] = np.linalg.eigvalsh((m2 / max(n - 1, 1)).numpy())[::-1].clip(min=0.0)
+        return out
 
     @torch.no_grad()
     def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor, norms: Tensor) -> None:
@@ -208,6 +233,11 @@ class Accumulator:
         ds = xr.Dataset(data, coords=coords, attrs={**attrs, "trace_format": TRACE_FORMAT, "tokens": int(self.tokens)})
         for name, (long_name, units) in VARIABLE_ATTRS.items():
             ds[name].attrs.update(long_name=long_name, units=units)
+        if self.covariance:
+            ds["source_spectrum"] = (("source", "component"), self.spectra())
+            ds["source_spectrum"].attrs.update(
+                long_name="eigenvalues of the source's covariance over tokens (descending)", units="1"
+            )
         for name, (dims, store) in self.native.items():
             rows = sorted(store)
             arr = np.full((len(lay.layer), *next(iter(store.values())).shape), np.nan)
