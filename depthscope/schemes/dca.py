@@ -1,1 +1,293 @@
-"""Placeholder: this scheme module is being written (see the scheme issues)."""
+"""DeepCrossAttention (Heddes et al., arXiv 2502.06785, ICML 2025): GRN-v1/v2/v3 and DCA.
+
+The unit of depth is a decoder block. Block t reads the stack G_t = [x, f_0, ..., f_{t-1}]: the
+model input x (the token embedding) and the previous blocks' output increments
+f_j = attn_out_j + mlp_out_j (no residual). A generalized residual network (GRN, Sec. 3) builds an input
+from the stack, g = sum_i c_i (*) g_i over its entries g_i:
+
+    v1   c_i = b_i                      b_i scalar, init 1
+    v2   c_i = b_i                      b_i in R^d, init 1
+    v3   c_i = b_i + relu(w . N(g_i))   b_i in R^d (init 1), w in R^d (init 0); the gate is one
+                                        scalar per token and entry, shared over features
+    dca  three independent v3 GRNs give the query, key and value inputs of the attention
+
+Block t: with x_t the GRN output (the query GRN's for dca), the attention reads x_t (or the q/k/v
+triple), the MLP reads x_t + attn_out, and f_t = attn_out + mlp_out is pushed on the stack: the
+inputs are not added to the block's output (Sec. 3, Fig. 4). The read-out is a final GRN of the same
+variant (a v3 for dca) over the whole stack; its output goes to the final norm. With b = 1 and
+w = 0 every variant is exactly the standard residual at initialisation.
+
+k-DCA (Sec. 3, option k): the stack holds the model input, the plain sum of all outputs older
+than the last k, and the last k outputs (at most k + 2 entries; the sum entry appears once there
+are k + 1 outputs). GRN parameters belong to stack positions, so the sum position's weight applies
+to whatever the sum holds.
+
+Choices where the paper is silent:
+* N is a weightless RMSNorm of each stack entry: the only scale-free choice without parameters
+  of its own (lucidrains' port uses RMSNorm with a gain), so the gate sees each entry's direction.
+* relu is computed as clamp(min=0): the same forward, but its gradient at 0 is 1 (torch's relu
+  gives 0 there), otherwise w, initialised to 0, would never receive a gradient.
+* dca's MLP skip uses the query GRN's output: an attention's output at a token answers that
+  token's query, so the query input plays the part of the stream x in x + attn(x) (also
+  lucidrains' choice).
+* The read-out GRN is the paper's g_T (lucidrains' port has the same final GRN).
+
+Parameters: ``blocks.{t}.attn_mix.b`` ([entry] for v1, [entry, d_model] otherwise) and
+``.w`` ([d_model], v3) for the single-GRN variants; ``blocks.{t}.attn_mix.{q,k,v}.b`` / ``.w`` for
+dca; ``readout_mix.b`` / ``.w``.
+
+Native hooks (v3 and dca): ``hook_gate`` = relu(w . N(g_i)), [batch, pos, entry], on every v3 GRN:
+``blocks.{t}.attn_mix.hook_gate`` (v3), ``blocks.{t}.attn_mix.{q,k,v}.hook_gate`` (dca),
+``readout_mix.hook_gate``. The dca attention mixer carries no ``hook_in``/``hook_weights`` of its
+own (its three views do), so ``hook_dict`` lists only hooks that fire.
+
+Delta basis: an entry for block j covers its two sources j.attn and j.mlp with the same weight,
+the sum entry all of its members', the embedding is its own entry. v1 emits [batch, pos, source];
+v2/v3/dca emit per-feature weights [batch, pos, source, d_model]. The MLP consumer's weights are
+its block's (query) GRN weights plus 1 on the block's own attention output.
+
+Legend: batch, pos, d_model, entry (a stack entry), source (embedding + sublayer outputs).
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from depthscope.errors import ConfigError
+from depthscope.schemes._common import listening
+from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+
+Variant = Literal["v1", "v2", "v3", "dca"]
+EPS = 1e-6  # as in rms_norm
+
+
+@dataclass(frozen=True)
+class DCAOptions:
+    grn: Variant = "dca"
+    k: int | None = None  # k-DCA: keep the last k outputs, sum the older ones; None = full stack
+
+
+def stack_layout(cfg: ModelConfig, block: int) -> list[tuple[int, ...]]:
+    """The block outputs held by each stack entry read by ``block`` (n_layers = read-out); -1 = embedding."""
+    outs, k = list(range(block)), cfg.options.k
+    if k is None or block <= k:
+        return [(-1,)] + [(j,) for j in outs]
+    return [(-1,), tuple(outs[:-k])] + [(j,) for j in outs[-k:]]
+
+
+def entry_of_source(cfg: ModelConfig, block: int) -> list[int]:
+    """For each source written before ``block`` (embed, 0.attn, 0.mlp, ...), its stack entry."""
+    entry = {j: e for e, members in enumerate(stack_layout(cfg, block)) for j in members}
+    return [0] + [entry[j] for j in range(block) for _ in range(2)]
+
+
+def inv_rms(x: Tensor) -> Tensor:
+    """1 / RMS over d_model, [batch, pos]: N(g) = g * inv_rms(g), stored once per entry."""
+    return torch.rsqrt(x.pow(2).mean(-1) + EPS)
+
+
+@dataclass
+class DCAState:
+    """The stack, and what the current block's attention leaves for its MLP.
+
+    The attention mixer's read fills ``x`` and ``coef`` (so that they are computed once); every
+    write returns a fresh state.
+    """
+
+    entries: list[Tensor]  # [batch, pos, d_model] each: embedding, (sum of older outputs), last outputs
+    inv_rms: list[Tensor]  # [batch, pos] each (v3/dca only, else empty)
+    x: Tensor | None = None  # the GRN output this block's attention was built on (set by read)
+    coef: Tensor | None = None  # its per-entry coefficients (for the MLP's delta-basis weights)
+    attn_out: Tensor | None = None
+    h: Tensor | None = None  # the MLP's input: x + attn_out
+
+
+def add_grn(module: nn.Module, variant: str, n: int, d_model: int) -> None:
+    """Give ``module`` the parameters (and gate hook) of one GRN over a stack of ``n`` entries."""
+    module.variant = variant
+    module.b = nn.Parameter(torch.ones(n) if variant == "v1" else torch.ones(n, d_model))  # init 1
+    if variant == "v3":
+        module.w = nn.Parameter(torch.zeros(d_model))  # init 0: the gate starts at relu(0) = 0
+        module.hook_gate = HookPoint()  # [batch, pos, entry]
+
+
+def gates(w: Tensor, stack: Tensor, inv: Tensor) -> Tensor:
+    """relu(w . N(g_i)) for every stack entry: [entry, batch, pos(, view)] for w [d_model(, view)]."""
+    logits = stack @ w * (inv if w.ndim == 1 else inv[..., None])
+    return logits.clamp(min=0)  # relu with gradient 1 at 0, so that w can leave its zero init
+
+
+def grn_mix(
+    module: nn.Module, stack: Tensor, inv: Tensor | None, gate: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """A GRN's (g [batch, pos, d_model], per-entry coefficients) from stack [entry, batch, pos, d_model].
+
+    Coefficients: [entry] (v1), [entry, d_model] (v2), [entry, batch, pos, d_model] (v3). ``gate``
+    may be given precomputed (DCA computes its three views' gates in one product).
+    """
+    if module.variant == "v1":
+        return torch.einsum("n,nbpd->bpd", module.b, stack), module.b
+    if module.variant == "v2":
+        return (module.b[:, None, None, :] * stack).sum(0), module.b
+    gate = gates(module.w, stack, inv) if gate is None else gate  # [entry, batch, pos]
+    module.hook_gate(gate.permute(1, 2, 0))
+    coef = module.b[:, None, None, :] + gate[..., None]
+    return (coef * stack).sum(0), coef
+
+
+def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
+    """Per-entry coefficients -> delta-basis weights [batch, pos, source(, d_model)]."""
+    batch_pos = like.shape[:-1]
+    if coef.ndim == 1:  # v1
+        return coef[index].expand(*batch_pos, -1)
+    if coef.ndim == 2:  # v2
+        return coef[index].expand(*batch_pos, -1, -1)
+    return coef[index].permute(1, 2, 0, 3)  # v3: [batch, pos, source, d_model]
+
+
+def stacked(state: DCAState) -> tuple[Tensor, Tensor | None]:
+    stack = torch.stack(state.entries)  # [entry, batch, pos, d_model]
+    return stack, torch.stack(state.inv_rms) if state.inv_rms else None
+
+
+def emit_to(hook: HookPoint, weights: Callable[[], Tensor]) -> None:
+    """Mixer.emit for a view: build the weights only if someone listens."""
+    if listening(hook):
+        hook(weights())
+
+
+class GRNMixer(Mixer):
+    """A single GRN over the stack: the attention consumer of v1/v2/v3, and every read-out."""
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__(cfg, site)
+        variant = "v3" if cfg.options.grn == "dca" else cfg.options.grn
+        add_grn(self, variant, len(stack_layout(cfg, site.block)), cfg.d_model)
+        self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
+
+    def read(self, state: DCAState) -> Tensor:
+        x, coef = grn_mix(self, *stacked(state))
+        state.x, state.coef = x, coef  # the MLP's skip and weights (write and SkipMixer read them)
+        self.emit(lambda: delta_weights(coef, self.index, x))
+        return self.hook_in(x)
+
+    def write(self, state: DCAState, out: Tensor) -> DCAState:
+        return attn_written(state, out)
+
+
+class GRNView(nn.Module):
+    """One of the three GRN-v3 of a DCA attention: its own parameters, input and weights hooks."""
+
+    def __init__(self, n: int, d_model: int):
+        super().__init__()
+        add_grn(self, "v3", n, d_model)
+        self.hook_in = HookPoint()  # [batch, pos, d_model]
+        self.hook_weights = HookPoint()  # [batch, pos, source, d_model]
+
+
+class DCAAttentionMixer(Mixer):
+    """Three independent GRN-v3 (views q, k, v) give the attention's query, key and value inputs."""
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__(cfg, site)
+        del self.hook_in, self.hook_weights  # the views carry them: blocks.{t}.attn_mix.{q,k,v}.hook_*
+        n = len(stack_layout(cfg, site.block))
+        self.q, self.k, self.v = (GRNView(n, cfg.d_model) for _ in range(3))
+        self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
+
+    def read(self, state: DCAState) -> tuple[Tensor, Tensor, Tensor]:
+        stack, inv = stacked(state)
+        views = (self.q, self.k, self.v)
+        gate = gates(torch.stack([view.w for view in views], dim=-1), stack, inv)  # [entry, batch, pos, view]
+        out = []
+        for i, view in enumerate(views):
+            x, coef = grn_mix(view, stack, inv, gate[..., i])
+            if view is self.q:
+                state.x, state.coef = x, coef  # the query input is the MLP's skip
+            emit_to(view.hook_weights, lambda: delta_weights(coef, self.index, x))
+            out.append(view.hook_in(x))
+        return tuple(out)
+
+    def write(self, state: DCAState, out: Tensor) -> DCAState:
+        return attn_written(state, out)
+
+
+def attn_written(state: DCAState, out: Tensor) -> DCAState:
+    return DCAState(state.entries, state.inv_rms, state.x, state.coef, out, state.x + out)
+
+
+class SkipMixer(Mixer):
+    """The MLP consumer: its block's GRN output plus the attention output; writes f_t to the stack."""
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__(cfg, site)
+        self.k = cfg.options.k
+        self.gated = cfg.options.grn in ("v3", "dca")
+        self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
+
+    def read(self, state: DCAState) -> Tensor:
+        self.emit(lambda: self._weights(state))
+        return self.hook_in(state.h)
+
+    def _weights(self, state: DCAState) -> Tensor:
+        w = delta_weights(state.coef, self.index, state.h)
+        return torch.cat([w, torch.ones_like(w[:, :, :1])], dim=2)  # + 1 on this block's attn output
+
+    def write(self, state: DCAState, out: Tensor) -> DCAState:
+        f = state.attn_out + out
+        entries = state.entries + [f]
+        inv = state.inv_rms + [inv_rms(f)] if self.gated else []
+        if self.k is not None and len(entries) > self.k + 2:  # the oldest kept output joins the sum
+            total = entries[1] + entries[2]
+            entries = [entries[0], total] + entries[3:]
+            if self.gated:
+                inv = [inv[0], inv_rms(total)] + inv[3:]
+        return DCAState(entries, inv)
+
+
+@register
+class DCA(Scheme):
+    """DeepCrossAttention: GRN-v1/v2/v3 and DCA, full or k-DCA (arXiv 2502.06785, Sec. 3, Fig. 4)."""
+
+    name = "dca"
+    paper = "arXiv 2502.06785: DeepCrossAttention: Supercharging Transformer Residual Connections"
+    Options = DCAOptions
+    variants = {
+        "dca": {},
+        "dca-k2": {"k": 2},
+        "grn-v1": {"grn": "v1"},
+        "grn-v2": {"grn": "v2"},
+        "grn-v3": {"grn": "v3"},
+    }
+
+    @classmethod
+    def views(cls, options: DCAOptions, kind: str) -> tuple[str, ...]:
+        return ("q", "k", "v") if options.grn == "dca" and kind == "attn" else ()
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        opts = cfg.options
+        if opts.grn not in typing.get_args(Variant):
+            choices = ", ".join(typing.get_args(Variant))
+            raise ConfigError(f"dca grn must be one of {choices}, got {opts.grn!r}")
+        if opts.k is not None and (isinstance(opts.k, bool) or not isinstance(opts.k, int) or opts.k < 1):
+            raise ConfigError(f"dca k must be a positive integer or none, got {opts.k!r}")
+
+    @classmethod
+    def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> DCAState:
+        return DCAState([x0], [inv_rms(x0)] if cfg.options.grn in ("v3", "dca") else [])
+
+    @classmethod
+    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        if site.kind == "mlp":
+            return SkipMixer(cfg, site)
+        if site.kind == "attn" and cfg.options.grn == "dca":
+            return DCAAttentionMixer(cfg, site)
+        return GRNMixer(cfg, site)
