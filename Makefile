@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/depthscope demo
+	$(BIN)/depthscope report --out report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

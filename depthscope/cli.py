@@ -85,24 +85,24 @@ def schemes() -> None:
 
 
 @app.command()
-def demo(
-    steps: Annotated[int, typer.Option(help="Training steps per scheme.")] = 40,
+def report(
+    inputs: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo).")] = None,
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for index.html, traces.nc and the figures.")] = Path("report"),
+    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
+    tokens: Annotated[int, typer.Option(help="Tokens captured per checkpoint.")] = 8192,
+    batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
+    k: Annotated[int, typer.Option(help="Recent sources counted by the pattern score.")] = 2,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
-    """Train every scheme variant briefly on the default corpus and print a table."""
-    from depthscope.corpus import load_corpus
-    from depthscope.schemes import ModelConfig, variants
-    from depthscope.train import TrainConfig
-    from depthscope.train import train as run_train
+    """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
+    from depthscope.figures.report import ReportSettings, build_report
 
-    corpus = load_corpus()
-    table = Table("variant", "scheme", "parameters", "final loss", "val loss", "tokens/s", title=f"{steps} steps each on {corpus.name}")
-    for label, scheme, options in variants():
-        cfg = ModelConfig(scheme=scheme, n_layers=4, d_model=64, n_heads=4, ctx=64, options=options)
-        model = run_train(cfg, TrainConfig(steps=steps, batch_size=8, eval_tokens=4096), corpus, progress=not quiet, label=label)
-        s = model.training_summary
-        table.add_row(label, scheme, f"{model.n_params():,}", f"{s['final_loss']:.3f}", f"{s['val_loss']:.3f}", f"{s['tokens_per_s']:.0f}")
-    out.print(table)
+    if k < 0 or batch_size < 1 or tokens < 1:
+        raise ConfigError("k must be >= 0, and batch size and tokens >= 1")
+    settings = ReportSettings(tokens=tokens, batch_size=batch_size, seed=seed, k=k, corpus=str(corpus) if corpus else None)
+    index = build_report(list(inputs or []), out_dir, settings, progress=not quiet)
+    out.print(f"report written: {index.resolve()}")
 
 
 @app.command()
@@ -162,6 +162,45 @@ def dilution(
             f"mean pattern score {_fmt(s['pattern_score'], 3)}; read-out: embedding share {_fmt(s['readout_embed_share'])}, "
             f"latest share {_fmt(s['readout_latest_share'])}; max residual error {float(s['max_residual_error']):.1e}"
         )
+
+
+zoo_app = typer.Typer(no_args_is_help=True, help="The bundled zoo of small trained checkpoints.")
+app.add_typer(zoo_app, name="zoo")
+
+
+@zoo_app.command("list")
+def zoo_list(
+    directory: Annotated[Optional[Path], typer.Option("--dir", help="A zoo directory (default: the bundled zoo).")] = None,
+) -> None:
+    """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint."""
+    from depthscope import zoo
+
+    entries = zoo.read_manifest(directory or zoo.ZOO_DIR)
+    table = Table("name", "scheme", "options", "blocks x d_model", "params", "steps", "seed", "val loss (nats/byte)", "file", "KB")
+    for m in entries:
+        c = m["config"]
+        opts = ", ".join(f"{k}={v}" for k, v in c["options"].items()) or "-"
+        table.add_row(
+            m["name"], m["scheme"], opts, f"{c['n_layers']} x {c['d_model']}", f"{m['params']:,}", str(m["steps"]),
+            str(m["seed"]), f"{m['val_loss']:.3f}", m["file"], f"{m['bytes'] / 1024:.0f}",
+        )
+    out.print(table)
+    out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
+
+
+@zoo_app.command("build")
+def zoo_build(
+    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where to write (default: the bundled zoo directory).")] = None,
+    steps: Annotated[Optional[int], typer.Option(help="Training steps per model (default: the zoo's).")] = None,
+    only: Annotated[Optional[str], typer.Option(help="Comma-separated entry names to rebuild.")] = None,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Retrain the zoo reproducibly (fixed seeds, default corpus; tens of minutes on 2 cores)."""
+    from depthscope import zoo
+
+    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
+    entries = zoo.build(out_dir or zoo.ZOO_DIR, steps=zoo.STEPS if steps is None else steps, only=names, progress=not quiet)
+    out.print(f"wrote {len(entries)} zoo entries to {out_dir or zoo.ZOO_DIR}")
 
 
 def _fmt(x, digits: int = 3) -> str:
