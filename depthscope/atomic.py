@@ -28,6 +28,9 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; a finished file gets normal permissions
         os.replace(tmp_path, path)
     except BaseException:
         tmp_path.unlink(missing_ok=True)

@@ -1,0 +1,231 @@
+"""Dilution, retention and pattern-score curves across schemes.
+
+Every function takes a trace, a trace stacked along ``scheme`` or a list of traces, calls the
+estimators of ``depthscope.analysis.dilution`` and draws; nothing is computed here beyond that.
+Colour = scheme (``style.scheme_colors``). Data lines are drawn first, in scheme order (then
+source order), each labelled ``"<scheme>: <what>"``; reference lines (the 1/T baseline, the
+uniform pattern score) come after them, so ``ax.lines`` can be read back in a known order.
+
+Several consumers at one depth (DCA's q/k/v views of one attention input) are averaged into one
+point at that ``layer_depth``; for every other scheme each point is exactly one consumer's value.
+
+Y scale ("auto"): shares span 1 (the first consumer) down to ~1/T, so they are drawn on a log
+axis; when a plotted share is <= 0 (signed weights such as DenseFormer's can give a negative
+contribution) the axis is symlog instead, linear near 0 (below the decade of the smallest
+1/T baseline; for retention, of the smallest plotted magnitude).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import xarray as xr
+from matplotlib import colormaps
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
+from matplotlib.lines import Line2D
+from matplotlib.ticker import MaxNLocator
+
+from depthscope.analysis import dilution as est
+from depthscope.figures.heatmaps import traces_by_scheme
+from depthscope.figures.style import SEQUENTIAL_CMAP, new_axes, scheme_colors, style_axes, styled
+
+SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
+    "embed": ("-", "o", "embedding"),
+    "first": (":", "s", "first sublayer"),
+    "latest": ("-.", "^", "latest source"),
+}
+BASELINE_STYLE = dict(color="black", linestyle="--", linewidth=1.0)
+
+
+def by_depth(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
+    """(layer_depth values, mean of ``da`` over the consumers at each depth), NaN points dropped."""
+    depth = np.asarray(da["layer_depth"].values)
+    values = np.asarray(da.values, dtype=float)
+    xs = np.unique(depth)
+    ys = np.array([_nanmean(values[depth == x]) for x in xs])
+    keep = np.isfinite(ys)
+    return xs[keep], ys[keep]
+
+
+def _nanmean(v: np.ndarray) -> float:
+    v = v[np.isfinite(v)]
+    return float(v.mean()) if v.size else math.nan
+
+
+def _set_yscale(ax, values: list[np.ndarray], floor: float, yscale: str) -> None:
+    """log if every plotted value is > 0, else symlog (linear below ``floor``'s decade)."""
+    if yscale == "auto":
+        finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.array([])
+        yscale = "log" if finite.size == 0 or finite.min() > 0 else "symlog"
+    if yscale == "symlog":
+        ax.set_yscale("symlog", linthresh=10 ** math.floor(math.log10(floor)) if floor > 0 else 0.01)
+    else:
+        ax.set_yscale(yscale)
+
+
+def _baselines(ax, curves: list[tuple[np.ndarray, np.ndarray]], label: str) -> None:
+    """Draw each distinct reference curve once (schemes with one layout share one)."""
+    drawn: list[tuple[np.ndarray, np.ndarray]] = []
+    for x, y in curves:
+        if any(x.shape == dx.shape and np.allclose(x, dx) and np.allclose(y, dy) for dx, dy in drawn):
+            continue
+        ax.plot(x, y, label=label if not drawn else "_" + label, zorder=1.5, **BASELINE_STYLE)
+        drawn.append((x, y))
+
+
+def _outside_legend(ax, handles, title: str, loc: str, anchor: tuple[float, float]):
+    return ax.legend(handles=handles, title=title, loc=loc, bbox_to_anchor=anchor, borderaxespad=0.0)
+
+
+def _depth_axis(ax) -> None:
+    ax.set_xlabel("consumer depth (layer_depth; the read-out is last)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+@styled
+def dilution_curves(traces, ax=None, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
+    """Contribution share of the embedding / first sublayer / latest source versus consumer depth.
+
+    One line per scheme and source (colour = scheme, line style = source), ``share_of`` values;
+    then the 1/T baseline (``baseline``) as a dashed black line. ``yscale``: "auto" (log, or symlog
+    when a share is <= 0), "log", "symlog" or "linear".
+
+    Returns:
+        The Axes.
+    """
+    items = traces_by_scheme(traces)
+    unknown = [s for s in sources if s not in SOURCE_STYLE]
+    if unknown:
+        raise ValueError(f"sources must be among {tuple(SOURCE_STYLE)}, got {unknown[0]!r}")
+    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
+    colours = scheme_colors(label for label, _ in items)
+    plotted, refs = [], []
+    for label, t in items:
+        for which in sources:
+            x, y = by_depth(est.share_of(t, which))
+            ls, marker, _ = SOURCE_STYLE[which]
+            ax.plot(x, y, color=colours[label], linestyle=ls, marker=marker, label=f"{label}: {which}")
+            plotted.append(y)
+        refs.append(by_depth(est.baseline(t)))
+    _baselines(ax, refs, "1/T baseline")
+    _set_yscale(ax, plotted, min((float(y.min()) for _, y in refs if y.size), default=0.01), yscale)
+    _depth_axis(ax)
+    ax.set_ylabel("contribution share of the source")
+    ax.set_title("Dilution: shares versus the 1/T baseline", loc="left")
+    scheme_handles = [Line2D([], [], color=colours[label], label=label) for label, _ in items]
+    source_handles = [
+        Line2D([], [], color="0.35", linestyle=SOURCE_STYLE[w][0], marker=SOURCE_STYLE[w][1], label=SOURCE_STYLE[w][2])
+        for w in sources
+    ] + [Line2D([], [], label="1/T baseline", **BASELINE_STYLE)]
+    ax.add_artist(_outside_legend(ax, scheme_handles, "scheme", "upper left", (1.02, 1.0)))
+    _outside_legend(ax, source_handles, "source", "lower left", (1.02, 0.0))
+    return ax
+
+
+def uniform_retention(t: xr.Dataset) -> xr.DataArray:
+    """``retention`` of a trace whose every available share is the uniform 1/n_l."""
+    avail = t["mixing"].notnull()
+    return est.retention(t.assign(contribution_share=(avail * est.baseline(t)).where(avail)))
+
+
+def relative_retention(t: xr.Dataset) -> xr.DataArray:
+    """``retention`` over ``uniform_retention``: a source's share at each lag in units of 1/T
+    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag)."""
+    out = est.retention(t) / uniform_retention(t)
+    out.name = "relative_retention"
+    out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
+    return out
+
+
+def _lag_curve(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
+    keep = np.isfinite(da.values)
+    return np.asarray(da["lag"].values)[keep], np.asarray(da.values, dtype=float)[keep]
+
+
+@styled
+def retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
+    """How a source's share fades with lag (sublayers after it was written), relative to 1/T.
+
+    Plotted: ``retention(t) / uniform_retention(t)`` (``relative_retention``): each source's
+    share at the consumers ``lag`` sublayers later over the uniform 1/n_l share of those same
+    consumers, so one reference line at 1 (dashed) serves every source; a raw-share plot would
+    need one 1/T curve per source depth. One trace: one line per source, coloured by source depth
+    (colour bar instead of a 17-entry legend). Several schemes: one line per scheme, the mean over
+    the sublayer sources (the embedding, whose share dominates untrained models, is followed by
+    ``dilution_curves``). Y scale as in ``dilution_curves``.
+
+    Returns:
+        The Axes.
+    """
+    items = traces_by_scheme(trace_or_stacked)
+    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
+    plotted = []
+    if len(items) == 1:
+        label, t = items[0]
+        r = relative_retention(t)
+        depths = t["source_depth"].values
+        norm = Normalize(vmin=0, vmax=max(int(depths.max()), 1))
+        cmap = colormaps[SEQUENTIAL_CMAP]
+        for s, d in zip(r["source"].values, depths):
+            x, y = _lag_curve(r.sel(source=s))
+            ax.plot(x, y, color=cmap(norm(d)), marker=".", label=f"{label}: {s}")
+            plotted.append(y)
+        cb = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02, aspect=30)
+        cb.set_label("source depth (embed = 0)")
+        cb.outline.set_visible(False)
+        ax.set_title(f"Retention of each source: {label}", loc="left")
+        handles = []
+    else:
+        colours = scheme_colors(label for label, _ in items)
+        handles = []
+        for label, t in items:
+            r = relative_retention(t)
+            x, y = _lag_curve(r.where(t["source_kind"] != "embed").mean("source"))
+            ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: mean over sublayer sources")
+            handles.append(Line2D([], [], color=colours[label], marker="o", label=label))
+            plotted.append(y)
+        ax.set_title("Retention of sublayer outputs (mean over sources)", loc="left")
+    ax.axhline(1.0, label="1/T (uniform share)", zorder=1.5, **BASELINE_STYLE)
+    handles.append(Line2D([], [], label="1/T (uniform share)", **BASELINE_STYLE))
+    positive = np.abs(np.concatenate(plotted)) if plotted else np.array([])
+    positive = positive[np.isfinite(positive) & (positive > 0)]
+    _set_yscale(ax, plotted, float(np.clip(positive.min(), 1e-3, 0.1)) if positive.size else 0.1, yscale)
+    ax.set_xlabel("lag (sublayers after the source was written)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("share / uniform share (1 = 1/T)")
+    if len(items) > 1:
+        ax.legend(handles=handles, title="scheme", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    else:
+        ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)
+    return ax
+
+
+@styled
+def pattern_scores(stacked_or_list, ax=None, k: int = 2):
+    """Input-and-recent pattern score per consumer depth, one line per scheme, reference at 1.
+
+    Lines are ``pattern_score(trace, k)``; each legend entry carries the scheme's summary mean
+    (``summary(trace, k)["pattern_score"]``). Above the dashed line at 1.0 (a uniform row) the
+    mass of |M| is concentrated on the embedding and the last k sources.
+
+    Returns:
+        The Axes.
+    """
+    items = traces_by_scheme(stacked_or_list)
+    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
+    colours = scheme_colors(label for label, _ in items)
+    handles = []
+    for label, t in items:
+        x, y = by_depth(est.pattern_score(t, k))
+        mean = float(est.summary(t, k)["pattern_score"])
+        ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: pattern score")
+        handles.append(Line2D([], [], color=colours[label], marker="o", label=f"{label} (mean {mean:.2f})"))
+    ax.axhline(1.0, label="uniform (1.0)", **BASELINE_STYLE)
+    handles.append(Line2D([], [], label="uniform row (1.0)", **BASELINE_STYLE))
+    _depth_axis(ax)
+    ax.set_ylabel(f"pattern score (k = {k})\n> 1: input-and-recent pattern")
+    ax.set_title(f"Input-and-recent pattern (|M| on the embedding + last {k} sources)", loc="left")
+    ax.legend(handles=handles, title="scheme (mean score)", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return ax

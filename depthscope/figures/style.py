@@ -1,0 +1,180 @@
+"""The house style of every depthscope figure, stable scheme colours, and atomic saving.
+
+Figures are drawn inside ``house_style()`` (an rc context: font sizes, no top/right spines, the
+colour-blind-safe seaborn "colorblind" palette, dpi, constrained layout), so the user's global
+rcParams are left alone. Nothing here picks a backend: pyplot falls back to Agg by itself where no
+display exists, and ``save`` renders through the figure's canvas, never through ``show()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+
+import matplotlib
+from cycler import cycler
+
+from depthscope.atomic import atomic_path
+from depthscope.errors import DepthscopeError
+
+# seaborn's "colorblind" palette (seaborn.color_palette("colorblind").as_hex()), kept here so the
+# style does not need seaborn at import time; a test checks the two agree.
+PALETTE = (
+    "#0173b2",  # blue
+    "#de8f05",  # orange
+    "#029e73",  # green
+    "#d55e00",  # vermillion
+    "#cc78bc",  # pink
+    "#ca9161",  # brown
+    "#fbafe4",  # light pink
+    "#949494",  # grey
+    "#ece133",  # yellow
+    "#56b4e9",  # sky blue
+)
+
+# One colour per scheme family, fixed so a scheme looks the same in every figure and report.
+SCHEME_COLORS = {
+    "standard": "#949494",
+    "denseformer": "#0173b2",
+    "dca": "#de8f05",
+    "grn": "#de8f05",
+    "attnres": "#029e73",
+    "hc": "#d55e00",
+    "mhc": "#cc78bc",
+    "ddl": "#ca9161",
+    "shortswa": "#56b4e9",
+}
+
+DIVERGING_CMAP = "RdBu_r"  # weights and shares: blue negative, white 0, red positive
+SEQUENTIAL_CMAP = "viridis"  # ordered quantities such as source depth
+DPI = 200  # saved raster figures
+MAX_TICK_LABELS = 40  # more labels than this on an axis are thinned to every k-th
+
+RC = {
+    "figure.dpi": 100,
+    "savefig.dpi": DPI,
+    "figure.constrained_layout.use": True,
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "legend.fontsize": 8,
+    "legend.title_fontsize": 8,
+    "legend.frameon": False,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.prop_cycle": cycler(color=list(PALETTE)),
+    "lines.linewidth": 1.6,
+    "lines.markersize": 4,
+    "image.cmap": DIVERGING_CMAP,
+    "svg.hashsalt": "depthscope",  # stable element ids: the same figure gives the same SVG
+}
+
+
+@contextlib.contextmanager
+def house_style() -> Iterator[None]:
+    """Apply the depthscope rcParams inside the block (the previous values come back after)."""
+    with matplotlib.rc_context(RC):
+        yield
+
+
+def styled(fn):
+    """Decorator: run a plot function inside ``house_style()``."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        with house_style():
+            return fn(*args, **kwargs)
+
+    return wrapper
+
+
+def apply_house_style() -> None:
+    """Set the depthscope rcParams globally (for notebooks that draw their own figures too)."""
+    matplotlib.rcParams.update(RC)
+
+
+def new_axes(figsize: tuple[float, float] | None = None):
+    """A fresh Figure with one Axes (pyplot-managed, so notebooks display it; never shown here)."""
+    import matplotlib.pyplot as plt
+
+    _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def style_axes(ax, *, spines: bool = False):
+    """Give an Axes made elsewhere the house look: no top/right spines, house tick sizes."""
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(spines)
+    ax.tick_params(labelsize=RC["xtick.labelsize"])
+    return ax
+
+
+def _family(label: str) -> str:
+    """``attnres-block4`` -> ``attnres``, ``dca#2`` -> ``dca``, ``grn-v1`` -> ``grn``."""
+    for sep in ("#", "(", "-", ":", " "):
+        label = label.split(sep, 1)[0]
+    return label.lower()
+
+
+def scheme_color(label: str) -> str:
+    """The stable colour of a scheme label (its family's colour; unknown labels hash into PALETTE)."""
+    label = str(label)
+    if label in SCHEME_COLORS:
+        return SCHEME_COLORS[label]
+    family = _family(label)
+    if family in SCHEME_COLORS:
+        return SCHEME_COLORS[family]
+    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]  # crc32: stable across runs
+
+
+def scheme_colors(labels: Iterable[str]) -> dict[str, str]:
+    """Colours for the labels of one figure: ``scheme_color`` each, and where two labels would
+    share a colour (``attnres`` and ``attnres-block4``) the later one takes the next free one."""
+    out: dict[str, str] = {}
+    for label in labels:
+        colour = scheme_color(label)
+        if colour in out.values():
+            start = PALETTE.index(colour) if colour in PALETTE else 0
+            free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))]
+            colour = next((c for c in free if c not in out.values() and c != "#ece133"), colour)
+        out[str(label)] = colour
+    return out
+
+
+# Formats whose suffix ``save`` strips from the path it is given, to append each requested one.
+_IMAGE_SUFFIXES = {".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp"}
+_NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}  # byte-stable output
+
+
+def save(fig, path: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi: int = DPI) -> list[Path]:
+    """Write ``fig`` once per format as ``path`` with that suffix; returns the written paths.
+
+    All formats are rendered to temporary files first and renamed only when every one has
+    succeeded, so a failed save leaves no new or partial file. A directory that cannot be written
+    raises DepthscopeError. ``path`` may carry an image suffix (``fig.png``); it is replaced.
+    """
+    path = Path(path)
+    stem = path.with_suffix("") if path.suffix.lower() in _IMAGE_SUFFIXES else path
+    formats = [f.lower().lstrip(".") for f in ([formats] if isinstance(formats, str) else formats)]
+    if not formats:
+        raise DepthscopeError("no figure format given")
+    supported = fig.canvas.get_supported_filetypes()
+    unknown = [f for f in formats if f not in supported]
+    if unknown:
+        raise DepthscopeError(f"unknown figure format {unknown[0]!r} (supported: {', '.join(sorted(supported))})")
+    targets = [stem.with_name(f"{stem.name}.{f}") for f in dict.fromkeys(formats)]
+    try:
+        with contextlib.ExitStack() as stack:  # renames happen on exit, after every render
+            stack.enter_context(matplotlib.rc_context({"svg.hashsalt": RC["svg.hashsalt"]}))
+            for target in targets:
+                tmp = stack.enter_context(atomic_path(target))
+                fmt = target.suffix[1:]
+                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=_NO_DATE.get(fmt))
+    except OSError as err:
+        raise DepthscopeError(f"cannot write figure {path}: {err.strerror or err}") from None
+    return targets
