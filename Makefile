@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.depthscope-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv clean-venv
+.PHONY: demo test venv browser clean-venv
 
 venv: $(STAMP)
 
@@ -22,8 +22,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/depthscope report --out report
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The report is a web page and one test renders it in headless chromium (Debian's package).
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
+	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	  echo "note: chromium is not installed and could not be installed here; the report's browser test will fail"
 
 clean-venv:
 	rm -rf $(VENV)
