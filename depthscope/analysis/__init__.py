@@ -1,0 +1,1 @@
+"""Estimators: pure functions of traces (dilution, patterns, collective rank, theory)."""
