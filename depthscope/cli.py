@@ -203,6 +203,273 @@ def zoo_build(
     out.print(f"wrote {len(entries)} zoo entries to {out_dir or zoo.ZOO_DIR}")
 
 
+class _RankGroup(typer.core.TyperGroup):
+    """`depthscope rank PATH` measures a checkpoint or trace; `rank threshold|identity|sweep` are subcommands."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            return "measure", self.commands["measure"], args
+        return super().resolve_command(ctx, args)
+
+    def list_commands(self, ctx):
+        return [c for c in super().list_commands(ctx) if c != "measure"]
+
+
+rank_app = typer.Typer(
+    cls=_RankGroup,
+    no_args_is_help=True,
+    help="Collective rank versus width (DCA, arXiv 2502.06785 Sec. 4): `rank CKPT_OR_TRACE`, "
+    "`rank threshold`, `rank identity`, `rank sweep`.",
+)
+app.add_typer(rank_app, name="rank")
+
+
+def _emit_json(obj) -> None:
+    import json
+
+    print(json.dumps(obj, indent=1, default=_json_default))
+
+
+def _json_default(o):
+    import numpy as np
+
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+@rank_app.command("measure", hidden=True)
+def rank_measure(
+    path: Annotated[Path, typer.Argument(help="A checkpoint, a model directory, or a trace captured with --rank.")],
+    kappa: Annotated[Optional[float], typer.Option(help="Task complexity lambda_min/lambda_max to compare r*/d against.")] = None,
+    variant: Annotated[str, typer.Option(help="GRN variant of the threshold: v1 or v2.")] = "v1",
+    tokens: Annotated[int, typer.Option(help="Tokens captured from a checkpoint.")] = 16384,
+    energy: Annotated[float, typer.Option(help="Energy fraction of the numerical rank.")] = 0.99,
+    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+) -> None:
+    """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
+    from depthscope.analysis.rank import collective_rank
+    from depthscope.analysis.theory import derived_bound, threshold
+    from depthscope.figures.report import input_kind
+    from depthscope.probes import capture as run_capture
+    from depthscope.probes import load_trace
+    from depthscope.probes.bridge import load_model
+    from depthscope.probes.trace import select_scheme
+
+    _check_variant(variant)
+    if kappa is not None and not 0 < kappa <= 1:
+        raise ConfigError(f"kappa must be in (0, 1], got {kappa}")
+    if not 0 < energy <= 1:
+        raise ConfigError(f"energy must be in (0, 1], got {energy}")
+    if input_kind(path) == "trace":
+        trace = load_trace(path)
+        traces = [select_scheme(trace, s) for s in trace["scheme"].values] if "scheme" in trace.dims else [trace]
+    else:
+        model = load_model(str(path))
+        traces = [run_capture(model, corpus, n_tokens=tokens, rank=True, progress=not quiet and not as_json, checkpoint=str(path))]
+    results = []
+    for t in traces:
+        if "source_spectrum" not in t:
+            raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
+        r = collective_rank(t, energy)
+        d = int(r.attrs["d_model"])
+        layers = [s for s, k in zip(t["source"].values, t["source_kind"].values) if k != "embed"]
+        res = {
+            "label": t.attrs.get("label", ""),
+            "scheme": t.attrs.get("scheme", ""),
+            "d": d,
+            "energy": energy,
+            "tokens": int(t.attrs.get("tokens", 0)),
+            "sources": [
+                {"source": s, **{k: float(r["effective_rank"].sel(source=s, rank_kind=k)) for k in ("numerical", "entropy", "participation")}}
+                for s in t["source"].values
+            ],
+            "n_layers_counted": len(layers),
+            "collective_rank": {k: float(r["collective_rank"].sel(rank_kind=k)) for k in ("numerical", "entropy", "participation")},
+            "ratio": {k: float(r["collective_rank_ratio"].sel(rank_kind=k)) for k in ("numerical", "entropy", "participation")},
+        }
+        if kappa is not None:
+            num = threshold(d, kappa, variant)
+            bound = derived_bound(kappa, variant, d=d)
+            res["kappa"], res["variant"] = kappa, variant
+            res["threshold"] = num
+            res["derived_bound"] = None if bound is None else float(bound)
+            res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
+        results.append(res)
+    if as_json:
+        _emit_json(results[0] if len(results) == 1 else results)
+        return
+    for res in results:
+        table = Table("source", "numerical", "entropy", "participation", title=f"{res['label']}: effective ranks of outputs over {res['tokens']} tokens (d = {res['d']})")
+        for row in res["sources"]:
+            table.add_row(row["source"], f"{row['numerical']:.0f}", f"{row['entropy']:.1f}", f"{row['participation']:.1f}")
+        out.print(table)
+        for k in ("numerical", "entropy", "participation"):
+            out.print(f"r* ({k}) = {res['collective_rank'][k]:.1f} over {res['n_layers_counted']} sublayers; r*/d = {res['ratio'][k]:.3f}")
+        if kappa is not None:
+            verdict = "below" if res["ratio"]["numerical"] < res["threshold"] else "above"
+            bound = "none" if res["derived_bound"] is None else f"{res['derived_bound']:.3f}"
+            out.print(
+                f"kappa = {kappa}: GRN-{variant} threshold r*/d = {res['threshold']:.3f} (exact risks), derived sufficient bound {bound}; "
+                f"the numerical r*/d is {verdict} the threshold"
+            )
+
+
+def _check_variant(variant: str) -> None:
+    if variant not in ("v1", "v2"):
+        raise ConfigError(f"variant must be v1 or v2, got {variant!r}")
+
+
+@rank_app.command("threshold")
+def rank_threshold(
+    d: Annotated[int, typer.Option(help="Width d.")],
+    kappa: Annotated[float, typer.Option(help="Task complexity lambda_min / lambda_max, in (0, 1].")],
+    variant: Annotated[str, typer.Option(help="GRN variant: v1 or v2.")] = "v1",
+    tasks: Annotated[int, typer.Option(help="Random tasks averaged.")] = 8,
+    seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
+    from depthscope.analysis.theory import derived_bound, threshold
+
+    _check_variant(variant)
+    if d < 2:
+        raise ConfigError(f"d must be at least 2, got {d}")
+    if not 0 < kappa <= 1:
+        raise ConfigError(f"kappa must be in (0, 1], got {kappa}")
+    if tasks < 1:
+        raise ConfigError(f"tasks must be >= 1, got {tasks}")
+    num = threshold(d, kappa, variant, n_tasks=tasks, seed=seed)
+    bound = derived_bound(kappa, variant, d=d)
+    res = {"d": d, "kappa": kappa, "variant": variant, "threshold": num, "derived_bound": None if bound is None else float(bound)}
+    if as_json:
+        _emit_json(res)
+        return
+    out.print(f"GRN-{variant}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} (exact risks, mean of {tasks} tasks)")
+    out.print(f"derived here (sufficient condition, not the paper's printed bound): r*/d < {res['derived_bound']:.3f}" if bound is not None else "no closed form for this variant")
+
+
+@rank_app.command("identity")
+def rank_identity(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for identity.json and the figures.")],
+    steps: Annotated[int, typer.Option(help="SGD steps (the paper: 1000).")] = 1000,
+    sweep: Annotated[bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print identity.json's summary as JSON.")] = False,
+) -> None:
+    """DCA's Fig. 1: a ResNet of 10 rank-3 linear layers versus GRN-v1 on the identity and a random map."""
+    import dataclasses
+
+    import matplotlib.pyplot as plt
+
+    from depthscope.analysis.identity import IdentitySettings, run_identity, steps_to_reach, width_sweep
+    from depthscope.atomic import atomic_path
+    from depthscope.figures.style import save
+    from depthscope.figures.theory import identity_curves, identity_sweep
+
+    if steps < 1:
+        raise ConfigError(f"steps must be >= 1, got {steps}")
+    settings = IdentitySettings(steps=steps)
+    res = run_identity(settings)
+    doc = {
+        "settings": dataclasses.asdict(settings),
+        "curves": {task: {m: list(map(float, res[task][m])) for m in ("resnet", "grn_v1")} for task in ("identity", "random")},
+        "summary": {
+            task: {
+                "final": {m: float(res[task][m][-1]) for m in ("resnet", "grn_v1")},
+                "grn_v1_steps_to_resnet_final": steps_to_reach(res[task]["grn_v1"], float(res[task]["resnet"][-1])),
+                "resnet_steps_to_grn_v1_final": steps_to_reach(res[task]["resnet"], float(res[task]["grn_v1"][-1])),
+            }
+            for task in ("identity", "random")
+        },
+    }
+    figs = [("identity", identity_curves(res))]
+    if sweep:
+        sw = width_sweep(settings=settings, tasks=("identity", "random"))
+        doc["sweep"] = {
+            "d": [int(x) for x in sw["d"]],
+            "r_star": int(sw["r_star"]),
+            **{task: {m: [float(v) for v in sw[task][m]] for m in ("resnet", "grn_v1")} for task in ("identity", "random")},
+            "steps_to_reach": {task: [None if v is None else int(v) for v in vals] for task, vals in sw["steps_to_reach"].items()},
+        }
+        figs.append(("identity-sweep", identity_sweep(sw).figure))
+    import json
+
+    with atomic_path(out_dir / "identity.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    for name, fig in figs:
+        save(fig, out_dir / name)
+        plt.close(fig)
+    if as_json:
+        _emit_json({"settings": doc["settings"], "summary": doc["summary"]})
+        return
+    for task in ("identity", "random"):
+        s = doc["summary"][task]
+        out.print(
+            f"{task}: final MSE ResNet {s['final']['resnet']:.3g}, GRN-v1 {s['final']['grn_v1']:.3g}; "
+            f"GRN-v1 reaches the ResNet's final error at step {s['grn_v1_steps_to_resnet_final']}"
+        )
+    out.print(f"wrote {out_dir / 'identity.json'} and {', '.join(n for n, _ in figs)} (.png, .svg)")
+
+
+@rank_app.command("sweep")
+def rank_sweep_cmd(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for sweep.nc, sweep.json and the figure.")],
+    widths: Annotated[str, typer.Option(help="Comma-separated widths.")] = "32,64,128",
+    schemes: Annotated[str, typer.Option(help="Comma-separated schemes to train.")] = "standard,dca",
+    layers: Annotated[int, typer.Option(help="Blocks per model.")] = 4,
+    steps: Annotated[int, typer.Option(help="Training steps per model.")] = 300,
+    tokens: Annotated[int, typer.Option(help="Tokens captured per model.")] = 8192,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
+    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+) -> None:
+    """Train small models at several widths on the default corpus and plot r*/d against width."""
+    import json
+
+    import matplotlib.pyplot as plt
+
+    from depthscope.analysis.rank import rank_sweep
+    from depthscope.atomic import atomic_path
+    from depthscope.figures.rank import rank_vs_width
+    from depthscope.figures.style import save
+    from depthscope.schemes import get_scheme
+
+    try:
+        ws = [int(w) for w in widths.split(",") if w.strip()]
+    except ValueError:
+        raise ConfigError(f"--widths must be comma-separated integers, got {widths!r}") from None
+    names = tuple(s.strip() for s in schemes.split(",") if s.strip())
+    for name in names:
+        get_scheme(name)
+    if not ws or any(w < 32 or w % 16 for w in ws):
+        raise ConfigError("widths must be multiples of 16, at least 32")
+    table = rank_sweep(ws, names, n_layers=layers, steps=steps, tokens=tokens, progress=not quiet)
+    with atomic_path(out_dir / "sweep.nc") as tmp:
+        table.to_netcdf(tmp, engine="netcdf4")
+    doc = {
+        "widths": ws,
+        "schemes": list(names),
+        "r_star": {s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in ("numerical", "entropy", "participation")} for s in names},
+        "ratio": {s: table["collective_rank_ratio"].sel(scheme=s, rank_kind="numerical").values.tolist() for s in names},
+        "val_loss": {s: table["val_loss"].sel(scheme=s).values.tolist() for s in names},
+        "settings": dict(table.attrs),
+    }
+    with atomic_path(out_dir / "sweep.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    fig = rank_vs_width(table).figure
+    save(fig, out_dir / "rank-vs-width")
+    plt.close(fig)
+    if as_json:
+        _emit_json(doc)
+        return
+    for s in names:
+        out.print(f"{s}: r*/d (numerical) at d = {ws}: " + ", ".join(f"{v:.3f}" for v in doc["ratio"][s]))
+    out.print(f"wrote {out_dir / 'sweep.nc'}, sweep.json and rank-vs-width (.png, .svg)")
+
+
 def _fmt(x, digits: int = 3) -> str:
     v = float(x)
     return "-" if v != v else f"{v:.{digits}f}"

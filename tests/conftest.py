@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 
-import matplotlib
+# One BLAS/OpenMP thread per test process: on 2 cores, library threads fight over the cores and
+# make the numpy-heavy tests several times slower (set before numpy is imported).
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")
 
