@@ -80,7 +80,7 @@ class DepthAttention(Mixer):
             site.index == cfg.n_sublayers - 1 or block_of(cfg, site.index + 1) != block_of(cfg, site.index)
         )
 
-    def read(self, state: BlockState) -> Tensor:
+    def read(self, state: BlockState) -> tuple[Tensor, BlockState]:
         values, normed = state.entries, state.normed
         if state.partial is not None:
             values, normed = values + [state.partial], normed + [rms_norm(state.partial)]
@@ -89,7 +89,7 @@ class DepthAttention(Mixer):
         alpha = logits.float().softmax(-1).to(logits.dtype)  # [batch, pos, entry]
         self.emit(lambda: alpha[..., self.entry_index])
         h = torch.einsum("bpe,ebpd->bpd", alpha, torch.stack(values))
-        return self.hook_in(h)
+        return self.hook_in(h), state
 
     def write(self, state: BlockState, out: Tensor) -> BlockState:
         partial = out if state.partial is None else state.partial + out

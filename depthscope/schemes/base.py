@@ -5,7 +5,9 @@ A residual scheme is a class with a name, a frozen ``Options`` dataclass, and tw
 * ``start(cfg, x0, track)`` turns the token embedding into the scheme's depth state;
 * ``mixer(cfg, site)`` builds the module that, for one consumer (a sublayer input or the
   read-out), *reads* the state into that consumer's input and *writes* the consumer's output
-  back into the state.
+  back into the state. ``read`` returns the input together with the state that ``write`` will
+  receive, so whatever ``read`` computed for the write (a block's mixed stream, stream matrices)
+  travels explicitly, and no state object is ever modified in place.
 
 Every mixer reports, through ``hook_weights``, its per-token weights over the sources written so
 far in the delta basis (embedding + sublayer outputs), whatever its native parametrisation; the
@@ -190,11 +192,11 @@ class Mixer(nn.Module, abc.ABC):
         self.hook_weights = HookPoint()  # [batch, pos, source] or [batch, pos, source, d_model]
 
     @abc.abstractmethod
-    def read(self, state: Any) -> Tensor | tuple[Tensor, ...]:
-        """The consumer's input (already passed through ``hook_in``)."""
+    def read(self, state: Any) -> tuple[Tensor | tuple[Tensor, ...], Any]:
+        """(the consumer's input, already passed through ``hook_in``; the state for ``write``)."""
 
     def write(self, state: Any, out: Tensor) -> Any:
-        """Fold the consumer's output into the state (the read-out never writes)."""
+        """Fold the consumer's output into the state ``read`` returned (the read-out never writes)."""
         raise ConfigError(f"{self.site.label} does not write")
 
     def emit(self, weights: typing.Callable[[], Tensor]) -> None:

@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -97,8 +97,8 @@ def inv_rms(x: Tensor) -> Tensor:
 class DCAState:
     """The stack, and what the current block's attention leaves for its MLP.
 
-    The attention mixer's read fills ``x`` and ``coef`` (so that they are computed once); every
-    write returns a fresh state.
+    The attention mixer's read returns a state carrying ``x`` and ``coef`` (computed once, used by
+    the attention's write and by the MLP mixer); every write returns a fresh state.
     """
 
     entries: list[Tensor]  # [batch, pos, d_model] each: embedding, (sum of older outputs), last outputs
@@ -172,11 +172,10 @@ class GRNMixer(Mixer):
         add_grn(self, variant, len(stack_layout(cfg, site.block)), cfg.d_model)
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
-    def read(self, state: DCAState) -> Tensor:
+    def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
         x, coef = grn_mix(self, *stacked(state))
-        state.x, state.coef = x, coef  # the MLP's skip and weights (write and SkipMixer read them)
         self.emit(lambda: delta_weights(coef, self.index, x))
-        return self.hook_in(x)
+        return self.hook_in(x), replace(state, x=x, coef=coef)  # the MLP's skip and its weights
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
         return attn_written(state, out)
@@ -202,18 +201,18 @@ class DCAAttentionMixer(Mixer):
         self.q, self.k, self.v = (GRNView(n, cfg.d_model) for _ in range(3))
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
-    def read(self, state: DCAState) -> tuple[Tensor, Tensor, Tensor]:
+    def read(self, state: DCAState) -> tuple[tuple[Tensor, Tensor, Tensor], DCAState]:
         stack, inv = stacked(state)
         views = (self.q, self.k, self.v)
         gate = gates(torch.stack([view.w for view in views], dim=-1), stack, inv)  # [entry, batch, pos, view]
-        out = []
+        out, mixed = [], []
         for i, view in enumerate(views):
             x, coef = grn_mix(view, stack, inv, gate[..., i])
-            if view is self.q:
-                state.x, state.coef = x, coef  # the query input is the MLP's skip
             emit_to(view.hook_weights, lambda: delta_weights(coef, self.index, x))
             out.append(view.hook_in(x))
-        return tuple(out)
+            mixed.append((x, coef))
+        x, coef = mixed[0]  # the query input is the MLP's skip
+        return tuple(out), replace(state, x=x, coef=coef)
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
         return attn_written(state, out)
@@ -232,9 +231,9 @@ class SkipMixer(Mixer):
         self.gated = cfg.options.grn in ("v3", "dca")
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
-    def read(self, state: DCAState) -> Tensor:
+    def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
         self.emit(lambda: self._weights(state))
-        return self.hook_in(state.h)
+        return self.hook_in(state.h), state
 
     def _weights(self, state: DCAState) -> Tensor:
         w = delta_weights(state.coef, self.index, state.h)

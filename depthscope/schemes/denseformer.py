@@ -30,7 +30,7 @@ Legend: batch, pos, d_model, state (X_0..X_D, block outputs), source (embedding 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor, nn
@@ -83,14 +83,14 @@ class DWAMixer(Mixer):
             alpha[-1] = 1.0  # alpha_{i,i} = 1, the rest 0: a standard transformer at init
             self.alpha = nn.Parameter(alpha)
 
-    def read(self, state: DenseState) -> Tensor:
+    def read(self, state: DenseState) -> tuple[Tensor, DenseState]:
         if self.site.kind == "mlp":
             h, coef = state.h, state.h_coef
-        else:
+        else:  # Y_b: the stream this block adds into, handed to write with the state
             h, coef = self._average(state)
-            state.h, state.h_coef = h, coef  # Y_b is the stream this block adds into (used by write)
+            state = replace(state, h=h, h_coef=coef)
         self.emit(lambda: coef.expand(*h.shape[:-1], -1))
-        return self.hook_in(h)
+        return self.hook_in(h), state
 
     def _average(self, state: DenseState) -> tuple[Tensor, Tensor | None]:
         """Y_b and its delta-basis coefficients (None when not tracking)."""

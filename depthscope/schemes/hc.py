@@ -48,7 +48,7 @@ Choices where the paper is silent or loose:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -70,7 +70,6 @@ class HCOptions:
 class Pending:
     """What a sublayer's ``read`` leaves for its ``write``: the carried streams and the matrices."""
 
-    index: int  # the sublayer it belongs to
     carried: Tensor  # sum_s res[s, t] h_s: [batch, pos, stream, d_model]
     pre: Tensor  # [batch, pos, stream] or [stream]
     res: Tensor  # [batch, pos, stream, stream] or [stream, stream]
@@ -82,8 +81,8 @@ class Streams:
     """The n residual streams, the delta-basis coefficients if tracked, and the pending write.
 
     The stream matrices depend on H before the write, so ``read`` mixes the streams for the
-    sublayer's input and for the carried residual in one product and leaves the carried part in
-    ``pending`` for ``write`` (a write without it recomputes it).
+    sublayer's input and for the carried residual in one product and returns a state whose
+    ``pending`` holds the carried part and the matrices for ``write``.
     """
 
     h: Tensor  # [batch, pos, stream, d_model]
@@ -179,18 +178,15 @@ class StreamMixer(Mixer):
         # one concatenation, not two zero-filled copies)
         product = mix.expand(*lead, n, n + 1).transpose(-1, -2).contiguous() @ h
         x, carried = product.split([1, n], dim=-2)  # [batch, pos, 1 | stream, d_model]
-        return x.squeeze(-2), Pending(self.site.index, carried, mix[..., 0], mix[..., 1:], post)
+        return x.squeeze(-2), Pending(carried, mix[..., 0], mix[..., 1:], post)
 
-    def read(self, state: Streams) -> Tensor:
+    def read(self, state: Streams) -> tuple[Tensor, Streams]:
         x, p = self._mix(state)
-        state.pending = p
         self.emit(lambda: (p.pre.unsqueeze(-2).to(tracked(state).dtype) @ tracked(state)).squeeze(-2))
-        return self.hook_in(x)
+        return self.hook_in(x), replace(state, pending=p)
 
     def write(self, state: Streams, out: Tensor) -> Streams:
         p = state.pending
-        if p is None or p.index != self.site.index:
-            p = self._mix(state)[1]
         lead, n, d = out.shape[:-1], self.n, out.shape[-1]
         # carried + post (x) out as one batched outer product: much faster to differentiate than
         # addcmul (contiguous factors, or the batched product falls back to a loop over tokens)
@@ -203,9 +199,9 @@ class StreamMixer(Mixer):
 class StreamReadout(Mixer):
     """The read-out: the streams summed (weights: the coefficients summed over streams)."""
 
-    def read(self, state: Streams) -> Tensor:
+    def read(self, state: Streams) -> tuple[Tensor, Streams]:
         self.emit(lambda: tracked(state).sum(-2))
-        return self.hook_in(state.h.sum(-2))
+        return self.hook_in(state.h.sum(-2)), state
 
 
 class HyperConnection(StreamMixer):

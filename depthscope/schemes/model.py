@@ -38,7 +38,8 @@ class Block(nn.Module):
     def forward(self, state: Any) -> Any:
         for kind in self.kinds:
             mixer = getattr(self, f"{kind}_mix")
-            out = getattr(self, f"hook_{kind}_out")(getattr(self, kind)(mixer.read(state)))
+            inp, state = mixer.read(state)
+            out = getattr(self, f"hook_{kind}_out")(getattr(self, kind)(inp))
             state = mixer.write(state, out)
         return state
 
@@ -87,7 +88,8 @@ class DepthModel(HookedRootModule):
         state = self.scheme.start(self.cfg, x0, track)
         for block in self.blocks:
             state = block(state)
-        return self.unembed(self.ln_final(self.readout_mix.read(state)))
+        h, _ = self.readout_mix.read(state)
+        return self.unembed(self.ln_final(h))
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

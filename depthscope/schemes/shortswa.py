@@ -86,7 +86,7 @@ class DepthWindow(Mixer):
         self.W_V = nn.Parameter(torch.eye(cfg.d_model))  # identity: window 1 = standard residual
         self.hook_window = HookPoint()  # [batch, pos, window]
 
-    def read(self, state: WindowState) -> Tensor:
+    def read(self, state: WindowState) -> tuple[Tensor, WindowState]:
         if self.size == 1:
             u = state.x
             if listening(self.hook_window):
@@ -106,7 +106,7 @@ class DepthWindow(Mixer):
             for j, o in enumerate(state.outputs[1 - self.size :]):
                 u = u + tail[..., j, None] * o
             self.emit(lambda: torch.cat([ones_weights(u, state.n - self.size + 1), tail], dim=-1))
-        return self.hook_in(u) @ self.W_V
+        return self.hook_in(u) @ self.W_V, state
 
     def write(self, state: WindowState, out: Tensor) -> WindowState:
         x = state.x + out

@@ -28,9 +28,9 @@ class SumState:
 class SumMixer(Mixer):
     """Reads the running sum; writes by adding the output."""
 
-    def read(self, state: SumState) -> Tensor:
+    def read(self, state: SumState) -> tuple[Tensor, SumState]:
         self.emit(lambda: ones_weights(state.x, state.n))
-        return self.hook_in(state.x)
+        return self.hook_in(state.x), state
 
     def write(self, state: SumState, out: Tensor) -> SumState:
         return SumState(state.x + out, state.n + 1)
