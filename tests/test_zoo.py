@@ -1,0 +1,44 @@
+"""The bundled zoo: manifest matches files, every checkpoint loads and captures, size budget."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from depthscope import load, zoo
+from depthscope.probes import capture
+from depthscope.schemes.checkpoint import read_meta
+
+ENTRIES = zoo.read_manifest()
+
+
+def test_manifest_lists_the_zoo_spec():
+    assert [m["name"] for m in ENTRIES] == [name for name, _, _ in zoo.ZOO]
+    schemes = {m["scheme"] for m in ENTRIES}
+    assert schemes == {"standard", "denseformer", "dca", "attnres", "hc", "mhc", "ddl", "shortswa"}
+
+
+def test_zoo_fits_the_size_budget():
+    total = sum((zoo.ZOO_DIR / m["file"]).stat().st_size for m in ENTRIES)
+    assert total <= 10 * 1024 * 1024
+    assert all(m["config"]["n_layers"] >= 8 for m in ENTRIES)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[m["name"] for m in ENTRIES])
+def test_manifest_matches_file(entry):
+    path = zoo.ZOO_DIR / entry["file"]
+    assert path.stat().st_size == entry["bytes"] and zoo.sha256(path) == entry["sha256"]
+    meta = read_meta(path)
+    assert meta["model"] == entry["config"] and meta["model"]["scheme"] == entry["scheme"]
+    assert meta["training"]["val_loss"] == entry["val_loss"] and meta["training"]["steps"] == entry["steps"]
+    assert meta["training"]["seed"] == entry["seed"] and "python-stdlib" in entry["corpus"]
+    model = load(path)  # checks every tensor's presence, shape and finiteness
+    assert model.n_params() == entry["params"]
+    assert entry["val_loss"] < 3.0  # trained: well below the 5.55 nats/byte of a uniform guess
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[m["name"] for m in ENTRIES])
+def test_every_checkpoint_captures(entry):
+    trace = capture(load(zoo.ZOO_DIR / entry["file"]), n_tokens=256)
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
+    assert float(trace["residual_error"].max()) < 1e-4
