@@ -23,7 +23,7 @@ def test_rank_profile_lines_equal_effective_ranks():
         np.testing.assert_allclose(line.get_ydata(), expected)
         np.testing.assert_array_equal(line.get_xdata(), t["source_depth"].values[1:])
     width = [ln for ln in ax.lines if ln.get_label().startswith("width")][0]
-    assert np.all(width.get_ydata() == 16)
+    assert np.all(np.asarray(width.get_ydata()) == 16)
 
 
 def test_rank_vs_width_lines():
