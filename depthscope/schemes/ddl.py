@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.schemes._common import rms_norm
-from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
 from depthscope.schemes.standard import SumMixer, SumState
 
 
@@ -123,3 +123,8 @@ class DDL(Scheme):
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
         return SumMixer(cfg, site)
+
+    @classmethod
+    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        """Token mean of each sublayer's gate, kept on that sublayer's row as ``ddl_beta``."""
+        return [NativeHook("ddl_beta", f"blocks.{s.block}.{s.kind}.hook_beta", s.label) for s in sublayer_sites(cfg)]

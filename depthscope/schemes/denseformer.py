@@ -142,6 +142,13 @@ class DenseFormer(Scheme):
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
         return DWAMixer(cfg, site)
 
+    @classmethod
+    def static_native(cls, model: nn.Module) -> dict:
+        """The native DWA matrix as ``dwa_alpha`` (dwa = 1..D, state = X_0..X_D)."""
+        d = model.cfg.n_layers
+        coords = {"dwa": list(range(1, d + 1)), "state": [f"X_{j}" for j in range(d + 1)]}
+        return {"dwa_alpha": (("dwa", "state"), dwa_matrix(model).numpy(), coords)}
+
 
 def dwa_matrix(model: nn.Module) -> Tensor:
     """Native DWA weights of a DenseFormer model: [DWA depth 1..D, X_0..X_D], NaN where no weight.

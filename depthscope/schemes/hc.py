@@ -57,7 +57,8 @@ from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
 from depthscope.schemes._common import listening
-from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+from depthscope.schemes import names
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,19 @@ class HyperConnection(StreamMixer):
         return self.s_alpha * t[..., : n + 1] + static, self.s_beta * t[..., n + 1] + self.b
 
 
+def stream_native_hooks(cfg: ModelConfig) -> list[NativeHook]:
+    """Token means of the stream matrices kept in a trace: hc_pre, hc_res, hc_post per consumer."""
+    out = []
+    for site in sublayer_sites(cfg):
+        mixer = names.mixer(site.block, site.kind)
+        out += [
+            NativeHook("hc_pre", f"{mixer}.hook_h_pre", site.label, ("stream",)),
+            NativeHook("hc_res", f"{mixer}.hook_h_res", site.label, ("stream_from", "stream_to")),
+            NativeHook("hc_post", f"{mixer}.hook_h_post", site.label, ("stream",)),
+        ]
+    return out
+
+
 @register
 class HC(Scheme):
     """Hyper-Connections (arXiv 2409.19606): n streams, static or dynamic HC matrices per sublayer."""
@@ -255,3 +269,7 @@ class HC(Scheme):
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
         return StreamReadout(cfg, site) if site.kind == "readout" else HyperConnection(cfg, site)
+
+    @classmethod
+    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        return stream_native_hooks(cfg)

@@ -54,8 +54,16 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
-from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
-from depthscope.schemes.hc import StreamMixer, StreamReadout, Streams, expand_streams, inv_rms, thin_matmul
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
+from depthscope.schemes.hc import (
+    StreamMixer,
+    StreamReadout,
+    Streams,
+    expand_streams,
+    inv_rms,
+    stream_native_hooks,
+    thin_matmul,
+)
 
 
 @dataclass(frozen=True)
@@ -169,3 +177,7 @@ class MHC(Scheme):
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
         return StreamReadout(cfg, site) if site.kind == "readout" else ManifoldHyperConnection(cfg, site)
+
+    @classmethod
+    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        return stream_native_hooks(cfg)
