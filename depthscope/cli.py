@@ -393,7 +393,7 @@ def rank_identity(
             "d": [int(x) for x in sw["d"]],
             "r_star": int(sw["r_star"]),
             **{task: {m: [float(v) for v in sw[task][m]] for m in ("resnet", "grn_v1")} for task in ("identity", "random")},
-            "steps_to_reach": {task: [None if v is None else int(v) for v in vals] for task, vals in sw["steps_to_reach"].items()},
+            "steps_to_reach": {task: [None if v is None or v < 0 else int(v) for v in vals] for task, vals in sw["steps_to_reach"].items()},
         }
         figs.append(("identity-sweep", identity_sweep(sw).figure))
     import json
