@@ -20,12 +20,12 @@ def test_there_are_notebooks():
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHSCOPE_NOTEBOOK_TOKENS", "256")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = jupytext.read(path)
     assert nb.cells and nb.cells[0].cell_type == "markdown"
     NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
-    assert any(o.get("output_type") in ("display_data", "execute_result") for o in outputs)  # figures or tables shown
+    shown = [o for o in outputs if o.get("output_type") in ("display_data", "execute_result")]
+    assert any("image/png" in o.get("data", {}) for o in shown)  # the figures are displayed inline
     assert not list(tmp_path.iterdir())  # notebooks write no files
     assert os.environ["DEPTHSCOPE_NOTEBOOK_TOKENS"] == "256"

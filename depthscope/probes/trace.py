@@ -281,29 +281,62 @@ def config_json(cfg) -> str:
 PER_TRACE_ATTRS = ("scheme", "config", "checkpoint", "corpus", "tokens", "seed")
 
 
-def _union(traces: list[xr.Dataset], dim: str) -> tuple[list[str], dict[str, np.ndarray]]:
-    """Labels of ``dim`` over all traces, ordered by depth (then first appearance), and coords."""
-    seen: dict[str, tuple[int, int, dict]] = {}
-    order = 0
+def _merge_order(traces: list[xr.Dataset], dim: str) -> list[str]:
+    """Labels of ``dim`` over all traces, in an order consistent with every trace's own order.
+
+    A topological merge of the traces' label sequences (each trace is in execution order), ties
+    broken by depth and then first appearance; the read-out always closes the order. So a scheme
+    with an extra sublayer kind (``0.swa`` before ``0.attn``) interleaves correctly with others.
+    """
+    first: dict[str, tuple[bool, int, int]] = {}
+    after: dict[str, set[str]] = {}
+    indegree: dict[str, int] = {}
     for t in traces:
-        for i, label in enumerate(t[dim].values):
-            if label not in seen:
-                coords = {c: t[c].values[i] for c in t[dim].coords if c != dim}
-                last = label == "readout"  # the read-out closes every trace, whatever its depth
-                seen[label] = (last, int(t[f"{dim}_depth"].values[i]), order, coords)
-                order += 1
-    labels = sorted(seen, key=lambda k: seen[k][:3])
-    names = list(next(iter(seen.values()))[3]) if seen else []
-    coords = {c: np.array([seen[k][3][c] for k in labels], dtype=traces[0][c].dtype) for c in names}
-    return labels, coords
+        labels = [str(x) for x in t[dim].values]
+        depths = t[f"{dim}_depth"].values
+        for i, label in enumerate(labels):
+            if label not in first:
+                first[label] = (label == "readout", int(depths[i]), len(first))
+                after[label], indegree[label] = set(), 0
+        for a, b in zip(labels, labels[1:]):
+            if b not in after[a]:
+                after[a].add(b)
+                indegree[b] += 1
+    ready = sorted((k for k, n in indegree.items() if n == 0), key=first.get)
+    order = []
+    while ready:
+        label = ready.pop(0)
+        order.append(label)
+        for b in after[label]:
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                ready.append(b)
+        ready.sort(key=first.get)
+    if len(order) < len(first):  # traces disagree on an order: fall back to depth order
+        order = sorted(first, key=first.get)
+    return order
+
+
+def _per_scheme_coords(traces: list[xr.Dataset], dim: str, labels: list[str]) -> dict[str, tuple]:
+    """``{dim}_depth`` and ``{dim}_kind`` as (scheme, dim) coordinates: -1 / "" where absent."""
+    index = {label: i for i, label in enumerate(labels)}
+    depth = np.full((len(traces), len(labels)), -1, dtype=np.int64)
+    kind = np.full((len(traces), len(labels)), "", dtype=object)
+    for k, t in enumerate(traces):
+        cols = [index[str(x)] for x in t[dim].values]
+        depth[k, cols] = t[f"{dim}_depth"].values
+        kind[k, cols] = t[f"{dim}_kind"].values
+    return {f"{dim}_depth": (("scheme", dim), depth), f"{dim}_kind": (("scheme", dim), kind)}
 
 
 def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     """Concatenate traces along a ``scheme`` dimension (labels from each trace's ``label``).
 
-    Consumers and sources are the union over traces in depth order; a trace's missing rows and
-    columns are NaN. Per-trace attrs (scheme name, config, checkpoint, corpus, tokens, seed) become
-    coordinates along ``scheme``.
+    Consumers and sources are the union over traces, in an order consistent with each trace's
+    execution order; a trace's missing rows and columns are NaN. Depth and kind coordinates become
+    (scheme, layer) / (scheme, source) arrays (-1 and "" where a trace lacks the label), and
+    per-trace attrs (scheme name, config, checkpoint, corpus, tokens, seed) coordinates along
+    ``scheme``. ``select_scheme`` gives one trace back.
     """
     if not traces:
         raise TraceError("no traces to stack")
@@ -312,16 +345,16 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
         base = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
         counts[base] = counts.get(base, 0) + 1
         labels.append(base if counts[base] == 1 else f"{base}#{counts[base]}")
-    layers, layer_coords = _union(traces, "layer")
-    srcs, source_coords = _union(traces, "source")
+    layers, srcs = _merge_order(traces, "layer"), _merge_order(traces, "source")
+    coords = {**_per_scheme_coords(traces, "layer", layers), **_per_scheme_coords(traces, "source", srcs)}
     variables = {}
     for t in traces:
         for name, var in t.data_vars.items():
             variables.setdefault(name, var)
     aligned = []
     for t in traces:
-        t = t.drop_vars([c for c in (*layer_coords, *source_coords) if c in t.coords])
-        t = t.reindex(layer=layers, source=srcs)
+        t = t.drop_vars([c for c in coords if c in t.coords])
+        t = t.reindex(layer=np.array(layers, dtype=object), source=np.array(srcs, dtype=object))
         for name, var in variables.items():
             if name not in t:
                 shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
@@ -330,8 +363,7 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     out = xr.concat(aligned, dim="scheme", join="outer", combine_attrs="drop", coords="minimal", compat="override")
     out = out.assign_coords(
         scheme=np.array(labels, dtype=object),
-        **{c: ("layer", v) for c, v in layer_coords.items()},
-        **{c: ("source", v) for c, v in source_coords.items()},
+        **coords,
         **{
             f"scheme_{a}" if a == "scheme" else a: ("scheme", np.array([t.attrs.get(a, "") for t in traces], dtype=object if a not in ("tokens", "seed") else np.int64))
             for a in PER_TRACE_ATTRS
@@ -346,9 +378,8 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
 def select_scheme(stacked: xr.Dataset, label: str) -> xr.Dataset:
     """One trace out of a stack, without the padding rows/columns, with its attrs restored."""
     t = stacked.sel(scheme=label)
-    rows = t["mixing"].notnull().any("source")
-    cols = t["mixing"].notnull().any("layer")
-    t = t.isel(layer=np.flatnonzero(rows.values), source=np.flatnonzero(cols.values))
+    rows, cols = t["layer_depth"].values >= 0, t["source_depth"].values >= 0  # present in this trace
+    t = t.isel(layer=np.flatnonzero(rows), source=np.flatnonzero(cols))
     attrs = {a: t[f"scheme_{a}" if a == "scheme" else a].item() for a in PER_TRACE_ATTRS}
     t = t.drop_vars(["scheme", *(f"scheme_{a}" if a == "scheme" else a for a in PER_TRACE_ATTRS)])
     return t.assign_attrs({**stacked.attrs, **attrs, "label": label})

@@ -52,3 +52,23 @@ def test_accumulator_on_planted_weights():
     ds2 = acc2.dataset({})
     for name in ("mixing", "mixing_std", "contribution_share", "norm_share"):
         np.testing.assert_allclose(ds2[name].values, ds[name].values)
+
+
+def test_stacking_schemes_with_different_sublayers_keeps_each_order():
+    """shortswa-seq has a third sublayer kind per block: stacking must interleave, not scramble."""
+    tokens = random_tokens(tiny(), batch=2)
+    seq = capture(build(tiny("shortswa", {"axis": "sequence", "window": 4})), tokens)
+    dca = capture(build(tiny("dca")), tokens)  # q/k/v views: extra consumer labels
+    std = capture(build(tiny()), tokens)
+    stacked = stack_traces([std, seq, dca])
+    assert list(stacked["source"].values[:4]) == ["embed", "0.swa", "0.attn", "0.mlp"]
+    for t in (std, seq, dca):
+        back = select_scheme(stacked, t.attrs["label"])
+        assert list(back["layer"].values) == list(t["layer"].values)
+        assert list(back["source"].values) == list(t["source"].values)
+        np.testing.assert_array_equal(back["layer_depth"].values, t["layer_depth"].values)
+        np.testing.assert_array_equal(back["source_kind"].values, t["source_kind"].values)
+        xr.testing.assert_allclose(back.drop_attrs(), t.drop_attrs())
+        # available cells are exactly the sources written before the consumer
+        avail = back["mixing"].notnull().values
+        assert np.array_equal(avail, back["source_depth"].values[None, :] < back["layer_depth"].values[:, None])
