@@ -22,6 +22,7 @@ import math
 import numpy as np
 import xarray as xr
 from matplotlib import colormaps
+from matplotlib.legend import Legend
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.lines import Line2D
@@ -122,6 +123,28 @@ def dilution_curves(traces, ax=None, sources=("embed", "first", "latest"), *, ys
     ax.add_artist(_outside_legend(ax, scheme_handles, "scheme", "upper left", (1.02, 1.0)))
     _outside_legend(ax, source_handles, "source", "lower left", (1.02, 0.0))
     return ax
+
+
+@styled
+def dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
+    """``dilution_curves`` as small multiples: one panel per source, one line per scheme.
+
+    Easier to read than one crowded panel when many schemes are compared. Returns the Figure;
+    its first ``len(sources)`` axes are the panels.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False)
+    for i, (ax, which) in enumerate(zip(axes[0], sources)):
+        dilution_curves(traces, ax, sources=(which,), yscale=yscale)
+        ax.set_title(f"{SOURCE_STYLE[which][2]}", loc="left")
+        if i < len(sources) - 1:
+            for legend in [c for c in ax.get_children() if isinstance(c, Legend)]:
+                legend.remove()
+        if i:
+            ax.set_ylabel("")
+    fig.suptitle("Dilution: contribution shares versus the 1/T baseline")
+    return fig
 
 
 def uniform_retention(t: xr.Dataset) -> xr.DataArray:

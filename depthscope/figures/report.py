@@ -109,7 +109,7 @@ def _make_figures(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> list
     """(description, matplotlib Figure) for every figure of the report, in page order."""
     import matplotlib.pyplot as plt
 
-    from depthscope.figures.curves import dilution_curves, pattern_scores, retention
+    from depthscope.figures.curves import dilution_panels, pattern_scores, retention
     from depthscope.figures.heatmaps import heatmap, heatmap_grid
     from depthscope.figures.rank import rank_profile
 
@@ -133,7 +133,7 @@ def _make_figures(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> list
             Figure("dilution", "Dilution against the 1/T baseline",
                    "Contribution share of the embedding, the first sublayer and the latest source at each "
                    "consumer depth; the dashed line is the uniform share 1/T."),
-            dilution_curves(stacked).figure,
+            dilution_panels(stacked),
         ),
         (
             Figure("pattern", "Input-and-recent pattern scores",

@@ -35,6 +35,9 @@ PALETTE = (
     "#56b4e9",  # sky blue
 )
 
+# seaborn's "dark" palette: the overflow when one figure needs more colours than PALETTE has
+EXTRA = ("#001c7f", "#b1400d", "#12711c", "#8c0800", "#591e71", "#592f0d", "#a23582", "#3c3c3c", "#b8850a", "#006374")
+
 # One colour per scheme family, fixed so a scheme looks the same in every figure and report.
 SCHEME_COLORS = {
     "standard": "#949494",
@@ -140,7 +143,7 @@ def scheme_colors(labels: Iterable[str]) -> dict[str, str]:
         colour = scheme_color(label)
         if colour in out.values():
             start = PALETTE.index(colour) if colour in PALETTE else 0
-            free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))]
+            free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))] + list(EXTRA)
             colour = next((c for c in free if c not in out.values() and c != "#ece133"), colour)
         out[str(label)] = colour
     return out

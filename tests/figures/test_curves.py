@@ -77,6 +77,18 @@ def test_dilution_lines_are_share_of_at_layer_depth(traces, stacked):
     assert ax.get_yscale() in ("log", "symlog")
 
 
+def test_dilution_panels_one_source_per_panel(traces, stacked):
+    from depthscope.figures.curves import dilution_panels
+
+    fig = dilution_panels(stacked)
+    panels = fig.axes[:3]
+    for ax, which in zip(panels, ("embed", "first", "latest")):
+        for s in SCHEMES:
+            assert_line_is(line(ax, f"{s}: {which}"), per_depth(est.share_of(traces[s], which)))
+        assert not [ln for ln in ax.lines if ln.get_label().endswith(("embed", "first", "latest")) and which not in ln.get_label()]
+    assert panels[0].get_shared_y_axes().joined(panels[0], panels[2])
+
+
 def test_dilution_accepts_a_list_and_a_single_trace(traces, stacked):
     a = dilution_curves(stacked, sources=("latest",))
     b = dilution_curves([traces[s] for s in SCHEMES], sources=("latest",))
