@@ -28,6 +28,7 @@ def test_zoo_fits_the_size_budget():
 def test_manifest_matches_file(entry):
     path = zoo.ZOO_DIR / entry["file"]
     assert path.stat().st_size == entry["bytes"] and zoo.sha256(path) == entry["sha256"]
+    assert zoo.weights_sha256(path) == entry["weights_sha256"]
     meta = read_meta(path)
     assert meta["model"] == entry["config"] and meta["model"]["scheme"] == entry["scheme"]
     assert meta["training"]["val_loss"] == entry["val_loss"] and meta["training"]["steps"] == entry["steps"]

@@ -55,7 +55,21 @@ def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:
 
 
 def sha256(path: Path) -> str:
+    """Digest of the whole file (it also covers the recorded training throughput)."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def weights_sha256(path: Path) -> str:
+    """Digest of the tensors alone (names, dtypes, shapes, bytes): equal for a reproduced build,
+    whose file differs only in the wall-clock throughput recorded in its metadata."""
+    import torch
+    from safetensors.torch import load_file
+
+    h = hashlib.sha256()
+    for name, t in sorted(load_file(str(path)).items()):
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def build(
@@ -112,6 +126,7 @@ def build(
                 "params": model.n_params(),
                 "bytes": path.stat().st_size,
                 "sha256": sha256(path),
+                "weights_sha256": weights_sha256(path),
             }
         )
         _write_manifest(out, entries)
