@@ -85,10 +85,15 @@ class DepthAttention(Mixer):
         if state.partial is not None:
             values, normed = values + [state.partial], normed + [rms_norm(state.partial)]
         # w . (g * rmsnorm(v)) = (w * g) . rmsnorm(v): norm each entry once, fold the gain into the query
-        logits = torch.einsum("ebpd,d->bpe", torch.stack(normed), self.query * self.key_gain)
-        alpha = logits.float().softmax(-1).to(logits.dtype)  # [batch, pos, entry]
+        q = self.query * self.key_gain
+        logits = torch.stack([k @ q for k in normed], dim=-1)  # [batch, pos, entry]
+        alpha = logits.float().softmax(-1).to(logits.dtype)
         self.emit(lambda: alpha[..., self.entry_index])
-        h = torch.einsum("bpe,ebpd->bpd", alpha, torch.stack(values))
+        # one product per entry rather than stacking them: no copy of every entry per consumer
+        # (measured faster on CPU, forward and backward)
+        h = values[0] * alpha[..., :1]
+        for i, v in enumerate(values[1:], start=1):
+            h = torch.addcmul(h, v, alpha[..., i : i + 1])
         return self.hook_in(h), state
 
     def write(self, state: BlockState, out: Tensor) -> BlockState:
