@@ -365,7 +365,12 @@ def rank_identity(
 
     import matplotlib.pyplot as plt
 
-    from depthscope.analysis.identity import IdentitySettings, run_identity, steps_to_reach, width_sweep
+    from depthscope.analysis.identity import (
+        IdentitySettings,
+        run_identity,
+        steps_to_reach,
+        width_sweep,
+    )
     from depthscope.atomic import atomic_path
     from depthscope.figures.style import save
     from depthscope.figures.theory import identity_curves, identity_sweep

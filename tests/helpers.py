@@ -43,3 +43,15 @@ def reconstruct(model: DepthModel, tokens: torch.Tensor) -> dict[str, tuple[torc
         w = w if w.ndim == 4 else w[..., None]
         out[c.label] = (cache[c.hook_in], (w * srcs[..., :n, :]).sum(-2))
     return out
+
+
+def perturb(model: DepthModel, scale: float = 0.3, seed: int = 0, match: str = "_mix", others: float = 0.0) -> DepthModel:
+    """Add seeded Gaussian noise to every parameter whose name contains ``match`` (by default the
+    depth mixers; ``others`` scales noise on the rest), moving a model off its initialisation."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            s = scale if match in name else others
+            if s:
+                p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model

@@ -3,7 +3,13 @@
 from depthscope.figures.curves import dilution_curves, pattern_scores, retention
 from depthscope.figures.heatmaps import heatmap, heatmap_grid
 from depthscope.figures.rank import rank_profile, rank_vs_width
-from depthscope.figures.style import apply_house_style, house_style, save, scheme_color, scheme_colors
+from depthscope.figures.style import (
+    apply_house_style,
+    house_style,
+    save,
+    scheme_color,
+    scheme_colors,
+)
 
 __all__ = [
     "apply_house_style",

@@ -22,15 +22,21 @@ import math
 import numpy as np
 import xarray as xr
 from matplotlib import colormaps
-from matplotlib.legend import Legend
 from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
+from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from depthscope.analysis import dilution as est
 from depthscope.figures.heatmaps import traces_by_scheme
-from depthscope.figures.style import SEQUENTIAL_CMAP, new_axes, scheme_colors, style_axes, styled
+from depthscope.figures.style import (
+    SEQUENTIAL_CMAP,
+    new_axes,
+    scheme_colors,
+    style_axes,
+    styled,
+)
 
 SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
     "embed": ("-", "o", "embedding"),

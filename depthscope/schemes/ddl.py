@@ -45,7 +45,15 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.schemes._common import rms_norm
-from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
+from depthscope.schemes.base import (
+    Mixer,
+    ModelConfig,
+    NativeHook,
+    Scheme,
+    Site,
+    register,
+    sublayer_sites,
+)
 from depthscope.schemes.standard import SumMixer, SumState
 
 

@@ -56,9 +56,17 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
-from depthscope.schemes._common import listening
 from depthscope.schemes import names
-from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
+from depthscope.schemes._common import listening
+from depthscope.schemes.base import (
+    Mixer,
+    ModelConfig,
+    NativeHook,
+    Scheme,
+    Site,
+    register,
+    sublayer_sites,
+)
 
 
 @dataclass(frozen=True)

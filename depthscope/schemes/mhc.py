@@ -54,7 +54,14 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
-from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
+from depthscope.schemes.base import (
+    Mixer,
+    ModelConfig,
+    NativeHook,
+    Scheme,
+    Site,
+    register,
+)
 from depthscope.schemes.hc import (
     StreamMixer,
     StreamReadout,

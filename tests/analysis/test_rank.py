@@ -7,7 +7,14 @@ import pytest
 import torch
 import xarray as xr
 
-from depthscope.analysis.rank import add_ranks, collective_rank, effective_ranks, entropy_rank, numerical_rank, participation_ratio
+from depthscope.analysis.rank import (
+    add_ranks,
+    collective_rank,
+    effective_ranks,
+    entropy_rank,
+    numerical_rank,
+    participation_ratio,
+)
 from depthscope.probes import capture, load_trace, save_trace
 from depthscope.probes.trace import Accumulator, Layout
 from depthscope.schemes import sources

@@ -9,7 +9,13 @@ import xarray as xr
 from matplotlib.figure import Figure
 
 from depthscope.analysis import dilution as est
-from depthscope.figures import dilution_curves, heatmap, heatmap_grid, pattern_scores, retention
+from depthscope.figures import (
+    dilution_curves,
+    heatmap,
+    heatmap_grid,
+    pattern_scores,
+    retention,
+)
 from depthscope.figures.curves import relative_retention, uniform_retention
 from depthscope.figures.style import scheme_colors
 from depthscope.probes.trace import stack_traces

@@ -8,7 +8,6 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
-import torch
 import xarray as xr
 from matplotlib.colors import SymLogNorm
 
@@ -17,7 +16,7 @@ from depthscope.figures import heatmap, heatmap_grid
 from depthscope.figures.heatmaps import symlog_ticks
 from depthscope.probes import capture
 from depthscope.probes.trace import select_scheme, stack_traces
-from tests.helpers import build, random_tokens, tiny
+from tests.helpers import build, perturb, random_tokens, tiny
 
 SCHEMES = ("standard", "denseformer", "attnres", "dca")
 
@@ -25,12 +24,7 @@ SCHEMES = ("standard", "denseformer", "attnres", "dca")
 def perturbed_trace(scheme: str, seed: int = 0, **size) -> xr.Dataset:
     """Trace of a tiny model whose mixer parameters are moved off their uniform initialisation."""
     cfg = tiny(scheme, **size)
-    model = build(cfg, seed=seed)
-    g = torch.Generator().manual_seed(seed + 7)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(0.5 * torch.randn(p.shape, generator=g))
+    model = perturb(build(cfg, seed=seed), 0.5, seed + 7)
     return capture(model, random_tokens(cfg, batch=2, pos=16))
 
 

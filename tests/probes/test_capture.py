@@ -11,19 +11,14 @@ from depthscope.errors import CorpusError, TraceError
 from depthscope.probes import capture, load_trace, save_trace
 from depthscope.probes.capture import layout
 from depthscope.schemes.base import variants
-from tests.helpers import build, random_tokens, tiny
+from tests.helpers import build, perturb, random_tokens, tiny
 
 VARIANTS = variants()
 
 
 def perturbed(cfg, seed=0):
     """A model whose mixers are moved away from initialisation (weights not trivially uniform)."""
-    model = build(cfg, seed=seed)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_((0.3 if "_mix" in name else 0.02) * torch.randn(p.shape, generator=g))
-    return model
+    return perturb(build(cfg, seed=seed), 0.3, seed + 1, others=0.02)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from depthscope.corpus import load_corpus
 from depthscope.probes import capture
 from depthscope.probes.trace import stack_traces
 from depthscope.train import TrainConfig, train
-from tests.helpers import build, random_tokens, tiny
+from tests.helpers import build, perturb, random_tokens, tiny
 
 
 def unroll_by_hand(alphas: dict[int, list[float]], n_blocks: int, dilation: int) -> np.ndarray:
@@ -63,11 +63,7 @@ def test_denseformer_trace_equals_hand_unrolling_after_training(options):
 @pytest.mark.parametrize("scheme", ["hc", "mhc"])
 def test_stream_matrices_are_token_means_of_the_hooks(scheme):
     cfg = tiny(scheme)
-    model = build(cfg)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(0.3 * torch.randn_like(p))
+    model = perturb(build(cfg))
     tokens = random_tokens(cfg, batch=3)
     trace = capture(model, tokens, batch_size=2)
     _, cache = model.run_with_cache(tokens)

@@ -8,7 +8,7 @@ import torch
 from depthscope import load
 from depthscope.schemes import consumers, sources
 from depthscope.schemes.base import variants
-from tests.helpers import build, random_tokens, reconstruct, tiny
+from tests.helpers import build, perturb, random_tokens, reconstruct, tiny
 
 VARIANTS = variants()
 IDS = [label for label, _, _ in VARIANTS]
@@ -34,12 +34,8 @@ def test_causal_over_sequence(variant):
 
 def test_delta_basis_rebuilds_every_input(variant):
     """hook_in == sum over written sources of hook_weights * source output (float64)."""
-    model = build(variant, dtype=torch.float64)
     # move away from initialisation so that learned weights are not trivially uniform
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(0.3 * torch.randn_like(p))
+    model = perturb(build(variant, dtype=torch.float64))
     for label, (h, rebuilt) in reconstruct(model, random_tokens(variant)).items():
         err = (h - rebuilt).norm() / h.norm()
         assert err < 1e-10, f"{label}: relative error {err:.2e}"

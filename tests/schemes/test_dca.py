@@ -9,7 +9,7 @@ from depthscope.errors import ConfigError
 from depthscope.schemes import consumers
 from depthscope.schemes._common import rms_norm
 from depthscope.schemes.base import build_options, get_scheme
-from tests.helpers import build, random_tokens, share_weights, tiny
+from tests.helpers import build, perturb, random_tokens, share_weights, tiny
 
 OPTIONS = [
     {"grn": "v1"},
@@ -29,13 +29,7 @@ def dca(options: dict, n_layers: int = 4):
 
 
 def perturbed(cfg, seed: int = 5, scale: float = 0.5):
-    model = build(cfg, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
+    return perturb(build(cfg, dtype=torch.float64), scale, seed)
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=IDS)

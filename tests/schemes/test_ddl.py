@@ -6,7 +6,7 @@ import torch
 
 from depthscope.schemes import consumers, sources
 from depthscope.schemes.ddl import delta_update
-from tests.helpers import build, random_tokens, tiny
+from tests.helpers import build, perturb, random_tokens, tiny
 
 CFG = tiny("ddl")
 
@@ -17,11 +17,7 @@ def unit(shape, dtype=torch.float64):
 
 
 def perturb_gates(model, scale: float = 1.0):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if ".gate." in name:
-                p.add_(scale * torch.randn_like(p))
-    return model
+    return perturb(model, scale, match=".gate.")
 
 
 def test_zero_beta_is_the_identity():

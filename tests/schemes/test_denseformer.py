@@ -9,7 +9,7 @@ from depthscope.errors import ConfigError
 from depthscope.schemes import consumers
 from depthscope.schemes.base import build_options, get_scheme
 from depthscope.schemes.denseformer import dwa_matrix, unroll_dwa
-from tests.helpers import build, random_tokens, share_weights, tiny
+from tests.helpers import build, perturb, random_tokens, share_weights, tiny
 
 KXP = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 5), (3, 2)]
 
@@ -19,13 +19,7 @@ def dense(dilation: int = 1, period: int = 1, n_layers: int = 6):
 
 
 def perturbed(cfg, seed: int = 3):
-    model = build(cfg, dtype=torch.float64)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(".alpha"):
-                p.add_(torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
+    return perturb(build(cfg, dtype=torch.float64), 1.0, seed, match=".alpha")
 
 
 @pytest.mark.parametrize("k,p", KXP)

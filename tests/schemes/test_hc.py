@@ -9,19 +9,9 @@ from depthscope.errors import ConfigError
 from depthscope.schemes import consumers, sources
 from depthscope.schemes._common import rms_norm
 from depthscope.schemes.base import build_options, get_scheme
-from tests.helpers import build, random_tokens, share_weights, tiny
+from tests.helpers import build, perturb, random_tokens, share_weights, tiny
 
 MODES = ["dynamic", "static"]
-
-
-def perturb(model, scale: float = 0.3, seed: int = 0):
-    """Random noise on every mixer parameter (moves a model away from its initialisation)."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
 
 
 def standard_like(model, n: int):

@@ -12,8 +12,13 @@ from depthscope.errors import ConfigError
 from depthscope.schemes import consumers
 from depthscope.schemes._common import rms_norm
 from depthscope.schemes.mhc import sinkhorn
-from tests.helpers import build, random_tokens, tiny
-from tests.schemes.test_hc import mixer_hook, naive_unroll, perturb, standard_like, sublayer_sites
+from tests.helpers import build, perturb, random_tokens, tiny
+from tests.schemes.test_hc import (
+    mixer_hook,
+    naive_unroll,
+    standard_like,
+    sublayer_sites,
+)
 
 
 def naive_sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:

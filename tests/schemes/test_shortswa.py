@@ -10,17 +10,13 @@ import torch
 from depthscope.errors import ConfigError
 from depthscope.schemes import consumers, sources
 from depthscope.schemes.base import sublayer_sites
-from tests.helpers import build, random_tokens, share_weights, tiny
+from tests.helpers import build, perturb, random_tokens, share_weights, tiny
 
 K = 3  # a window shorter than the 6 sublayers of the tiny model, so some sources fall out of it
 
 
 def perturb_mixers(model, scale: float = 1.0):
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "_mix" in name:
-                p.add_(scale * torch.randn_like(p))
-    return model
+    return perturb(model, scale)
 
 
 def depth_states(cfg, cache) -> list[torch.Tensor]:
