@@ -89,8 +89,12 @@ def worker(mode: str, label: str, n_tokens: int, args) -> dict:
     torch.set_num_threads(args.threads)
     model = build_bridge(args) if label == "bridge" else build(label, args)
     toks = tokens_for(n_tokens, args.ctx)
-    with torch.no_grad():  # warm-up outside the measured peak
+    with torch.no_grad():  # warm-up outside the measured peak (lazy imports, first allocations)
         model(toks[:1])
+        if mode == "capture":
+            capture(model, toks[:2], batch_size=2)
+        elif mode == "tl":
+            tl_shares(model, toks[:2], 2)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     base = rss_kb("VmRSS")
