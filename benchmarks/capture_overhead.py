@@ -112,9 +112,12 @@ def worker(mode: str, label: str, n_tokens: int, args) -> dict:
 
 
 def spawn(mode: str, label: str, n_tokens: int, args) -> dict:
+    # A fixed mmap threshold makes glibc return freed tensors to the OS, so the peak RSS measures
+    # live memory rather than the allocator's retention (the same for every mode).
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     cmd = [sys.executable, __file__, "--worker", mode, label, str(n_tokens), "--layers", str(args.layers), "--d-model", str(args.d_model),
            "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads)]
-    res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 

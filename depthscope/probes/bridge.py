@@ -20,6 +20,8 @@ from torch import Tensor
 from depthscope.corpus import Corpus, load_corpus
 from depthscope.errors import CorpusError, DepthscopeError, TraceError
 from depthscope.probes.trace import Accumulator, Layout
+
+FLUSH = 4  # consumers folded together (as in capture.py)
 from depthscope.progress import bar
 
 TOLERANCE = 1e-4
@@ -107,6 +109,9 @@ def capture_bridge(
     def on_consumer(i: int):
         def hook(t: Tensor, hook) -> None:
             state["deferred"].append((i, t, t.new_ones(*t.shape[:-1], lay.layer_sources[i])))
+            if len(state["deferred"]) >= FLUSH:
+                acc.consumers(state["deferred"], state["values"], state["norms"])
+                state["deferred"] = []
 
         return hook
 

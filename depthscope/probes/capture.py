@@ -22,6 +22,7 @@ from depthscope.schemes import DepthModel, consumers, sources
 from depthscope.schemes.base import variant_label
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
+FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
 
 
 def layout(cfg) -> Layout:
@@ -154,7 +155,7 @@ class _ModelHooks:
         self.pending, self.fresh, self.deferred = {}, True, []
 
     def end_batch(self) -> None:
-        """Fold the consumers with per-token scalar weights, now that every source is known."""
+        """Fold the waiting consumers with per-token scalar weights (their sources are all known)."""
         self.acc.consumers(self.deferred, self.values, self.norms)
         self.deferred = []
 
@@ -177,8 +178,10 @@ class _ModelHooks:
             got[key] = t
             if len(got) == 2:  # input and weights both seen
                 del self.pending[i]
-                if got["w"].ndim == 3:  # scalar weights: fold at the end of the batch, cache-friendly
+                if got["w"].ndim == 3:  # scalar weights: fold a few together, cache-friendly
                     self.deferred.append((i, got["h"], got["w"]))
+                    if len(self.deferred) >= FLUSH:
+                        self.end_batch()
                 else:  # per-feature weights are large: fold now and let them go
                     self.acc.consumer(i, got["h"], got["w"], self.values, self.norms)
 
