@@ -353,6 +353,57 @@ def rank_threshold(
     out.print(f"derived here (sufficient condition, not the paper's printed bound): r*/d < {res['derived_bound']:.3f}" if bound is not None else "no closed form for this variant")
 
 
+@rank_app.command("theory")
+def rank_theory(
+    out_dir: Annotated[Path, typer.Option("--out", help="Directory for theory.json and the figures.")],
+    variants: Annotated[str, typer.Option(help="GRN variants: v1, v2 or v1,v2 (v2 takes minutes).")] = "v1,v2",
+    tasks: Annotated[int, typer.Option(help="Random tasks averaged per point.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
+) -> None:
+    """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
+    import json
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from depthscope.analysis.theory import derived_bound_curve, gain_curve, gain_lambda_curve, threshold_curve
+    from depthscope.atomic import atomic_path
+    from depthscope.figures.style import save
+    from depthscope.figures.theory import gain_vs_lambda_min, gain_vs_rank, threshold_vs_kappa
+
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    for v in names or ["(none)"]:
+        _check_variant(v)
+    if tasks < 1:
+        raise ConfigError(f"tasks must be >= 1, got {tasks}")
+    r_values, lambdas, kappas = np.arange(1, 100, 3), np.linspace(2, 10, 9), np.linspace(0.05, 1.0, 12)
+    gains = [gain_curve(d, r_values, 5.0, 10.0, v, tasks, seed) for v in names for d in (100, 200, 300)]
+    lam = [gain_lambda_curve(100, 50, lambdas, 10.0, v, tasks, seed) for v in names]
+    thr = [threshold_curve(kappas, 100, v, 10.0, tasks, seed) for v in names]
+    bounds = [derived_bound_curve(kappas, v, d=100) for v in names]
+    doc = {
+        "settings": {"variants": names, "tasks": tasks, "seed": seed, "lambda_min": 5.0, "lambda_max": 10.0},
+        "gain_vs_r_star": [{"variant": g.attrs["variant"], "d": g.attrs["d"], "r_star": g["r_star"].values.tolist(), "gain": g.values.tolist()} for g in gains],
+        "gain_vs_lambda_min": [{"variant": g.attrs["variant"], "d": 100, "r_star": 50, "lambda_min": g["lambda_min"].values.tolist(), "gain": g.values.tolist()} for g in lam],
+        "threshold_vs_kappa": [
+            {"variant": t.attrs["variant"], "d": 100, "kappa": t["kappa"].values.tolist(), "threshold": t.values.tolist(), "derived_bound": b.values.tolist()}
+            for t, b in zip(thr, bounds)
+        ],
+    }
+    with atomic_path(out_dir / "theory.json") as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+    for name, ax in (("gain-vs-rank", gain_vs_rank(gains)), ("gain-vs-lambda", gain_vs_lambda_min(lam)), ("threshold-vs-kappa", threshold_vs_kappa(thr, bounds))):
+        save(ax.figure, out_dir / name)
+        plt.close(ax.figure)
+    if as_json:
+        _emit_json(doc)
+        return
+    for t in doc["threshold_vs_kappa"]:
+        out.print(f"GRN-{t['variant']} threshold r*/d at d = 100 for kappa " + ", ".join(f"{k:.2f}: {v:.2f}" for k, v in zip(t["kappa"], t["threshold"])))
+    out.print(f"wrote {out_dir / 'theory.json'} and gain-vs-rank, gain-vs-lambda, threshold-vs-kappa (.png, .svg)")
+
+
 @rank_app.command("identity")
 def rank_identity(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for identity.json and the figures.")],

@@ -87,7 +87,7 @@ class DepthAttention(Mixer):
         # w . (g * rmsnorm(v)) = (w * g) . rmsnorm(v): norm each entry once, fold the gain into the query
         q = self.query * self.key_gain
         logits = torch.stack([k @ q for k in normed], dim=-1)  # [batch, pos, entry]
-        alpha = logits.float().softmax(-1).to(logits.dtype)
+        alpha = logits.softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(logits.dtype)
         self.emit(lambda: alpha[..., self.entry_index])
         # one product per entry rather than stacking them: no copy of every entry per consumer
         # (measured faster on CPU, forward and backward)

@@ -90,3 +90,19 @@ def test_bad_input(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert rc == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_theory_figures_and_json(tmp_path, capsys):
+    from depthscope.analysis.theory import threshold_curve
+
+    out = tmp_path / "th"
+    assert main(["rank", "theory", "--out", str(out), "--variants", "v1", "--tasks", "1", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [g["d"] for g in doc["gain_vs_r_star"]] == [100, 200, 300]
+    gains = doc["gain_vs_r_star"][0]["gain"]
+    assert gains[0] > gains[-1] > 0  # the gain shrinks as r* grows
+    t = doc["threshold_vs_kappa"][0]
+    np.testing.assert_allclose(t["threshold"], threshold_curve(np.array(t["kappa"]), 100, "v1", n_tasks=1).values)
+    assert all(b < n for b, n in zip(t["derived_bound"], t["threshold"]))  # the derived bound is sufficient
+    for name in ("gain-vs-rank", "gain-vs-lambda", "threshold-vs-kappa"):
+        assert (out / f"{name}.png").is_file() and (out / f"{name}.svg").is_file()

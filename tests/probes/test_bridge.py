@@ -75,3 +75,29 @@ def test_cli_refuses_post_ln_model_without_output(post_ln_dir, tmp_path, capsys)
     err = capsys.readouterr().err
     assert rc == 2 and "not additive" in err and "Traceback" not in err
     assert not out.exists()
+
+
+@pytest.fixture(scope="module")
+def gpt2_dir(tmp_path_factory):
+    """A tiny random GPT-2 saved as a local Hugging Face directory, with a (word-piece) tokenizer."""
+    from transformers import BertTokenizerFast, GPT2Config, GPT2LMHeadModel
+
+    d = tmp_path_factory.mktemp("gpt2")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(33, 127)]
+    (d / "vocab.txt").write_text("\n".join(vocab))
+    BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=32, n_layer=2, n_head=4)).save_pretrained(d)
+    return d
+
+
+def test_local_gpt2_directory_from_the_cli(gpt2_dir, tmp_path, capsys):
+    from depthscope.probes import load_trace
+
+    out = tmp_path / "g.nc"
+    assert main(["capture", str(gpt2_dir), "--out", str(out), "--tokens", "256", "--batch-size", "2", "--quiet"]) == 0
+    trace = load_trace(out)
+    assert list(trace["source"].values) == ["embed", "pos_embed", "0.attn", "0.mlp", "1.attn", "1.mlp"]
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
+    assert float(trace["residual_error"].max()) < 1e-5
+    assert trace.attrs["tokens"] == 256 and "python-stdlib" in trace.attrs["corpus"]
