@@ -127,12 +127,20 @@ class Accumulator:
             dots = weights * (v * rebuilt.unsqueeze(2)).sum(-1)  # [batch, pos, source]
             cn = (weights.abs() * norms[:, :, :n]).sum((0, 1))
             per_token = weights
-        else:  # per-feature weights: contributions must be built
-            c = weights * v
-            rebuilt = c.sum(2)
-            dots = (c * rebuilt.unsqueeze(2)).sum(-1)
-            cn = c.norm(dim=-1).sum((0, 1))
-            per_token = weights.mean(-1)
+        else:  # per-feature weights: contributions are built, one sequence at a time (cache-sized)
+            dots = torch.zeros(n, dtype=weights.dtype)
+            cn = torch.zeros(n, dtype=weights.dtype)
+            hh = err = 0.0
+            for b in range(weights.shape[0]):
+                c = weights[b] * v[b]  # [pos, source, d_model]
+                rebuilt = c.sum(1)
+                dots += (c * rebuilt.unsqueeze(1)).sum((0, 2))
+                cn += c.norm(dim=-1).sum(0)
+                hh += float(rebuilt.pow(2).sum())
+                err += float((h[b] - rebuilt).pow(2).sum())
+            self._fold_weights(i, weights.mean(-1))
+            self._fold(i, dots, hh, cn, err, h.pow(2).sum())
+            return
         self._fold_weights(i, per_token)
         self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
 

@@ -149,7 +149,7 @@ def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
         return coef[index].expand(*batch_pos, -1)
     if coef.ndim == 2:  # v2
         return coef[index].expand(*batch_pos, -1, -1)
-    return coef[index].permute(1, 2, 0, 3)  # v3: [batch, pos, source, d_model]
+    return coef.permute(1, 2, 0, 3)[:, :, index]  # v3: [batch, pos, source, d_model], contiguous
 
 
 def stacked(state: DCAState) -> tuple[Tensor, Tensor | None]:
