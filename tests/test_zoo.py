@@ -43,3 +43,30 @@ def test_every_checkpoint_captures(entry):
     trace = capture(load(zoo.ZOO_DIR / entry["file"]), n_tokens=256)
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
     assert float(trace["residual_error"].max()) < 1e-4
+
+
+def test_zoo_cli_build_and_list(tmp_path, capsys):
+    from depthscope.cli import main
+
+    out = tmp_path / "zoo"
+    assert main(["zoo", "build", "--out", str(out), "--steps", "1", "--only", "standard", "--quiet"]) == 0
+    [entry] = zoo.read_manifest(out)
+    assert entry["name"] == "standard" and entry["steps"] == 1 and entry["config"] == ENTRIES[0]["config"]
+    assert zoo.weights_sha256(out / entry["file"]) == entry["weights_sha256"]
+    capsys.readouterr()
+    assert main(["zoo", "list", "--dir", str(out)]) == 0
+    listing = capsys.readouterr().out
+    assert "standard" in listing and f"{entry['val_loss']:.3f}" in listing
+    assert main(["zoo", "list"]) == 0
+    listing = capsys.readouterr().out
+    assert all(m["name"] in listing for m in ENTRIES)
+
+
+def test_zoo_cli_bad_input(tmp_path, capsys):
+    from depthscope.cli import main
+
+    assert main(["zoo", "list", "--dir", str(tmp_path)]) == 2
+    assert "no zoo manifest" in capsys.readouterr().err
+    assert main(["zoo", "build", "--out", str(tmp_path), "--only", "resnext", "--quiet"]) == 2
+    assert "unknown zoo entries: resnext" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
