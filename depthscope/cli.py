@@ -252,8 +252,7 @@ def rank_measure(
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
-    from depthscope.analysis.rank import collective_rank
-    from depthscope.analysis.theory import derived_bound, threshold
+    from depthscope.analysis.rank import rank_summary
     from depthscope.figures.report import input_kind
     from depthscope.probes import capture as run_capture
     from depthscope.probes import load_trace
@@ -271,35 +270,10 @@ def rank_measure(
     else:
         model = load_model(str(path))
         traces = [run_capture(model, corpus, n_tokens=tokens, rank=True, progress=not quiet and not as_json, checkpoint=str(path))]
-    results = []
     for t in traces:
         if "source_spectrum" not in t:
             raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
-        r = collective_rank(t, energy)
-        d = int(r.attrs["d_model"])
-        layers = [s for s, k in zip(t["source"].values, t["source_kind"].values) if k != "embed"]
-        res = {
-            "label": t.attrs.get("label", ""),
-            "scheme": t.attrs.get("scheme", ""),
-            "d": d,
-            "energy": energy,
-            "tokens": int(t.attrs.get("tokens", 0)),
-            "sources": [
-                {"source": s, **{k: float(r["effective_rank"].sel(source=s, rank_kind=k)) for k in ("numerical", "entropy", "participation")}}
-                for s in t["source"].values
-            ],
-            "n_layers_counted": len(layers),
-            "collective_rank": {k: float(r["collective_rank"].sel(rank_kind=k)) for k in ("numerical", "entropy", "participation")},
-            "ratio": {k: float(r["collective_rank_ratio"].sel(rank_kind=k)) for k in ("numerical", "entropy", "participation")},
-        }
-        if kappa is not None:
-            num = threshold(d, kappa, variant)
-            bound = derived_bound(kappa, variant, d=d)
-            res["kappa"], res["variant"] = kappa, variant
-            res["threshold"] = num
-            res["derived_bound"] = None if bound is None else float(bound)
-            res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
-        results.append(res)
+    results = [rank_summary(t, energy, kappa, variant) for t in traces]
     if as_json:
         _emit_json(results[0] if len(results) == 1 else results)
         return
@@ -317,6 +291,26 @@ def rank_measure(
                 f"kappa = {kappa}: GRN-{variant} threshold r*/d = {res['threshold']:.3f} (exact risks), derived sufficient bound {bound}; "
                 f"the numerical r*/d is {verdict} the threshold"
             )
+
+
+def _write_json(path: Path, doc) -> None:
+    import json
+
+    from depthscope.atomic import atomic_path
+
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
+
+
+def _save_figures(out_dir: Path, figures: dict) -> None:
+    """Each figure as PNG and SVG in ``out_dir``, then closed."""
+    import matplotlib.pyplot as plt
+
+    from depthscope.figures.style import save
+
+    for name, fig in figures.items():
+        save(fig, out_dir / name)
+        plt.close(fig)
 
 
 def _check_variant(variant: str) -> None:
@@ -362,40 +356,28 @@ def rank_theory(
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
-    import json
 
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    from depthscope.analysis.theory import derived_bound_curve, gain_curve, gain_lambda_curve, threshold_curve
-    from depthscope.atomic import atomic_path
-    from depthscope.figures.style import save
-    from depthscope.figures.theory import gain_vs_lambda_min, gain_vs_rank, threshold_vs_kappa
+    from depthscope.analysis.theory import figure_5, figure_5_document
+    from depthscope.figures.theory import (
+        gain_vs_lambda_min,
+        gain_vs_rank,
+        threshold_vs_kappa,
+    )
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
     for v in names or ["(none)"]:
         _check_variant(v)
     if tasks < 1:
         raise ConfigError(f"tasks must be >= 1, got {tasks}")
-    r_values, lambdas, kappas = np.arange(1, 100, 3), np.linspace(2, 10, 9), np.linspace(0.05, 1.0, 12)
-    gains = [gain_curve(d, r_values, 5.0, 10.0, v, tasks, seed) for v in names for d in (100, 200, 300)]
-    lam = [gain_lambda_curve(100, 50, lambdas, 10.0, v, tasks, seed) for v in names]
-    thr = [threshold_curve(kappas, 100, v, 10.0, tasks, seed) for v in names]
-    bounds = [derived_bound_curve(kappas, v, d=100) for v in names]
-    doc = {
-        "settings": {"variants": names, "tasks": tasks, "seed": seed, "lambda_min": 5.0, "lambda_max": 10.0},
-        "gain_vs_r_star": [{"variant": g.attrs["variant"], "d": g.attrs["d"], "r_star": g["r_star"].values.tolist(), "gain": g.values.tolist()} for g in gains],
-        "gain_vs_lambda_min": [{"variant": g.attrs["variant"], "d": 100, "r_star": 50, "lambda_min": g["lambda_min"].values.tolist(), "gain": g.values.tolist()} for g in lam],
-        "threshold_vs_kappa": [
-            {"variant": t.attrs["variant"], "d": 100, "kappa": t["kappa"].values.tolist(), "threshold": t.values.tolist(), "derived_bound": b.values.tolist()}
-            for t, b in zip(thr, bounds)
-        ],
+    curves = figure_5(names, tasks, seed)
+    doc = figure_5_document(curves, tasks, seed)
+    _write_json(out_dir / "theory.json", doc)
+    figures = {
+        "gain-vs-rank": gain_vs_rank(curves["gains"]).figure,
+        "gain-vs-lambda": gain_vs_lambda_min(curves["lambda"]).figure,
+        "threshold-vs-kappa": threshold_vs_kappa(curves["threshold"], curves["bound"]).figure,
     }
-    with atomic_path(out_dir / "theory.json") as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    for name, ax in (("gain-vs-rank", gain_vs_rank(gains)), ("gain-vs-lambda", gain_vs_lambda_min(lam)), ("threshold-vs-kappa", threshold_vs_kappa(thr, bounds))):
-        save(ax.figure, out_dir / name)
-        plt.close(ax.figure)
+    _save_figures(out_dir, figures)
     if as_json:
         _emit_json(doc)
         return
@@ -412,53 +394,25 @@ def rank_identity(
     as_json: Annotated[bool, typer.Option("--json", help="Print identity.json's summary as JSON.")] = False,
 ) -> None:
     """DCA's Fig. 1: a ResNet of 10 rank-3 linear layers versus GRN-v1 on the identity and a random map."""
-    import dataclasses
-
-    import matplotlib.pyplot as plt
-
     from depthscope.analysis.identity import (
         IdentitySettings,
+        identity_document,
         run_identity,
-        steps_to_reach,
         width_sweep,
     )
-    from depthscope.atomic import atomic_path
-    from depthscope.figures.style import save
     from depthscope.figures.theory import identity_curves, identity_sweep
 
     if steps < 1:
         raise ConfigError(f"steps must be >= 1, got {steps}")
     settings = IdentitySettings(steps=steps)
     res = run_identity(settings)
-    doc = {
-        "settings": dataclasses.asdict(settings),
-        "curves": {task: {m: list(map(float, res[task][m])) for m in ("resnet", "grn_v1")} for task in ("identity", "random")},
-        "summary": {
-            task: {
-                "final": {m: float(res[task][m][-1]) for m in ("resnet", "grn_v1")},
-                "grn_v1_steps_to_resnet_final": steps_to_reach(res[task]["grn_v1"], float(res[task]["resnet"][-1])),
-                "resnet_steps_to_grn_v1_final": steps_to_reach(res[task]["resnet"], float(res[task]["grn_v1"][-1])),
-            }
-            for task in ("identity", "random")
-        },
-    }
-    figs = [("identity", identity_curves(res))]
-    if sweep:
-        sw = width_sweep(settings=settings, tasks=("identity", "random"))
-        doc["sweep"] = {
-            "d": [int(x) for x in sw["d"]],
-            "r_star": int(sw["r_star"]),
-            **{task: {m: [float(v) for v in sw[task][m]] for m in ("resnet", "grn_v1")} for task in ("identity", "random")},
-            "steps_to_reach": {task: [None if v is None or v < 0 else int(v) for v in vals] for task, vals in sw["steps_to_reach"].items()},
-        }
-        figs.append(("identity-sweep", identity_sweep(sw).figure))
-    import json
-
-    with atomic_path(out_dir / "identity.json") as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    for name, fig in figs:
-        save(fig, out_dir / name)
-        plt.close(fig)
+    sw = width_sweep(settings=settings, tasks=("identity", "random")) if sweep else None
+    doc = identity_document(res, sw)
+    _write_json(out_dir / "identity.json", doc)
+    figures = {"identity": identity_curves(res)}
+    if sw is not None:
+        figures["identity-sweep"] = identity_sweep(sw).figure
+    _save_figures(out_dir, figures)
     if as_json:
         _emit_json({"settings": doc["settings"], "summary": doc["summary"]})
         return
@@ -468,7 +422,7 @@ def rank_identity(
             f"{task}: final MSE ResNet {s['final']['resnet']:.3g}, GRN-v1 {s['final']['grn_v1']:.3g}; "
             f"GRN-v1 reaches the ResNet's final error at step {s['grn_v1_steps_to_resnet_final']}"
         )
-    out.print(f"wrote {out_dir / 'identity.json'} and {', '.join(n for n, _ in figs)} (.png, .svg)")
+    out.print(f"wrote {out_dir / 'identity.json'} and {', '.join(figures)} (.png, .svg)")
 
 
 @rank_app.command("sweep")
@@ -483,14 +437,9 @@ def rank_sweep_cmd(
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
     """Train small models at several widths on the default corpus and plot r*/d against width."""
-    import json
-
-    import matplotlib.pyplot as plt
-
     from depthscope.analysis.rank import rank_sweep
     from depthscope.atomic import atomic_path
     from depthscope.figures.rank import rank_vs_width
-    from depthscope.figures.style import save
     from depthscope.schemes import get_scheme
 
     try:
@@ -508,16 +457,13 @@ def rank_sweep_cmd(
     doc = {
         "widths": ws,
         "schemes": list(names),
-        "r_star": {s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in ("numerical", "entropy", "participation")} for s in names},
+        "r_star": {s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in table["rank_kind"].values} for s in names},
         "ratio": {s: table["collective_rank_ratio"].sel(scheme=s, rank_kind="numerical").values.tolist() for s in names},
         "val_loss": {s: table["val_loss"].sel(scheme=s).values.tolist() for s in names},
         "settings": dict(table.attrs),
     }
-    with atomic_path(out_dir / "sweep.json") as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-    fig = rank_vs_width(table).figure
-    save(fig, out_dir / "rank-vs-width")
-    plt.close(fig)
+    _write_json(out_dir / "sweep.json", doc)
+    _save_figures(out_dir, {"rank-vs-width": rank_vs_width(table).figure})
     if as_json:
         _emit_json(doc)
         return

@@ -337,3 +337,36 @@ def tune_learning_rate(
         if all(_stable(c) for c in curves.values()):
             chosen = lr
     return chosen, finals
+
+
+def identity_document(results: dict, sweep: dict | None = None) -> dict:
+    """The JSON record of a run: {"settings", "curves", "summary", "sweep"?}.
+
+    ``summary`` holds each task's final MSE of both models and the first step at which each
+    model reaches the other's final error (None: never).
+    """
+    import dataclasses
+
+    models, tasks = ("resnet", "grn_v1"), ("identity", "random")
+    doc = {
+        "settings": dataclasses.asdict(results["settings"]),
+        "curves": {task: {m: [float(v) for v in results[task][m]] for m in models} for task in tasks},
+        "summary": {
+            task: {
+                "final": {m: float(results[task][m][-1]) for m in models},
+                "grn_v1_steps_to_resnet_final": steps_to_reach(results[task]["grn_v1"], float(results[task]["resnet"][-1])),
+                "resnet_steps_to_grn_v1_final": steps_to_reach(results[task]["resnet"], float(results[task]["grn_v1"][-1])),
+            }
+            for task in tasks
+        },
+    }
+    if sweep is not None:
+        doc["sweep"] = {
+            "d": [int(x) for x in sweep["d"]],
+            "r_star": int(sweep["r_star"]),
+            **{task: {m: [float(v) for v in sweep[task][m]] for m in models} for task in tasks if task in sweep},
+            "steps_to_reach": {
+                task: [None if v is None or v < 0 else int(v) for v in vals] for task, vals in sweep["steps_to_reach"].items()
+            },
+        }
+    return doc

@@ -153,3 +153,32 @@ def rank_sweep(
     out["collective_rank_ratio"].attrs.update(long_name="r*/d", units="1")
     out["val_loss"].attrs.update(long_name="validation loss", units="nats/byte")
     return out
+
+
+def rank_summary(trace: xr.Dataset, energy: float = 0.99, kappa: float | None = None, variant: str = "v1") -> dict:
+    """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d and, for a
+    task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound."""
+    from depthscope.analysis.theory import derived_bound, threshold
+
+    r = collective_rank(trace, energy)
+    d = int(r.attrs["d_model"])
+    res = {
+        "label": trace.attrs.get("label", ""),
+        "scheme": trace.attrs.get("scheme", ""),
+        "d": d,
+        "energy": energy,
+        "tokens": int(trace.attrs.get("tokens", 0)),
+        "sources": [
+            {"source": str(s), **{k: float(r["effective_rank"].sel(source=s, rank_kind=k)) for k in KINDS}}
+            for s in trace["source"].values
+        ],
+        "n_layers_counted": int((trace["source_kind"] != "embed").sum()),
+        "collective_rank": {k: float(r["collective_rank"].sel(rank_kind=k)) for k in KINDS},
+        "ratio": {k: float(r["collective_rank_ratio"].sel(rank_kind=k)) for k in KINDS},
+    }
+    if kappa is not None:
+        num = threshold(d, kappa, variant)
+        bound = derived_bound(kappa, variant, d=d)
+        res.update(kappa=kappa, variant=variant, threshold=num, derived_bound=None if bound is None else float(bound))
+        res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
+    return res
