@@ -256,19 +256,11 @@ def stream_native_hooks(cfg: ModelConfig) -> list[NativeHook]:
     return out
 
 
-@register
-class HC(Scheme):
-    """Hyper-Connections (arXiv 2409.19606): n streams, static or dynamic HC matrices per sublayer."""
+class StreamScheme(Scheme):
+    """What hc and mhc share: n streams from the embedding, one connection module per sublayer
+    (``connection``), the summed read-out, and the stream matrices kept in traces."""
 
-    name = "hc"
-    paper = "arXiv 2409.19606: Hyper-Connections"
-    Options = HCOptions
-    variants = {"hc": {}, "hc-static": {"mode": "static"}}
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        if cfg.options.streams < 1:
-            raise ConfigError(f"hc streams must be at least 1, got {cfg.options.streams}")
+    connection: type[Mixer]
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> Streams:
@@ -276,8 +268,24 @@ class HC(Scheme):
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
-        return StreamReadout(cfg, site) if site.kind == "readout" else HyperConnection(cfg, site)
+        return StreamReadout(cfg, site) if site.kind == "readout" else cls.connection(cfg, site)
 
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
         return stream_native_hooks(cfg)
+
+
+@register
+class HC(StreamScheme):
+    """Hyper-Connections (arXiv 2409.19606): n streams, static or dynamic HC matrices per sublayer."""
+
+    name = "hc"
+    paper = "arXiv 2409.19606: Hyper-Connections"
+    Options = HCOptions
+    variants = {"hc": {}, "hc-static": {"mode": "static"}}
+    connection = HyperConnection
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        if cfg.options.streams < 1:
+            raise ConfigError(f"hc streams must be at least 1, got {cfg.options.streams}")

@@ -55,20 +55,14 @@ from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
 from depthscope.schemes.base import (
-    Mixer,
     ModelConfig,
-    NativeHook,
-    Scheme,
     Site,
     register,
 )
 from depthscope.schemes.hc import (
     StreamMixer,
-    StreamReadout,
-    Streams,
-    expand_streams,
+    StreamScheme,
     inv_rms,
-    stream_native_hooks,
     thin_matmul,
 )
 
@@ -160,13 +154,14 @@ class ManifoldHyperConnection(StreamMixer):
 
 
 @register
-class MHC(Scheme):
+class MHC(StreamScheme):
     """Manifold-Constrained Hyper-Connections (arXiv 2512.24880): doubly stochastic stream mixing."""
 
     name = "mhc"
     paper = "arXiv 2512.24880: mHC: Manifold-Constrained Hyper-Connections"
     Options = MHCOptions
     variants = {"mhc": {}}
+    connection = ManifoldHyperConnection
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
@@ -177,14 +172,4 @@ class MHC(Scheme):
         if cfg.options.sinkhorn_iters < 1:
             raise ConfigError(f"mhc sinkhorn_iters must be at least 1, got {cfg.options.sinkhorn_iters}")
 
-    @classmethod
-    def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> Streams:
-        return expand_streams(x0, cfg.options.streams, track)
 
-    @classmethod
-    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
-        return StreamReadout(cfg, site) if site.kind == "readout" else ManifoldHyperConnection(cfg, site)
-
-    @classmethod
-    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
-        return stream_native_hooks(cfg)
