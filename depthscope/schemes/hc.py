@@ -48,6 +48,7 @@ Choices where the paper is silent or loose:
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -163,12 +164,12 @@ class StreamMixer(Mixer):
         self.hook_h_res = HookPoint()  # [batch, pos, stream (source), stream (target)]
         self.hook_h_post = HookPoint()  # [batch, pos, stream]
 
+    @abc.abstractmethod
     def coefficients(self, h: Tensor) -> tuple[Tensor, Tensor]:
         """(mix, post) for the streams ``h``: mix = [pre | res] [.., stream, 1 + stream], post [.., stream].
 
         Static matrices may omit the batch and pos dims (they broadcast).
         """
-        raise NotImplementedError
 
     def _mix(self, state: Streams) -> tuple[Tensor, Pending]:
         h = state.h
