@@ -24,9 +24,13 @@ KINDS = ("numerical", "entropy", "participation")
 
 
 def _check(spectrum: xr.DataArray) -> xr.DataArray:
+    """The spectrum, clipped at 0 and divided by its largest value (ranks are scale-free, and
+    this keeps squares of tiny spectra from underflowing)."""
     if "component" not in spectrum.dims:
         raise ValueError("expected a spectrum with a 'component' dimension (capture with rank=True)")
-    return spectrum.clip(min=0.0)
+    lam = spectrum.clip(min=0.0)
+    top = lam.max("component")
+    return lam / top.where(top > 0, 1.0)
 
 
 def numerical_rank(spectrum: xr.DataArray, energy: float = 0.99) -> xr.DataArray:
