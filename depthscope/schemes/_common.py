@@ -9,6 +9,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from einops import rearrange
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
@@ -84,8 +85,7 @@ class Attention(nn.Module):
         self.register_buffer("rot_sin", sin, persistent=False)
 
     def _heads(self, x: Tensor) -> Tensor:
-        b, n, _ = x.shape
-        return x.view(b, n, self.n_heads, self.d_head).transpose(1, 2)  # [batch, head, pos, d_head]
+        return rearrange(x, "batch pos (head d_head) -> batch head pos d_head", head=self.n_heads)
 
     def forward(self, x: Tensor | tuple[Tensor, Tensor, Tensor]) -> Tensor:
         xq, xk, xv = x if isinstance(x, tuple) else (x, x, x)
@@ -99,8 +99,7 @@ class Attention(nn.Module):
         n = q.shape[-2]
         mask = causal_mask(n, self.window, q.device)
         z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
-        b = z.shape[0]
-        return self.W_O(z.transpose(1, 2).reshape(b, n, -1))
+        return self.W_O(rearrange(z, "batch head pos d_head -> batch pos (head d_head)"))
 
     @property
     def out_proj(self) -> nn.Linear:
