@@ -40,6 +40,21 @@ def _colour_by(curves: Sequence[xr.DataArray], key: str) -> dict:
     return {v: PALETTE[i % len(PALETTE)] for i, v in enumerate(values)}
 
 
+def _gain_lines(ax, curves, x: str, extra) -> None:
+    """One gain curve per (variant, d): colour by d, line style by variant; a zero line."""
+    colours = _colour_by(curves, "d")
+    for c in curves:
+        v = c.attrs.get("variant", "v1")
+        ax.plot(
+            c[x].values,
+            c.values,
+            color=colours[c.attrs.get("d")],
+            linestyle=VARIANT_LINESTYLE.get(v, "-"),
+            label=f"GRN-{v}, d = {c.attrs.get('d')}{extra(c)}",
+        )
+    ax.axhline(0.0, color="0.6", linewidth=0.8)
+
+
 @styled
 def gain_vs_rank(gains, ax=None):
     """Excess-risk gain (ResNet minus GRN at equal parameters) versus r* (paper Fig. 5, left).
@@ -49,17 +64,7 @@ def gain_vs_rank(gains, ax=None):
     """
     ax = _axes(ax)
     curves = _as_list(gains)
-    colours = _colour_by(curves, "d")
-    for c in curves:
-        v = c.attrs.get("variant", "v1")
-        ax.plot(
-            c["r_star"].values,
-            c.values,
-            color=colours[c.attrs.get("d")],
-            linestyle=VARIANT_LINESTYLE.get(v, "-"),
-            label=f"GRN-{v}, d = {c.attrs.get('d')}",
-        )
-    ax.axhline(0.0, color="0.6", linewidth=0.8)
+    _gain_lines(ax, curves, "r_star", lambda c: "")
     ax.set_xlabel("collective rank r*")
     ax.set_ylabel("excess-risk gain (ResNet - GRN)")
     ax.set_title(_lambda_title(curves))
@@ -75,17 +80,7 @@ def gain_vs_lambda_min(gains, ax=None):
     """
     ax = _axes(ax)
     curves = _as_list(gains)
-    colours = _colour_by(curves, "d")
-    for c in curves:
-        v = c.attrs.get("variant", "v1")
-        ax.plot(
-            c["lambda_min"].values,
-            c.values,
-            color=colours[c.attrs.get("d")],
-            linestyle=VARIANT_LINESTYLE.get(v, "-"),
-            label=f"GRN-{v}, d = {c.attrs.get('d')}, r* = {c.attrs.get('r_star')}",
-        )
-    ax.axhline(0.0, color="0.6", linewidth=0.8)
+    _gain_lines(ax, curves, "lambda_min", lambda c: f", r* = {c.attrs.get('r_star')}")
     ax.set_xlabel("lambda_min (smallest eigenvalue of A - I)")
     ax.set_ylabel("excess-risk gain (ResNet - GRN)")
     ax.set_title(f"lambda_max = {curves[0].attrs.get('lambda_max')}" if curves else "")

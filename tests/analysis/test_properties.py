@@ -31,7 +31,7 @@ def fold(values, weights, splits, covariance=False):
     return acc.dataset({})
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=25, deadline=None, derandomize=True)
 @given(
     seed=st.integers(0, 10_000),
     n_tokens=st.integers(2, 40),
@@ -47,15 +47,16 @@ def test_any_batch_split_gives_the_same_trace(seed, n_tokens, splits):
     np.testing.assert_allclose(one["contribution_share"].sum("source"), 1.0, atol=1e-12)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=200, deadline=None, derandomize=True)
 @given(st.lists(st.floats(0.0, 100.0), min_size=1, max_size=30), st.floats(0.05, 1.0))
 def test_effective_ranks_are_ordered(lams, energy):
     spec = xr.DataArray([sorted(lams, reverse=True)], dims=("source", "component"))
-    nonzero = sum(x > 1e-9 * max(lams) for x in lams)  # below that, rounding: the numerical rank ignores it
+    positive = sum(x > 0 for x in lams)
+    large = sum(x > 1e-9 * sum(lams) for x in lams)  # eigenvalues rounding cannot hide
     pr, er = participation_ratio(spec).item(), entropy_rank(spec).item()
     nr = numerical_rank(spec, energy).item()
-    assert nr <= nonzero and numerical_rank(spec, 1.0).item() == nonzero
+    assert nr <= positive and large <= numerical_rank(spec, 1.0).item() <= positive
     if max(lams) > 0:
         # Renyi entropy of order 2 <= Shannon entropy <= log(rank): PR <= exp(H) <= rank
-        assert 1 - 1e-9 <= pr <= er + 1e-9 and er <= nonzero + 1e-6
+        assert 1 - 1e-9 <= pr <= er + 1e-9 and er <= positive + 1e-6
         assert nr >= 1 and numerical_rank(spec, min(1.0, energy + 0.1)).item() >= nr  # monotone in energy

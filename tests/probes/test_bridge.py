@@ -24,19 +24,29 @@ def gpt2_like():
     return TransformerBridge.boot_native(cfg)
 
 
-@pytest.fixture(scope="module")
-def post_ln_dir(tmp_path_factory):
-    """A tiny random BERT (post-LN) saved as a local Hugging Face directory with a tokenizer."""
-    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+def model_dir(d, make_model):
+    """Save a small word-piece tokenizer and ``make_model(vocab_size)`` as a local HF directory."""
+    from transformers import BertTokenizerFast
 
-    d = tmp_path_factory.mktemp("bert")
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(33, 127)]
     (d / "vocab.txt").write_text("\n".join(vocab))
     BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
     torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
-    BertForMaskedLM(cfg).save_pretrained(d)
+    make_model(len(vocab)).save_pretrained(d)
     return d
+
+
+@pytest.fixture(scope="module")
+def post_ln_dir(tmp_path_factory):
+    """A tiny random BERT (post-LN) saved as a local Hugging Face directory with a tokenizer."""
+    from transformers import BertConfig, BertForMaskedLM
+
+    return model_dir(
+        tmp_path_factory.mktemp("bert"),
+        lambda v: BertForMaskedLM(
+            BertConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+        ),
+    )
 
 
 def test_bridge_trace_agrees_with_transformer_lens_decomposition(gpt2_like):
@@ -80,15 +90,12 @@ def test_cli_refuses_post_ln_model_without_output(post_ln_dir, tmp_path, capsys)
 @pytest.fixture(scope="module")
 def gpt2_dir(tmp_path_factory):
     """A tiny random GPT-2 saved as a local Hugging Face directory, with a (word-piece) tokenizer."""
-    from transformers import BertTokenizerFast, GPT2Config, GPT2LMHeadModel
+    from transformers import GPT2Config, GPT2LMHeadModel
 
-    d = tmp_path_factory.mktemp("gpt2")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(33, 127)]
-    (d / "vocab.txt").write_text("\n".join(vocab))
-    BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
-    torch.manual_seed(0)
-    GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=64, n_embd=32, n_layer=2, n_head=4)).save_pretrained(d)
-    return d
+    return model_dir(
+        tmp_path_factory.mktemp("gpt2"),
+        lambda v: GPT2LMHeadModel(GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4)),
+    )
 
 
 def test_local_gpt2_directory_from_the_cli(gpt2_dir, tmp_path, capsys):
