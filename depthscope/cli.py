@@ -51,6 +51,7 @@ def train(
     corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Scheme option key=value (repeatable).")] = None,
     half: Annotated[bool, typer.Option(help="Store weights in bfloat16 (half the file size).")] = False,
+    save_every: Annotated[int, typer.Option(min=0, help="Also write NAME.step-000500.safetensors every N steps (0: never).")] = 0,
     quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
 ) -> None:
     """Train a byte-level model with one residual scheme and save it as a checkpoint."""
@@ -58,13 +59,20 @@ def train(
 
     from depthscope.corpus import load_corpus
     from depthscope.schemes import ModelConfig
+    from depthscope.schemes.checkpoint import step_checkpoint
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
     cfg = ModelConfig(scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_))
     tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
-    model = run_train(cfg, tcfg, load_corpus(corpus), progress=not quiet)
-    model.save(out_path, dtype=torch.bfloat16 if half else None)
+    dtype = torch.bfloat16 if half else None
+
+    def snapshot(model, step: int) -> None:
+        model.save(step_checkpoint(out_path, step), dtype=dtype)
+
+    snapshots = range(save_every, steps, save_every) if save_every else ()
+    model = run_train(cfg, tcfg, load_corpus(corpus), progress=not quiet, snapshots=snapshots, on_snapshot=snapshot)
+    model.save(out_path, dtype=dtype)
     s = model.training_summary
     out.print(f"wrote {out_path}: {scheme}, {model.n_params():,} parameters, validation loss {s['val_loss']:.4f} nats/byte")
 
@@ -191,16 +199,24 @@ def zoo_list(
 @zoo_app.command("build")
 def zoo_build(
     out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where to write (default: the bundled zoo directory).")] = None,
-    steps: Annotated[Optional[int], typer.Option(help="Training steps per model (default: the zoo's).")] = None,
-    only: Annotated[Optional[str], typer.Option(help="Comma-separated entry names to rebuild.")] = None,
+    steps: Annotated[Optional[int], typer.Option(min=1, help="Training steps per model (default: the zoo's).")] = None,
+    only: Annotated[Optional[list[str]], typer.Option(help="Entry to build (repeatable; default: all).")] = None,
+    recapture: Annotated[bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")] = False,
     quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
 ) -> None:
-    """Retrain the zoo reproducibly (fixed seeds, default corpus; tens of minutes on 2 cores)."""
-    from depthscope import zoo
+    """Train the zoo reproducibly (fixed seeds, default corpus; hours on 2 cores), skipping up-to-date models.
 
-    names = [n.strip() for n in only.split(",") if n.strip()] if only else None
-    entries = zoo.build(out_dir or zoo.ZOO_DIR, steps=zoo.STEPS if steps is None else steps, only=names, progress=not quiet)
-    out.print(f"wrote {len(entries)} zoo entries to {out_dir or zoo.ZOO_DIR}")
+    Incremental and resumable: a model whose checkpoint matches its manifest entry is skipped, so
+    an interrupted build continues where it stopped.
+    """
+    from depthscope import zoo
+    from depthscope.pipelines.zoo import build
+
+    entries = build(
+        out_dir or zoo.ZOO_DIR, steps=zoo.STEPS if steps is None else steps, only=only, recapture=recapture,
+        progress=not quiet, log=out.print,
+    )
+    out.print(f"{len(entries)} zoo entries in {out_dir or zoo.ZOO_DIR}")
 
 
 class _RankGroup(typer.core.TyperGroup):

@@ -2,9 +2,19 @@
 
 The same seed gives bit-identical weights on CPU (same torch build and thread count): the model is
 initialised from ``torch.manual_seed(seed)`` and batches come from a generator seeded with it.
-Weight decay applies to the matrices of the embedding, sublayers and unembedding; depth-mixing
-parameters (``*_mix.*``) and gains are not decayed, so their initialisation (ones, identities)
-is not pulled towards zero.
+
+Weight decay (``decayed_parameters``) applies to the matrices of the embedding, sublayers and
+unembedding, and to the dynamic projections each scheme names in its modules' ``decayed``
+(HC's W_m, W_r, W_b as its paper says; mHC's phi, DCA's gate w, DDL's gate w, ShortSWA's W_Q and
+W_K by the same rule). Static depth-mixing parameters (DenseFormer's alpha, DCA's b, AttnRes'
+queries, HC's A_m, A_r, B, scales and biases) and gains are not decayed: their initialisation
+(ones, identities, uniform softmaxes) is meaningful.
+
+Snapshots: ``train(..., snapshots=[250, 500], on_snapshot=fn)`` calls ``fn(model, step)`` after
+those optimiser steps, with ``model.training_summary`` describing the run so far (``step``,
+``train_tokens``, ``val_loss`` at that step), so intermediate checkpoints carry their place in
+the run. Evaluating a snapshot uses its own generator: the run's weights are the same with or
+without snapshots.
 """
 
 from __future__ import annotations
@@ -13,13 +23,17 @@ import math
 import time
 from dataclasses import asdict, dataclass
 
+from collections.abc import Callable, Collection
+
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from depthscope.corpus import Corpus, eval_windows, sample_batch
 from depthscope.errors import ConfigError
 from depthscope.progress import bar
 from depthscope.schemes import DepthModel, ModelConfig
+from depthscope.schemes.base import MixerBase, Port
 
 
 @dataclass(frozen=True)
@@ -53,10 +67,23 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(t, 1.0))))
 
 
+def decayed_parameters(model: nn.Module) -> set[str]:
+    """Names of the parameters that get weight decay (see the module docstring)."""
+    out = set()
+    for prefix, module in model.named_modules():
+        declared = getattr(module, "decayed", ())
+        mixing = isinstance(module, (MixerBase, Port)) or "_mix." in f"{prefix}."
+        for local, p in module.named_parameters(recurse=False):
+            if local in declared or (p.ndim >= 2 and not mixing):
+                out.add(f"{prefix}.{local}" if prefix else local)
+    return out
+
+
 def _param_groups(model: DepthModel, weight_decay: float) -> list[dict]:
+    decayed = decayed_parameters(model)
     decay, keep = [], []
     for name, p in model.named_parameters():
-        (decay if p.ndim >= 2 and "_mix." not in name else keep).append(p)
+        (decay if name in decayed else keep).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": keep, "weight_decay": 0.0}]
 
 
@@ -77,10 +104,24 @@ def evaluate(model: DepthModel, corpus: Corpus, n_tokens: int = 16384, batch_siz
 
 
 def train(
-    model_cfg: ModelConfig, cfg: TrainConfig, corpus: Corpus, *, progress: bool = True, label: str | None = None
+    model_cfg: ModelConfig,
+    cfg: TrainConfig,
+    corpus: Corpus,
+    *,
+    progress: bool = True,
+    label: str | None = None,
+    snapshots: Collection[int] = (),
+    on_snapshot: Callable[[DepthModel, int], None] | None = None,
 ) -> DepthModel:
-    """Train a fresh model; its ``training_summary`` records settings, losses and throughput."""
+    """Train a fresh model; its ``training_summary`` records settings, losses and throughput.
+
+    ``on_snapshot(model, step)`` is called after each step count in ``snapshots`` (0 < step <
+    ``cfg.steps``; the final model is the caller's), with the summary of the run so far.
+    """
     corpus.require(model_cfg.ctx + 1)
+    bad = [s for s in snapshots if not 0 < s < cfg.steps]
+    if bad:
+        raise ConfigError(f"snapshot steps must lie strictly between 0 and {cfg.steps}, got {bad[0]}")
     torch.manual_seed(cfg.seed)
     model = DepthModel(model_cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -104,15 +145,24 @@ def train(
             losses.append(loss.item())
             tokens += x.numel()
             pb.advance(1, loss=losses[-1], tps=tokens / (time.perf_counter() - start))
-    wall = time.perf_counter() - start
+            if step + 1 in snapshots and on_snapshot is not None:
+                model.training_summary = _summary(model, cfg, corpus, losses, tokens, time.perf_counter() - start)
+                on_snapshot(model, step + 1)
+                model.train()
+    model.training_summary = _summary(model, cfg, corpus, losses, tokens, time.perf_counter() - start)
     model.eval()
+    return model
+
+
+def _summary(model: DepthModel, cfg: TrainConfig, corpus: Corpus, losses: list[float], tokens: int, wall: float) -> dict:
+    """The training summary after ``len(losses)`` steps (the checkpoint metadata's ``training``)."""
     tail = losses[-10:]
-    model.training_summary = {
+    return {
         **asdict(cfg),
+        "step": len(losses),
         "corpus": corpus.name,
         "final_loss": sum(tail) / len(tail) if tail else None,
         "val_loss": evaluate(model, corpus, cfg.eval_tokens),
-        "tokens_per_s": tokens / wall if cfg.steps else None,
+        "tokens_per_s": tokens / wall if tokens else None,
         "train_tokens": tokens,
     }
-    return model

@@ -19,15 +19,46 @@ def listening(hook: HookPoint) -> bool:
     return bool(hook._forward_hooks)
 
 
-def rms_norm(x: Tensor, eps: float = 1e-6) -> Tensor:
+EPS = 1e-6  # of every RMS normalisation
+
+
+def inv_rms(x: Tensor, eps: float = EPS) -> Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dimension, kept: [..., 1].
+
+    The one RMS helper of the package (``rms_norm``, the norms' gains, the schemes' gates and
+    keys all go through it), with a one-pass backward (see ``_InvRms``).
+    """
+    return _InvRms.apply(x, eps)
+
+
+class _InvRms(torch.autograd.Function):
+    """r = (|x|^2 / d + eps)^(-1/2), with the one-pass backward dr/dx = -r^3 x / d.
+
+    Autograd's own backward of the same formula makes three passes over its input (the
+    multi-stream schemes call it on n streams per sublayer, where it shows).
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, eps: float) -> Tensor:
+        r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + eps)
+        ctx.save_for_backward(x, r)
+        return r
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        x, r = ctx.saved_tensors
+        return x * (grad * r.pow(3) / -x.shape[-1]), None
+
+
+def rms_norm(x: Tensor, eps: float = EPS) -> Tensor:
     """Weightless RMS normalisation over the last dimension."""
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * inv_rms(x, eps)
 
 
 class RMSNorm(nn.Module):
     """RMSNorm with a learned gain (init 1)."""
 
-    def __init__(self, d_model: int, eps: float = 1e-6):
+    def __init__(self, d_model: int, eps: float = EPS):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(d_model))

@@ -182,22 +182,20 @@ def consumers(cfg: ModelConfig) -> list[Consumer]:
     return out + [Consumer(readout_site(cfg))]
 
 
-class Mixer(nn.Module, abc.ABC):
-    """One consumer's depth mixer: state -> consumer input, then consumer output -> state."""
+class Port(nn.Module):
+    """The hooks of one consumer input: the mixed input and its weights over the sources.
 
-    def __init__(self, cfg: ModelConfig, site: Site):
+    ``decayed`` names the parameters of a depth-mixing module that get weight decay (a paper's
+    dynamic projections); every other parameter of a mixer is exempt, since its initialisation
+    (ones, identities, uniform queries) is meaningful.
+    """
+
+    decayed: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self) -> None:
         super().__init__()
-        self.site = site
         self.hook_in = HookPoint()  # [batch, pos, d_model]
         self.hook_weights = HookPoint()  # [batch, pos, source] or [batch, pos, source, d_model]
-
-    @abc.abstractmethod
-    def read(self, state: Any) -> tuple[Tensor | tuple[Tensor, ...], Any]:
-        """(the consumer's input, already passed through ``hook_in``; the state for ``write``)."""
-
-    def write(self, state: Any, out: Tensor) -> Any:
-        """Fold the consumer's output into the state ``read`` returned (the read-out never writes)."""
-        raise ConfigError(f"{self.site.label} does not write")
 
     def emit(self, weights: typing.Callable[[], Tensor]) -> None:
         """Pass delta-basis weights to ``hook_weights``, building them only if someone listens."""
@@ -205,8 +203,48 @@ class Mixer(nn.Module, abc.ABC):
             self.hook_weights(weights())
 
 
+class MixerBase(nn.Module, abc.ABC):
+    """One consumer's depth mixer: state -> consumer input, then consumer output -> state.
+
+    A consumer with one input is a ``Mixer`` (its own ``Port``); one with several inputs (DCA's
+    attention) is a ``ViewsMixer`` whose ports are children named after the views.
+    """
+
+    decayed: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, cfg: ModelConfig, site: Site):
+        super().__init__()
+        self.site = site
+
+    @abc.abstractmethod
+    def read(self, state: Any) -> tuple[Tensor | tuple[Tensor, ...], Any]:
+        """(the consumer's input, already passed through ``hook_in``; the state for ``write``)."""
+
+    def write(self, state: Any, out: Tensor) -> Any:
+        """Fold the consumer's output into the state ``read`` returned.
+
+        The read-out never writes: calling this on it is a programming error.
+        """
+        raise NotImplementedError(f"{self.site.label} does not write")
+
+
+class Mixer(MixerBase, Port):
+    """A consumer with one input: ``hook_in`` / ``hook_weights`` sit on the mixer itself."""
+
+
+class ViewsMixer(MixerBase):
+    """A consumer with several inputs: one ``Port`` child per view (``blocks.{i}.attn_mix.q``...)."""
+
+
 class Scheme(abc.ABC):
-    """A residual scheme: its name, paper, options, sublayer kinds and mixers."""
+    """A residual scheme: its name, paper, options, sublayer kinds and mixers.
+
+    Everything the rest of depthscope needs to know about a scheme is declared here, so adding
+    one is its module plus one import in ``schemes/__init__.py``: its named variants (tables,
+    tests, benchmarks), which of them the bundled zoo holds (``zoo``) and which of those keep a
+    training trajectory (``trajectories``), its colour in every figure, and whether its weights
+    are static (``is_static``, used by the benchmarks' targets).
+    """
 
     name: ClassVar[str]
     paper: ClassVar[str]  # "arXiv id: short title"
@@ -214,6 +252,14 @@ class Scheme(abc.ABC):
     # Named option sets shown in the demo table, benchmarks, zoo and the generic tests;
     # an empty dict means one variant, named after the scheme, with default options.
     variants: ClassVar[dict[str, dict[str, Any]]] = {}
+    zoo: ClassVar[tuple[str, ...]] = ()  # variant labels bundled in the zoo
+    trajectories: ClassVar[tuple[str, ...]] = ()  # zoo variants whose training trajectory is bundled
+    color: ClassVar[str] = "#949494"  # one colour per scheme family in every figure
+
+    @classmethod
+    def is_static(cls, options: Any) -> bool:
+        """Whether the delta-basis weights are input-independent (the same for every token)."""
+        return False
 
     @classmethod
     def kinds(cls, options: Any) -> tuple[str, ...]:
@@ -253,7 +299,7 @@ class Scheme(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+    def mixer(cls, cfg: ModelConfig, site: Site) -> MixerBase:
         """The mixer of one consumer."""
 
 
@@ -273,6 +319,16 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
     for name, cls in _REGISTRY.items():
         out += [(label, name, dict(opts)) for label, opts in (cls.variants or {name: {}}).items()]
     return out
+
+
+def zoo_variants() -> list[tuple[str, str, dict[str, Any], bool]]:
+    """(label, scheme name, options, keeps a trajectory) of every variant the zoo bundles, in
+    registration order."""
+    return [
+        (label, name, opts, label in get_scheme(name).trajectories)
+        for label, name, opts in variants()
+        if label in get_scheme(name).zoo
+    ]
 
 
 def scheme_names() -> list[str]:

@@ -44,6 +44,12 @@ def save(model, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:
     return path
 
 
+def step_checkpoint(path: str | Path, step: int) -> Path:
+    """Where an intermediate checkpoint of the run saved at ``path`` goes: ``NAME.step-000500.safetensors``."""
+    path = Path(path)
+    return path.with_name(f"{path.name.removesuffix('.safetensors')}.step-{step:06d}.safetensors")
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """Parse and check a safetensors header without loading tensors."""
     if not path.exists():

@@ -38,8 +38,12 @@ dca; ``readout_mix.b`` / ``.w``.
 
 Native hooks (v3 and dca): ``hook_gate`` = relu(w . N(g_i)), [batch, pos, entry], on every v3 GRN:
 ``blocks.{t}.attn_mix.hook_gate`` (v3), ``blocks.{t}.attn_mix.{q,k,v}.hook_gate`` (dca),
-``readout_mix.hook_gate``. The dca attention mixer carries no ``hook_in``/``hook_weights`` of its
-own (its three views do), so ``hook_dict`` lists only hooks that fire.
+``readout_mix.hook_gate``. The dca attention mixer is a ``ViewsMixer``: its three views carry the
+``hook_in``/``hook_weights`` (it has none of its own), so ``hook_dict`` lists only hooks that fire.
+
+Weight decay: the gate projections ``w`` are decayed (the paper trains every GRN parameter with
+AdamW, weight decay 0.1); the static ``b`` are not, since their initialisation at 1 is what makes
+the model a standard residual.
 
 Delta basis: an entry for block j covers its two sources j.attn and j.mlp with the same weight,
 the sum entry all of its members', the embedding is its own entry. v1 emits [batch, pos, source];
@@ -52,7 +56,6 @@ Legend: batch, pos, d_model, entry (a stack entry), source (embedding + sublayer
 from __future__ import annotations
 
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -61,11 +64,10 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
-from depthscope.schemes._common import listening
-from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+from depthscope.schemes._common import inv_rms
+from depthscope.schemes.base import Mixer, ModelConfig, Port, Scheme, Site, ViewsMixer, register
 
 Variant = Literal["v1", "v2", "v3", "dca"]
-EPS = 1e-6  # as in rms_norm
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,14 @@ def entry_of_source(cfg: ModelConfig, block: int) -> list[int]:
     return [0] + [entry[j] for j in range(block) for _ in range(2)]
 
 
-def inv_rms(x: Tensor) -> Tensor:
-    """1 / RMS over d_model, [batch, pos]: N(g) = g * inv_rms(g), stored once per entry."""
-    return torch.rsqrt(x.pow(2).mean(-1) + EPS)
+def entry_inv_rms(x: Tensor) -> Tensor:
+    """1 / RMS over d_model, [batch, pos]: N(g) = g * entry_inv_rms(g), stored once per entry."""
+    return inv_rms(x).squeeze(-1)
+
+
+def gated(cfg: ModelConfig) -> bool:
+    """Whether the variant has input-dependent gates (v3, dca): then the stack keeps 1/RMS per entry."""
+    return cfg.options.grn in ("v3", "dca")
 
 
 @dataclass
@@ -108,14 +115,13 @@ class DCAState:
     attn_out: Tensor | None = None
     h: Tensor | None = None  # the MLP's input: x + attn_out
 
+    def stacked(self) -> tuple[Tensor, Tensor | None]:
+        """The stack [entry, batch, pos, d_model] and its 1/RMS [entry, batch, pos] (None if ungated)."""
+        return torch.stack(self.entries), torch.stack(self.inv_rms) if self.inv_rms else None
 
-def add_grn(module: nn.Module, variant: str, n: int, d_model: int) -> None:
-    """Give ``module`` the parameters (and gate hook) of one GRN over a stack of ``n`` entries."""
-    module.variant = variant
-    module.b = nn.Parameter(torch.ones(n) if variant == "v1" else torch.ones(n, d_model))  # init 1
-    if variant == "v3":
-        module.w = nn.Parameter(torch.zeros(d_model))  # init 0: the gate starts at relu(0) = 0
-        module.hook_gate = HookPoint()  # [batch, pos, entry]
+    def attn_written(self, out: Tensor) -> DCAState:
+        """The state after the block's attention wrote ``out``: the MLP reads x + out."""
+        return DCAState(self.entries, self.inv_rms, self.x, self.coef, out, self.x + out)
 
 
 def gates(w: Tensor, stack: Tensor, inv: Tensor) -> Tensor:
@@ -124,22 +130,36 @@ def gates(w: Tensor, stack: Tensor, inv: Tensor) -> Tensor:
     return logits.clamp(min=0)  # relu with gradient 1 at 0, so that w can leave its zero init
 
 
-def grn_mix(
-    module: nn.Module, stack: Tensor, inv: Tensor | None, gate: Tensor | None = None
-) -> tuple[Tensor, Tensor]:
-    """A GRN's (g [batch, pos, d_model], per-entry coefficients) from stack [entry, batch, pos, d_model].
+class GRN:
+    """One generalized residual network over a stack of ``n`` entries (a mixin of an nn.Module).
 
-    Coefficients: [entry] (v1), [entry, d_model] (v2), [entry, batch, pos, d_model] (v3). ``gate``
-    may be given precomputed (DCA computes its three views' gates in one product).
+    Parameters ``b`` ([entry] for v1, [entry, d_model] otherwise, init 1) and, for v3, ``w``
+    ([d_model], init 0: the gate starts at relu(0) = 0) with the gate hook ``hook_gate``.
     """
-    if module.variant == "v1":
-        return torch.einsum("n,nbpd->bpd", module.b, stack), module.b
-    if module.variant == "v2":
-        return (module.b[:, None, None, :] * stack).sum(0), module.b
-    gate = gates(module.w, stack, inv) if gate is None else gate  # [entry, batch, pos]
-    module.hook_gate(gate.permute(1, 2, 0))
-    coef = module.b[:, None, None, :] + gate[..., None]
-    return (coef * stack).sum(0), coef
+
+    decayed = ("w",)  # the gate's projection is the dynamic part; the static b keeps its init
+
+    def init_grn(self, variant: Variant, n: int, d_model: int) -> None:
+        self.variant = variant
+        self.b = nn.Parameter(torch.ones(n) if variant == "v1" else torch.ones(n, d_model))
+        if variant == "v3":
+            self.w = nn.Parameter(torch.zeros(d_model))
+            self.hook_gate = HookPoint()  # [batch, pos, entry]
+
+    def mix(self, stack: Tensor, inv: Tensor | None, gate: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """(g [batch, pos, d_model], per-entry coefficients) from stack [entry, batch, pos, d_model].
+
+        Coefficients: [entry] (v1), [entry, d_model] (v2), [entry, batch, pos, d_model] (v3).
+        ``gate`` may be given precomputed (DCA computes its three views' gates in one product).
+        """
+        if self.variant == "v1":
+            return torch.einsum("n,nbpd->bpd", self.b, stack), self.b
+        if self.variant == "v2":
+            return (self.b[:, None, None, :] * stack).sum(0), self.b
+        gate = gates(self.w, stack, inv) if gate is None else gate  # [entry, batch, pos]
+        self.hook_gate(gate.permute(1, 2, 0))
+        coef = self.b[:, None, None, :] + gate[..., None]
+        return (coef * stack).sum(0), coef
 
 
 def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
@@ -152,74 +172,55 @@ def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
     return coef.permute(1, 2, 0, 3)[:, :, index]  # v3: [batch, pos, source, d_model], contiguous
 
 
-def stacked(state: DCAState) -> tuple[Tensor, Tensor | None]:
-    stack = torch.stack(state.entries)  # [entry, batch, pos, d_model]
-    return stack, torch.stack(state.inv_rms) if state.inv_rms else None
-
-
-def emit_to(hook: HookPoint, weights: Callable[[], Tensor]) -> None:
-    """Mixer.emit for a view: build the weights only if someone listens."""
-    if listening(hook):
-        hook(weights())
-
-
-class GRNMixer(Mixer):
+class GRNMixer(GRN, Mixer):
     """A single GRN over the stack: the attention consumer of v1/v2/v3, and every read-out."""
 
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
-        variant = "v3" if cfg.options.grn == "dca" else cfg.options.grn
-        add_grn(self, variant, len(stack_layout(cfg, site.block)), cfg.d_model)
+        self.init_grn("v3" if gated(cfg) else cfg.options.grn, len(stack_layout(cfg, site.block)), cfg.d_model)
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
-        x, coef = grn_mix(self, *stacked(state))
+        x, coef = self.mix(*state.stacked())
         self.emit(lambda: delta_weights(coef, self.index, x))
         return self.hook_in(x), replace(state, x=x, coef=coef)  # the MLP's skip and its weights
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
-        return attn_written(state, out)
+        return state.attn_written(out)
 
 
-class GRNView(nn.Module):
+class GRNView(GRN, Port):
     """One of the three GRN-v3 of a DCA attention: its own parameters, input and weights hooks."""
 
     def __init__(self, n: int, d_model: int):
         super().__init__()
-        add_grn(self, "v3", n, d_model)
-        self.hook_in = HookPoint()  # [batch, pos, d_model]
-        self.hook_weights = HookPoint()  # [batch, pos, source, d_model]
+        self.init_grn("v3", n, d_model)
 
 
-class DCAAttentionMixer(Mixer):
+class DCAAttentionMixer(ViewsMixer):
     """Three independent GRN-v3 (views q, k, v) give the attention's query, key and value inputs."""
 
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
-        del self.hook_in, self.hook_weights  # the views carry them: blocks.{t}.attn_mix.{q,k,v}.hook_*
         n = len(stack_layout(cfg, site.block))
         self.q, self.k, self.v = (GRNView(n, cfg.d_model) for _ in range(3))
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[tuple[Tensor, Tensor, Tensor], DCAState]:
-        stack, inv = stacked(state)
+        stack, inv = state.stacked()
         views = (self.q, self.k, self.v)
         gate = gates(torch.stack([view.w for view in views], dim=-1), stack, inv)  # [entry, batch, pos, view]
         out, mixed = [], []
         for i, view in enumerate(views):
-            x, coef = grn_mix(view, stack, inv, gate[..., i])
-            emit_to(view.hook_weights, lambda: delta_weights(coef, self.index, x))
+            x, coef = view.mix(stack, inv, gate[..., i])
+            view.emit(lambda: delta_weights(coef, self.index, x))
             out.append(view.hook_in(x))
             mixed.append((x, coef))
         x, coef = mixed[0]  # the query input is the MLP's skip
         return tuple(out), replace(state, x=x, coef=coef)
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
-        return attn_written(state, out)
-
-
-def attn_written(state: DCAState, out: Tensor) -> DCAState:
-    return DCAState(state.entries, state.inv_rms, state.x, state.coef, out, state.x + out)
+        return state.attn_written(out)
 
 
 class SkipMixer(Mixer):
@@ -228,7 +229,7 @@ class SkipMixer(Mixer):
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
         self.k = cfg.options.k
-        self.gated = cfg.options.grn in ("v3", "dca")
+        self.gated = gated(cfg)
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
@@ -242,12 +243,12 @@ class SkipMixer(Mixer):
     def write(self, state: DCAState, out: Tensor) -> DCAState:
         f = state.attn_out + out
         entries = state.entries + [f]
-        inv = state.inv_rms + [inv_rms(f)] if self.gated else []
+        inv = state.inv_rms + [entry_inv_rms(f)] if self.gated else []
         if self.k is not None and len(entries) > self.k + 2:  # the oldest kept output joins the sum
             total = entries[1] + entries[2]
             entries = [entries[0], total] + entries[3:]
             if self.gated:
-                inv = [inv[0], inv_rms(total)] + inv[3:]
+                inv = [inv[0], entry_inv_rms(total)] + inv[3:]
         return DCAState(entries, inv)
 
 
@@ -265,6 +266,13 @@ class DCA(Scheme):
         "grn-v2": {"grn": "v2"},
         "grn-v3": {"grn": "v3"},
     }
+    zoo = ("dca", "grn-v1")
+    trajectories = ("dca",)
+    color = "#de8f05"
+
+    @classmethod
+    def is_static(cls, options: DCAOptions) -> bool:
+        return options.grn in ("v1", "v2")
 
     @classmethod
     def views(cls, options: DCAOptions, kind: str) -> tuple[str, ...]:
@@ -281,10 +289,10 @@ class DCA(Scheme):
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> DCAState:
-        return DCAState([x0], [inv_rms(x0)] if cfg.options.grn in ("v3", "dca") else [])
+        return DCAState([x0], [entry_inv_rms(x0)] if gated(cfg) else [])
 
     @classmethod
-    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+    def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer | ViewsMixer:
         if site.kind == "mlp":
             return SkipMixer(cfg, site)
         if site.kind == "attn" and cfg.options.grn == "dca":

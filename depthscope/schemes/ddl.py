@@ -71,6 +71,8 @@ def delta_update(x: Tensor, k: Tensor, v: Tensor | float, beta: Tensor | float) 
 class Gate(nn.Module):
     """beta = 2 sigmoid(w . RMSNorm(x) + b) per token; w = 0, b = 0 at init, so beta = 1."""
 
+    decayed = ("weight",)  # the gate's projection (dynamic) is decayed, its bias is not
+
     def __init__(self, d_model: int):
         super().__init__()
         # plain parameters, not nn.Linear: the model's global init re-draws every Linear of a sublayer
@@ -119,6 +121,12 @@ class DDL(Scheme):
     name = "ddl"
     paper = "arXiv 2601.00417: Deep Delta Learning"
     variants = {"ddl": {}}
+    zoo = ("ddl",)
+    color = "#ca9161"
+
+    @classmethod
+    def is_static(cls, options) -> bool:
+        return True  # unit weights on the increments; the gates live inside them
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:

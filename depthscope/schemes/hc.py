@@ -58,7 +58,7 @@ from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
 from depthscope.schemes import names
-from depthscope.schemes._common import listening
+from depthscope.schemes._common import inv_rms, listening
 from depthscope.schemes.base import (
     Mixer,
     ModelConfig,
@@ -115,29 +115,6 @@ def thin_matmul(w: Tensor, x: Tensor) -> Tensor:
     CPU than x @ w^T.
     """
     return w @ x.reshape(-1, x.shape[-1]).t()
-
-
-def inv_rms(x: Tensor) -> Tensor:
-    """1 / sqrt(mean(x^2) + eps) over the last dim, kept: [..., 1]."""
-    return _InvRms.apply(x)
-
-
-class _InvRms(torch.autograd.Function):
-    """r = (|x|^2 / d + eps)^(-1/2), with the one-pass backward dr/dx = -r^3 x / d.
-
-    Autograd's own backward of the same formula makes three passes over the streams.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        r = torch.rsqrt(torch.linalg.vector_norm(x, dim=-1, keepdim=True).square() / x.shape[-1] + 1e-6)
-        ctx.save_for_backward(x, r)
-        return r
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        x, r = ctx.saved_tensors
-        return x * (grad * r.pow(3) / -x.shape[-1])
 
 
 def tracked(state: Streams) -> Tensor:
@@ -217,6 +194,8 @@ class StreamReadout(Mixer):
 class HyperConnection(StreamMixer):
     """One static or dynamic hyper-connection (arXiv 2409.19606)."""
 
+    decayed = ("w_dyn",)  # the paper: "static parts get no weight decay; dynamic parts do"
+
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
         n = self.n
@@ -284,6 +263,13 @@ class HC(StreamScheme):
     paper = "arXiv 2409.19606: Hyper-Connections"
     Options = HCOptions
     variants = {"hc": {}, "hc-static": {"mode": "static"}}
+    zoo = ("hc",)
+    trajectories = ("hc",)
+    color = "#d55e00"
+
+    @classmethod
+    def is_static(cls, options: HCOptions) -> bool:
+        return options.mode == "static"
     connection = HyperConnection
 
     @classmethod

@@ -59,12 +59,8 @@ from depthscope.schemes.base import (
     Site,
     register,
 )
-from depthscope.schemes.hc import (
-    StreamMixer,
-    StreamScheme,
-    inv_rms,
-    thin_matmul,
-)
+from depthscope.schemes._common import inv_rms
+from depthscope.schemes.hc import StreamMixer, StreamScheme, thin_matmul
 
 
 @dataclass(frozen=True)
@@ -126,6 +122,8 @@ def pre_bias(n: int, index: int) -> Tensor:
 class ManifoldHyperConnection(StreamMixer):
     """One mHC: sigmoid pre/post weights and a Sinkhorn-projected residual matrix (arXiv 2512.24880)."""
 
+    decayed = ("phi",)  # dynamic projections decayed, static biases and scales not (as HC's paper)
+
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
         n = self.n
@@ -161,6 +159,9 @@ class MHC(StreamScheme):
     paper = "arXiv 2512.24880: mHC: Manifold-Constrained Hyper-Connections"
     Options = MHCOptions
     variants = {"mhc": {}}
+    zoo = ("mhc",)
+    trajectories = ("mhc",)
+    color = "#cc78bc"
     connection = ManifoldHyperConnection
 
     @classmethod

@@ -73,6 +73,8 @@ class WindowState(SumState):
 class DepthWindow(Mixer):
     """Softmax attention of one consumer over the last K depth states of its token."""
 
+    decayed = ("W_Q", "W_K")  # projections like any attention's; W_V stays near its identity init
+
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
         self.window = cfg.options.window  # K
@@ -133,6 +135,12 @@ class ShortSWA(Scheme):
     paper = "arXiv 2603.16039: Residual Stream Duality"
     Options = ShortSWAOptions
     variants = {"shortswa": {}, "shortswa-seq": {"axis": "sequence", "window": 16}}
+    zoo = ("shortswa", "shortswa-seq")
+    color = "#56b4e9"
+
+    @classmethod
+    def is_static(cls, options: ShortSWAOptions) -> bool:
+        return options.axis == "sequence"  # depth windows are input-dependent softmaxes
 
     @classmethod
     def kinds(cls, options: ShortSWAOptions) -> tuple[str, ...]:

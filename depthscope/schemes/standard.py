@@ -42,6 +42,12 @@ class Standard(Scheme):
 
     name = "standard"
     paper = "arXiv 1512.03385: Deep Residual Learning (pre-norm: arXiv 2002.04745)"
+    zoo = ("standard",)
+    color = "#949494"
+
+    @classmethod
+    def is_static(cls, options) -> bool:
+        return True
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:
