@@ -8,6 +8,9 @@ import numpy as np
 import xarray as xr
 
 from depthscope.errors import DepthscopeError
+from depthscope.probes import capture
+from depthscope.probes.trace import stack_traces
+from depthscope.schemes.checkpoint import load
 
 
 def capture_trajectory(paths: list[Path], *, n_tokens: int = 8192, seed: int = 0, progress: bool = False) -> xr.Dataset:
@@ -16,10 +19,6 @@ def capture_trajectory(paths: list[Path], *, n_tokens: int = 8192, seed: int = 0
     Each checkpoint's metadata gives its ``step``, ``train_tokens`` and ``val_loss``; they become
     coordinates along the stacking dimension.
     """
-    from depthscope.probes import capture
-    from depthscope.probes.trace import stack_traces
-    from depthscope.schemes.checkpoint import load
-
     traces, steps = [], []
     for path in paths:
         model = load(path)

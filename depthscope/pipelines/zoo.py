@@ -23,6 +23,8 @@ from typing import Any
 
 from depthscope import zoo
 from depthscope.errors import DepthscopeError
+from depthscope.pipelines.trajectory import capture_trajectory
+from depthscope.probes import save_trace
 
 TRAJECTORY_TOKENS = 8192  # tokens captured per trajectory step (the report's default)
 
@@ -139,9 +141,6 @@ def _trajectory(out: Path, entry: dict[str, Any], snapshots: list[int], capture_
     if missing:
         log(f"zoo {entry['name']}: no trajectory (missing {missing[0].name}; rebuild the model to keep its steps)")
         return entry
-    from depthscope.pipelines.trajectory import capture_trajectory
-    from depthscope.probes import save_trace
-
     trace = capture_trajectory([*paths, out / entry["file"]], n_tokens=TRAJECTORY_TOKENS, progress=False)
     target = save_trace(trace, out / zoo.TRAJECTORY_DIR / f"{entry['name']}.nc")
     log(f"zoo {entry['name']}: trajectory captured at steps {[*snapshots, entry['steps']]}")
