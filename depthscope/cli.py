@@ -1,11 +1,13 @@
-"""The ``depthscope`` command: thin wrappers that parse, call the rooms, and print.
+"""The ``depthscope`` command: thin wrappers that parse, call the pipelines and estimators, and print.
 
 ``main(argv)`` returns the exit status (tests call it directly); a user mistake prints one line
-``error: ...`` on stderr and returns 2, with no traceback.
+``error: ...`` on stderr and returns 2, with no traceback. Option ranges and choices are typer's
+own constraints (``min=``, ``Literal`` choices, repeatable options), reported the same way.
 """
 
 from __future__ import annotations
 
+import enum
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -13,6 +15,7 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from depthscope.errors import ConfigError, DepthscopeError
 
@@ -23,6 +26,56 @@ app = typer.Typer(
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
 out = Console() if sys.stdout.isatty() else Console(width=160)
+
+
+
+def _unit(text: str) -> float:
+    """A float in (0, 1]: kappa, energy fractions."""
+    value = _float(text)
+    if not 0.0 < value <= 1.0:
+        raise ValueError(f"{value:g} is not in the range 0 < x <= 1")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = _float(text)
+    if not value > 0.0:
+        raise ValueError(f"{value:g} is not in the range x > 0")
+    return value
+
+
+def _float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a number") from None
+    if value != value:
+        raise ValueError("NaN is not a number here")
+    return value
+
+
+
+class Variant(str, enum.Enum):
+    """GRN variants of the DCA theory."""
+
+    v1 = "v1"
+    v2 = "v2"
+
+CorpusOpt = Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")]
+QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
+CtxOpt = Annotated[
+    Optional[int],
+    typer.Option(
+        min=1,
+        help="Window length in tokens (at most the model's context; default: the model's context). Shares "
+        "depend on it; for long-context models choose what your question needs (e.g. 256 or 1024): one "
+        "window of 8192 tokens costs minutes and gigabytes on a CPU.",
+    ),
+]
+SkipOpt = Annotated[
+    int,
+    typer.Option(min=0, help="Leave the first K positions of every window out of every statistic (attention sinks)."),
+]
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
@@ -40,19 +93,19 @@ def parse_sets(pairs: list[str] | None) -> dict[str, str]:
 def train(
     scheme: Annotated[str, typer.Option(help="Residual scheme (see `depthscope schemes`).")] = "standard",
     out_path: Annotated[Path, typer.Option("--out", help="Checkpoint to write (.safetensors).")] = Path("model.safetensors"),
-    layers: Annotated[int, typer.Option(help="Number of blocks.")] = 4,
-    d_model: Annotated[int, typer.Option(help="Width.")] = 64,
-    heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
-    ctx: Annotated[int, typer.Option(help="Context length in bytes.")] = 128,
-    steps: Annotated[int, typer.Option(help="Optimiser steps (0 writes the initialised model).")] = 300,
-    batch_size: Annotated[int, typer.Option(help="Sequences per step.")] = 16,
-    lr: Annotated[float, typer.Option(help="Peak learning rate.")] = 3e-3,
+    layers: Annotated[int, typer.Option(min=1, help="Number of blocks.")] = 4,
+    d_model: Annotated[int, typer.Option(min=1, help="Width.")] = 64,
+    heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
+    ctx: Annotated[int, typer.Option(min=1, help="Context length in bytes.")] = 128,
+    steps: Annotated[int, typer.Option(min=0, help="Optimiser steps (0 writes the initialised model).")] = 300,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 16,
+    lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
     seed: Annotated[int, typer.Option(help="Seed for initialisation and batches.")] = 0,
-    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
+    corpus: CorpusOpt = None,
     set_: Annotated[Optional[list[str]], typer.Option("--set", help="Scheme option key=value (repeatable).")] = None,
     half: Annotated[bool, typer.Option(help="Store weights in bfloat16 (half the file size).")] = False,
     save_every: Annotated[int, typer.Option(min=0, help="Also write NAME.step-000500.safetensors every N steps (0: never).")] = 0,
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train a byte-level model with one residual scheme and save it as a checkpoint."""
     import torch
@@ -74,7 +127,8 @@ def train(
     model = run_train(cfg, tcfg, load_corpus(corpus), progress=not quiet, snapshots=snapshots, on_snapshot=snapshot)
     model.save(out_path, dtype=dtype)
     s = model.training_summary
-    out.print(f"wrote {out_path}: {scheme}, {model.n_params():,} parameters, validation loss {s['val_loss']:.4f} nats/byte")
+    extra = f"; {len(snapshots)} intermediate checkpoints beside it" if snapshots else ""
+    out.print(f"wrote {out_path}: {scheme}, {model.n_params():,} parameters, validation loss {s['val_loss']:.4f} nats/byte{extra}")
 
 
 @app.command()
@@ -96,20 +150,25 @@ def schemes() -> None:
 def report(
     inputs: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo).")] = None,
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for index.html, traces.nc and the figures.")] = Path("report"),
-    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
-    tokens: Annotated[int, typer.Option(help="Tokens captured per checkpoint.")] = 8192,
-    batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 16,
+    corpus: CorpusOpt = None,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per checkpoint.")] = 8192,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
     seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
-    k: Annotated[int, typer.Option(help="Recent sources counted by the pattern score.")] = 2,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
+    ctx: CtxOpt = None,
+    skip_positions: SkipOpt = 0,
+    trajectory: Annotated[bool, typer.Option(help="The checkpoints are steps of one run (default: detected from their metadata).")] = False,
+    steps: Annotated[Optional[list[int]], typer.Option("--step", min=0, help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).")] = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
-    from depthscope.figures.report import ReportSettings, build_report
+    from depthscope.pipelines.report import ReportSettings, build_report
 
-    if k < 0 or batch_size < 1 or tokens < 1:
-        raise ConfigError("k must be >= 0, and batch size and tokens >= 1")
-    settings = ReportSettings(tokens=tokens, batch_size=batch_size, seed=seed, k=k, corpus=str(corpus) if corpus else None)
-    index = build_report(list(inputs or []), out_dir, settings, progress=not quiet)
+    settings = ReportSettings(
+        tokens=tokens, batch_size=batch_size, seed=seed, k=k, corpus=str(corpus) if corpus else None,
+        ctx=ctx, skip_positions=skip_positions, trajectory=trajectory,
+    )
+    index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
 
 
@@ -117,41 +176,43 @@ def report(
 def capture(
     checkpoint: Annotated[Path, typer.Argument(help="A .safetensors checkpoint or a local Hugging Face model directory.")],
     out_path: Annotated[Path, typer.Option("--out", help="Trace file to write (netCDF).")],
-    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
-    tokens: Annotated[int, typer.Option(help="Tokens to analyse.")] = 16384,
-    batch_size: Annotated[int, typer.Option(help="Sequences per forward pass.")] = 16,
+    corpus: CorpusOpt = None,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens to analyse.")] = 16384,
+    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
     seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    ctx: CtxOpt = None,
+    skip_positions: SkipOpt = 0,
+    rank: Annotated[bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
     from depthscope.probes import capture as run_capture
     from depthscope.probes import save_trace
-    from depthscope.probes.bridge import load_model
+    from depthscope.probes.load import load_model
 
-    if batch_size < 1:
-        raise ConfigError(f"batch size must be >= 1, got {batch_size}")
-    model = load_model(str(checkpoint))
-    trace = run_capture(model, corpus, n_tokens=tokens, batch_size=batch_size, seed=seed, progress=not quiet, checkpoint=str(checkpoint))
+    model = load_model(checkpoint)
+    trace = run_capture(
+        model, corpus, n_tokens=tokens, batch_size=batch_size, seed=seed, ctx=ctx, skip_positions=skip_positions,
+        progress=not quiet, checkpoint=str(checkpoint), rank=rank,
+    )
     save_trace(trace, out_path)
     worst = float(trace["residual_error"].max())
-    out.print(f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x {trace.sizes['source']} sources, {trace.attrs['tokens']} tokens (max residual error {worst:.1e})")
+    out.print(
+        f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x {trace.sizes['source']} sources, "
+        f"{trace.attrs['tokens']} tokens in windows of {trace.attrs['ctx']} (max residual error {worst:.1e})"
+    )
 
 
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
-    k: Annotated[int, typer.Option(help="Recent sources counted by the pattern score.")] = 2,
+    k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
 ) -> None:
     """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
     from depthscope.analysis.dilution import consumer_table, summary
-    from depthscope.probes import load_trace
-    from depthscope.probes.trace import select_scheme
+    from depthscope.probes import load_trace, split_models
 
-    if k < 0:
-        raise ConfigError(f"k must be >= 0, got {k}")
-    trace = load_trace(trace_path)
-    stacked = "scheme" in trace.dims
-    for t in [select_scheme(trace, s) for s in trace["scheme"].values] if stacked else [trace]:
+    for t in split_models(load_trace(trace_path)):
         table = consumer_table(t, k)
         title = t.attrs.get("label", t.attrs.get("scheme", ""))
         rows = Table(
@@ -166,9 +227,12 @@ def dilution(
             )
         out.print(rows)
         s = summary(t, k)
+        ps = s["pattern_score"]
         out.print(
-            f"mean pattern score {_fmt(s['pattern_score'], 3)}; read-out: embedding share {_fmt(s['readout_embed_share'])}, "
-            f"latest share {_fmt(s['readout_latest_share'])}; max residual error {float(s['max_residual_error']):.1e}"
+            f"pattern score: sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention {_fmt(ps.sel(group='attn'))}, "
+            f"MLP {_fmt(ps.sel(group='mlp'))}), read-out {_fmt(ps.sel(group='readout'))}; read-out: embedding share "
+            f"{_fmt(s['embed_share'].sel(group='readout'))}, latest share {_fmt(s['latest_share'].sel(group='readout'))}; "
+            f"max residual error {float(s['max_residual_error']):.1e}"
         )
 
 
@@ -184,13 +248,14 @@ def zoo_list(
     from depthscope import zoo
 
     entries = zoo.read_manifest(directory or zoo.ZOO_DIR)
-    table = Table("name", "scheme", "options", "blocks x d_model", "params", "steps", "seed", "val loss (nats/byte)", "file", "KB")
+    table = Table("name", "scheme", "options", "blocks x d_model", "params", "steps", "seed", "val loss (nats/byte)", "file", "KB", "trajectory")
     for m in entries:
         c = m["config"]
         opts = ", ".join(f"{k}={v}" for k, v in c["options"].items()) or "-"
+        traj = ", ".join(map(str, m["trajectory"]["steps"])) if m.get("trajectory") else "-"
         table.add_row(
             m["name"], m["scheme"], opts, f"{c['n_layers']} x {c['d_model']}", f"{m['params']:,}", str(m["steps"]),
-            str(m["seed"]), f"{m['val_loss']:.3f}", m["file"], f"{m['bytes'] / 1024:.0f}",
+            str(m["seed"]), f"{m['val_loss']:.3f}", m["file"], f"{m['bytes'] / 1024:.0f}", traj,
         )
     out.print(table)
     out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
@@ -202,7 +267,7 @@ def zoo_build(
     steps: Annotated[Optional[int], typer.Option(min=1, help="Training steps per model (default: the zoo's).")] = None,
     only: Annotated[Optional[list[str]], typer.Option(help="Entry to build (repeatable; default: all).")] = None,
     recapture: Annotated[bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train the zoo reproducibly (fixed seeds, default corpus; hours on 2 cores), skipping up-to-date models.
 
@@ -235,7 +300,7 @@ rank_app = typer.Typer(
     cls=_RankGroup,
     no_args_is_help=True,
     help="Collective rank versus width (DCA, arXiv 2502.06785 Sec. 4): `rank CKPT_OR_TRACE`, "
-    "`rank threshold`, `rank identity`, `rank sweep`.",
+    "`rank threshold`, `rank theory`, `rank identity`, `rank sweep`.",
 )
 app.add_typer(rank_app, name="rank")
 
@@ -243,53 +308,36 @@ app.add_typer(rank_app, name="rank")
 def _emit_json(obj) -> None:
     import json
 
-    print(json.dumps(obj, indent=1, default=_json_default))
+    from depthscope.pipelines.files import json_default
 
-
-def _json_default(o):
-    import numpy as np
-
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+    print(json.dumps(obj, indent=1, default=json_default))
 
 
 @rank_app.command("measure", hidden=True)
 def rank_measure(
     path: Annotated[Path, typer.Argument(help="A checkpoint, a model directory, or a trace captured with --rank.")],
-    kappa: Annotated[Optional[float], typer.Option(help="Task complexity lambda_min/lambda_max to compare r*/d against.")] = None,
-    variant: Annotated[str, typer.Option(help="GRN variant of the threshold: v1 or v2.")] = "v1",
-    tokens: Annotated[int, typer.Option(help="Tokens captured from a checkpoint.")] = 16384,
-    energy: Annotated[float, typer.Option(help="Energy fraction of the numerical rank.")] = 0.99,
-    corpus: Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")] = None,
+    kappa: Annotated[Optional[float], typer.Option(parser=_unit, help="Task complexity lambda_min/lambda_max in (0, 1] to compare r*/d against.")] = None,
+    variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured from a checkpoint.")] = 16384,
+    energy: Annotated[float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")] = 0.99,
+    corpus: CorpusOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress bar.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
     from depthscope.analysis.rank import rank_summary
-    from depthscope.figures.report import input_kind
     from depthscope.probes import capture as run_capture
-    from depthscope.probes import load_trace
-    from depthscope.probes.bridge import load_model
-    from depthscope.probes.trace import select_scheme
+    from depthscope.probes import load_trace, split_models
+    from depthscope.probes.load import input_kind, load_model
 
-    _check_variant(variant)
-    if kappa is not None and not 0 < kappa <= 1:
-        raise ConfigError(f"kappa must be in (0, 1], got {kappa}")
-    if not 0 < energy <= 1:
-        raise ConfigError(f"energy must be in (0, 1], got {energy}")
     if input_kind(path) == "trace":
-        trace = load_trace(path)
-        traces = [select_scheme(trace, s) for s in trace["scheme"].values] if "scheme" in trace.dims else [trace]
+        traces = split_models(load_trace(path))
     else:
-        model = load_model(str(path))
-        traces = [run_capture(model, corpus, n_tokens=tokens, rank=True, progress=not quiet and not as_json, checkpoint=str(path))]
+        traces = [run_capture(load_model(path), corpus, n_tokens=tokens, rank=True, progress=not quiet and not as_json, checkpoint=str(path))]
     for t in traces:
         if "source_spectrum" not in t:
             raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
-    results = [rank_summary(t, energy, kappa, variant) for t in traces]
+    results = [rank_summary(t, energy, kappa, variant.value) for t in traces]
     if as_json:
         _emit_json(results[0] if len(results) == 1 else results)
         return
@@ -298,102 +346,51 @@ def rank_measure(
         for row in res["sources"]:
             table.add_row(row["source"], f"{row['numerical']:.0f}", f"{row['entropy']:.1f}", f"{row['participation']:.1f}")
         out.print(table)
-        for k in ("numerical", "entropy", "participation"):
-            out.print(f"r* ({k}) = {res['collective_rank'][k]:.1f} over {res['n_layers_counted']} sublayers; r*/d = {res['ratio'][k]:.3f}")
+        for kind in ("numerical", "entropy", "participation"):
+            out.print(f"r* ({kind}) = {res['collective_rank'][kind]:.1f} over {res['n_layers_counted']} sublayers; r*/d = {res['ratio'][kind]:.3f}")
         if kappa is not None:
             verdict = "below" if res["ratio"]["numerical"] < res["threshold"] else "above"
             bound = "none" if res["derived_bound"] is None else f"{res['derived_bound']:.3f}"
             out.print(
-                f"kappa = {kappa}: GRN-{variant} threshold r*/d = {res['threshold']:.3f} (exact risks), derived sufficient bound {bound}; "
+                f"kappa = {kappa}: GRN-{variant.value} threshold r*/d = {res['threshold']:.3f} (exact risks), derived sufficient bound {bound}; "
                 f"the numerical r*/d is {verdict} the threshold"
             )
 
 
-def _write_json(path: Path, doc) -> None:
-    import json
-
-    from depthscope.atomic import atomic_path
-
-    with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(doc, indent=1, default=_json_default) + "\n")
-
-
-def _save_figures(out_dir: Path, figures: dict) -> None:
-    """Each figure as PNG and SVG in ``out_dir``, then closed."""
-    import matplotlib.pyplot as plt
-
-    from depthscope.figures.style import save
-
-    for name, fig in figures.items():
-        save(fig, out_dir / name)
-        plt.close(fig)
-
-
-def _check_variant(variant: str) -> None:
-    if variant not in ("v1", "v2"):
-        raise ConfigError(f"variant must be v1 or v2, got {variant!r}")
-
-
 @rank_app.command("threshold")
 def rank_threshold(
-    d: Annotated[int, typer.Option(help="Width d.")],
-    kappa: Annotated[float, typer.Option(help="Task complexity lambda_min / lambda_max, in (0, 1].")],
-    variant: Annotated[str, typer.Option(help="GRN variant: v1 or v2.")] = "v1",
-    tasks: Annotated[int, typer.Option(help="Random tasks averaged.")] = 8,
+    d: Annotated[int, typer.Option(min=2, help="Width d.")],
+    kappa: Annotated[float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")],
+    variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
+    tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
     from depthscope.analysis.theory import derived_bound, threshold
 
-    _check_variant(variant)
-    if d < 2:
-        raise ConfigError(f"d must be at least 2, got {d}")
-    if not 0 < kappa <= 1:
-        raise ConfigError(f"kappa must be in (0, 1], got {kappa}")
-    if tasks < 1:
-        raise ConfigError(f"tasks must be >= 1, got {tasks}")
-    num = threshold(d, kappa, variant, n_tasks=tasks, seed=seed)
-    bound = derived_bound(kappa, variant, d=d)
-    res = {"d": d, "kappa": kappa, "variant": variant, "threshold": num, "derived_bound": None if bound is None else float(bound)}
+    num = threshold(d, kappa, variant.value, n_tasks=tasks, seed=seed)
+    bound = derived_bound(kappa, variant.value, d=d)
+    res = {"d": d, "kappa": kappa, "variant": variant.value, "threshold": num, "derived_bound": None if bound is None else float(bound)}
     if as_json:
         _emit_json(res)
         return
-    out.print(f"GRN-{variant}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} (exact risks, mean of {tasks} tasks)")
+    out.print(f"GRN-{variant.value}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} (exact risks, mean of {tasks} tasks)")
     out.print(f"derived here (sufficient condition, not the paper's printed bound): r*/d < {res['derived_bound']:.3f}" if bound is not None else "no closed form for this variant")
 
 
 @rank_app.command("theory")
 def rank_theory(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for theory.json and the figures.")],
-    variants: Annotated[str, typer.Option(help="GRN variants: v1, v2 or v1,v2 (v2 takes minutes).")] = "v1,v2",
-    tasks: Annotated[int, typer.Option(help="Random tasks averaged per point.")] = 2,
+    variants: Annotated[Optional[list[Variant]], typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes).")] = None,
+    tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged per point.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
+    from depthscope.pipelines.theory import run
 
-    from depthscope.analysis.theory import figure_5, figure_5_document
-    from depthscope.figures.theory import (
-        gain_vs_lambda_min,
-        gain_vs_rank,
-        threshold_vs_kappa,
-    )
-
-    names = [v.strip() for v in variants.split(",") if v.strip()]
-    for v in names or ["(none)"]:
-        _check_variant(v)
-    if tasks < 1:
-        raise ConfigError(f"tasks must be >= 1, got {tasks}")
-    curves = figure_5(names, tasks, seed)
-    doc = figure_5_document(curves, tasks, seed)
-    _write_json(out_dir / "theory.json", doc)
-    figures = {
-        "gain-vs-rank": gain_vs_rank(curves["gains"]).figure,
-        "gain-vs-lambda": gain_vs_lambda_min(curves["lambda"]).figure,
-        "threshold-vs-kappa": threshold_vs_kappa(curves["threshold"], curves["bound"]).figure,
-    }
-    _save_figures(out_dir, figures)
+    doc = run(out_dir, tuple(dict.fromkeys(v.value for v in variants or list(Variant))), tasks, seed)
     if as_json:
         _emit_json(doc)
         return
@@ -405,30 +402,14 @@ def rank_theory(
 @rank_app.command("identity")
 def rank_identity(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for identity.json and the figures.")],
-    steps: Annotated[int, typer.Option(help="SGD steps (the paper: 1000).")] = 1000,
+    steps: Annotated[int, typer.Option(min=1, help="SGD steps (the paper: 1000).")] = 1000,
     sweep: Annotated[bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print identity.json's summary as JSON.")] = False,
 ) -> None:
     """DCA's Fig. 1: a ResNet of 10 rank-3 linear layers versus GRN-v1 on the identity and a random map."""
-    from depthscope.analysis.identity import (
-        IdentitySettings,
-        identity_document,
-        run_identity,
-        width_sweep,
-    )
-    from depthscope.figures.theory import identity_curves, identity_sweep
+    from depthscope.pipelines.identity import IdentitySettings, run
 
-    if steps < 1:
-        raise ConfigError(f"steps must be >= 1, got {steps}")
-    settings = IdentitySettings(steps=steps)
-    res = run_identity(settings)
-    sw = width_sweep(settings=settings, tasks=("identity", "random")) if sweep else None
-    doc = identity_document(res, sw)
-    _write_json(out_dir / "identity.json", doc)
-    figures = {"identity": identity_curves(res)}
-    if sw is not None:
-        figures["identity-sweep"] = identity_sweep(sw).figure
-    _save_figures(out_dir, figures)
+    doc = run(out_dir, IdentitySettings(steps=steps), sweep=sweep)
     if as_json:
         _emit_json({"settings": doc["settings"], "summary": doc["summary"]})
         return
@@ -438,48 +419,31 @@ def rank_identity(
             f"{task}: final MSE ResNet {s['final']['resnet']:.3g}, GRN-v1 {s['final']['grn_v1']:.3g}; "
             f"GRN-v1 reaches the ResNet's final error at step {s['grn_v1_steps_to_resnet_final']}"
         )
-    out.print(f"wrote {out_dir / 'identity.json'} and {', '.join(figures)} (.png, .svg)")
+    out.print(f"wrote {out_dir / 'identity.json'} and the figures (.png, .svg)")
 
 
 @rank_app.command("sweep")
 def rank_sweep_cmd(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for sweep.nc, sweep.json and the figure.")],
-    widths: Annotated[str, typer.Option(help="Comma-separated widths.")] = "32,64,128",
-    schemes: Annotated[str, typer.Option(help="Comma-separated schemes to train.")] = "standard,dca",
-    layers: Annotated[int, typer.Option(help="Blocks per model.")] = 4,
-    steps: Annotated[int, typer.Option(help="Training steps per model.")] = 300,
-    tokens: Annotated[int, typer.Option(help="Tokens captured per model.")] = 8192,
+    widths: Annotated[Optional[list[int]], typer.Option("--width", min=32, help="Width (repeatable; multiples of 16; default 32, 64, 128).")] = None,
+    schemes: Annotated[Optional[list[str]], typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca).")] = None,
+    layers: Annotated[int, typer.Option(min=1, help="Blocks per model.")] = 4,
+    steps: Annotated[int, typer.Option(min=1, help="Training steps per model.")] = 300,
+    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per model.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
-    quiet: Annotated[bool, typer.Option(help="No progress bars.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Train small models at several widths on the default corpus and plot r*/d against width."""
-    from depthscope.analysis.rank import rank_sweep
-    from depthscope.atomic import atomic_path
-    from depthscope.figures.rank import rank_vs_width
+    from depthscope.pipelines.rank import run_sweep
     from depthscope.schemes import get_scheme
 
-    try:
-        ws = [int(w) for w in widths.split(",") if w.strip()]
-    except ValueError:
-        raise ConfigError(f"--widths must be comma-separated integers, got {widths!r}") from None
-    names = tuple(s.strip() for s in schemes.split(",") if s.strip())
+    ws = list(dict.fromkeys(widths or [32, 64, 128]))
+    names = tuple(dict.fromkeys(schemes or ["standard", "dca"]))
     for name in names:
         get_scheme(name)
-    if not ws or any(w < 32 or w % 16 for w in ws):
-        raise ConfigError("widths must be multiples of 16, at least 32")
-    table = rank_sweep(ws, names, n_layers=layers, steps=steps, tokens=tokens, progress=not quiet)
-    with atomic_path(out_dir / "sweep.nc") as tmp:
-        table.to_netcdf(tmp, engine="netcdf4")
-    doc = {
-        "widths": ws,
-        "schemes": list(names),
-        "r_star": {s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in table["rank_kind"].values} for s in names},
-        "ratio": {s: table["collective_rank_ratio"].sel(scheme=s, rank_kind="numerical").values.tolist() for s in names},
-        "val_loss": {s: table["val_loss"].sel(scheme=s).values.tolist() for s in names},
-        "settings": dict(table.attrs),
-    }
-    _write_json(out_dir / "sweep.json", doc)
-    _save_figures(out_dir, {"rank-vs-width": rank_vs_width(table).figure})
+    if any(w % 16 for w in ws):
+        raise ConfigError(f"widths must be multiples of 16 (heads of 16), got {', '.join(str(w) for w in ws if w % 16)}")
+    doc = run_sweep(out_dir, ws, names, n_layers=layers, steps=steps, tokens=tokens, progress=not quiet)
     if as_json:
         _emit_json(doc)
         return
@@ -499,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="depthscope", standalone_mode=False)
     except DepthscopeError as e:
-        err.print(f"[red]error:[/red] {e}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True)
         return 2
     except typer.Exit as e:  # --help, or an explicit exit
         return e.exit_code
@@ -507,8 +471,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print("aborted")
         return 130
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
-        message = e.format_message() if hasattr(e, "format_message") else str(e)
-        err.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        err.print(Text.assemble(("error:", "red"), " ", " ".join(e.format_message().split())), highlight=False, soft_wrap=True)
         return 2
     return 0
 

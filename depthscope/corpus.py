@@ -10,14 +10,16 @@ goes to validation.
 from __future__ import annotations
 
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
 
-from depthscope.errors import CorpusError
+from depthscope.errors import CorpusError, DepthscopeError
 
 CHUNK = 1 << 16
 VAL_EVERY = 10
@@ -125,3 +127,60 @@ def eval_windows(data: Tensor, n_tokens: int, ctx: int, seed: int = 0) -> Tensor
     g = torch.Generator().manual_seed(seed)
     starts = torch.randint(0, len(data) - ctx + 1, (n,), generator=g)
     return data[starts[:, None] + torch.arange(ctx)].long()
+
+
+Encode = Callable[[str], list[int]]  # text -> token ids (a model's tokenizer, no special tokens)
+
+
+def token_windows(
+    data: Any, ctx: int, n_tokens: int, seed: int = 0, *, encode: Encode | None = None, vocab: int = 256
+) -> tuple[Tensor, str]:
+    """Windows [n, ctx] to analyse, and a description of where they came from.
+
+    ``data`` is a LongTensor of token ids ([n, pos] with pos <= ctx, or flat: cut into windows of
+    ``ctx``), a Corpus, a path, or None (the default corpus). Corpus windows come from its
+    validation split at offsets drawn with ``seed``: as bytes (a byte-level model, ``encode`` None;
+    needs ``vocab`` >= 256), or as the token ids of ``encode`` over as much of the split as
+    ``n_tokens`` needs (about four times the tokens asked for, so the seed has offsets to choose
+    from; the whole split when it is shorter).
+    """
+    if isinstance(data, Tensor):
+        if data.dtype not in (torch.int64, torch.int32, torch.uint8):
+            raise DepthscopeError(f"token tensor must hold integers, got {data.dtype}")
+        tokens = data.long()
+        if tokens.ndim == 1:
+            if len(tokens) < ctx:
+                raise CorpusError(f"{len(tokens)} tokens are fewer than one context window ({ctx})")
+            tokens = tokens[: len(tokens) // ctx * ctx].view(-1, ctx)
+        if tokens.ndim != 2 or tokens.shape[1] > ctx:
+            raise DepthscopeError(f"tokens must be [batch, pos] with pos <= {ctx}, got {tuple(tokens.shape)}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+            raise DepthscopeError(f"token ids must lie in [0, {vocab}), got {int(tokens.min())}..{int(tokens.max())}")
+        return tokens, f"{tokens.numel()} given tokens"
+    if n_tokens < ctx:
+        raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
+    corpus = data if isinstance(data, Corpus) else load_corpus(data)
+    if encode is None:
+        if vocab < 256:
+            raise DepthscopeError(f"the model has no tokenizer and a vocabulary of {vocab} < 256 bytes: pass token ids")
+        corpus.require(ctx, "one context window")
+        return eval_windows(corpus.val, n_tokens, ctx, seed), corpus.name
+    ids = encode_prefix(corpus, encode, want=4 * (-(-n_tokens // ctx)) * ctx)
+    if len(ids) < ctx:
+        raise CorpusError(
+            f"corpus {corpus.name} gives {len(ids)} tokens in its validation split, fewer than one window of {ctx}"
+        )
+    return eval_windows(ids, n_tokens, ctx, seed), corpus.name
+
+
+def encode_prefix(corpus: Corpus, encode: Encode, want: int) -> Tensor:
+    """Token ids of the validation split, encoded chunk by chunk until ``want`` ids (or the end)."""
+    val, parts, total = corpus.val, [], 0
+    for start in range(0, len(val), CHUNK):
+        text = bytes(val[start : start + CHUNK].tolist()).decode("utf-8", errors="replace")
+        ids = encode(text)
+        parts.append(torch.as_tensor(ids, dtype=torch.long).flatten())
+        total += len(parts[-1])
+        if total >= want:
+            break
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)

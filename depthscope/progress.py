@@ -1,4 +1,4 @@
-"""Progress bars for long work (training, capture, reports), quiet when not wanted."""
+"""Progress bars for long work (training, capture, reports): rich's Progress, disabled when not wanted."""
 
 from __future__ import annotations
 
@@ -11,37 +11,30 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
 )
 
 
-class _Bar:
-    def __init__(self, progress: Progress | None, task):
+class Bar:
+    """One task of a rich Progress: ``advance(n, **fields)``."""
+
+    def __init__(self, progress: Progress, task: TaskID):
         self._progress, self._task = progress, task
 
     def advance(self, n: float = 1, **fields) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, advance=n, **fields)
-
-    def set(self, **fields) -> None:
-        if self._progress is not None:
-            self._progress.update(self._task, **fields)
+        self._progress.update(self._task, advance=n, **fields)
 
 
 @contextlib.contextmanager
-def bar(
-    description: str, total: float, *, enabled: bool = True, info: str = "", **fields: float
-) -> Iterator[_Bar]:
-    """A rich progress bar on stderr.
+def bar(description: str, total: float, *, enabled: bool = True, info: str = "", **fields: float) -> Iterator[Bar]:
+    """A rich progress bar on stderr (``enabled=False``: rich's own disabled Progress, drawing nothing).
 
     ``info`` is a rich format string over extra fields whose start values are ``fields``, e.g.
     ``bar("train", 100, info="loss {task.fields[loss]:.3f}", loss=float("nan"))``.
     """
-    if not enabled:
-        yield _Bar(None, None)
-        return
     columns = [
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -51,7 +44,5 @@ def bar(
     ]
     if info:
         columns.append(TextColumn(info))
-    console = Console(file=sys.stderr)
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(description, total=total, **fields)
-        yield _Bar(progress, task)
+    with Progress(*columns, console=Console(file=sys.stderr), transient=False, disable=not enabled) as progress:
+        yield Bar(progress, progress.add_task(description, total=total, **fields))

@@ -22,7 +22,7 @@ import os
 import depthscope
 from depthscope import zoo
 from depthscope.analysis.dilution import consumer_table, summary
-from depthscope.figures.heatmaps import heatmap
+from depthscope.figures.heatmaps import plot_heatmap
 from depthscope.probes import capture
 
 TOKENS = int(os.environ.get("DEPTHSCOPE_NOTEBOOK_TOKENS", "8192"))  # the tests use fewer
@@ -52,7 +52,7 @@ trace
 # Residuals every row is a softmax over depth, so it sums to 1.
 
 # %%
-ax = heatmap(trace)
+ax = plot_heatmap(trace)
 print("row sums:", trace["mixing"].sum("source").values.round(6))
 
 # %% [markdown]

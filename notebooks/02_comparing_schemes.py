@@ -11,7 +11,7 @@
 # %% [markdown]
 # # Comparing schemes
 #
-# Capture every checkpoint of the bundled zoo, stack the traces along a `scheme` dimension and
+# Capture every checkpoint of the bundled zoo, stack the traces along a `model` dimension and
 # compare how the schemes mix depth: the heatmap grid on one colour scale, contribution shares
 # against the 1/T baseline, and the input-and-recent-layers pattern score.
 
@@ -21,43 +21,53 @@ import os
 import depthscope
 from depthscope import zoo
 from depthscope.analysis.dilution import summary
-from depthscope.figures.curves import dilution_curves, pattern_scores
-from depthscope.figures.heatmaps import heatmap_grid
+from depthscope.figures.curves import plot_dilution, plot_pattern_scores
+from depthscope.figures.heatmaps import plot_heatmap_grid
 from depthscope.probes import capture
-from depthscope.probes.trace import select_scheme, stack_traces
+from depthscope.probes import stack_traces
 
 TOKENS = int(os.environ.get("DEPTHSCOPE_NOTEBOOK_TOKENS", "8192"))  # the tests use fewer
 
 # %%
 traces = [capture(depthscope.load(path), n_tokens=TOKENS, checkpoint=str(path)) for path in zoo.checkpoints()]
 stacked = stack_traces(traces)
-print(list(stacked["scheme"].values))
+print(list(stacked["model"].values))
 
 # %% [markdown]
 # ## Heatmap grid
-# Signed weights (DenseFormer's can be negative) read best on the symmetric-log scale of the
-# DenseFormer paper.
+# By default the grid draws the row-normalised weight |M[l, s]| / sum_s |M[l, s]|: every consumer
+# of a pre-norm model goes through a norm, so a row's scale is irrelevant, and a standard residual
+# reads 1/n on each available cell (the 1/T baseline) whatever the scheme's read-out scale.
 
 # %%
-fig = heatmap_grid(stacked, "mixing", symlog=True)
+fig = plot_heatmap_grid(stacked)
+
+# %% [markdown]
+# The raw weights M: signed (DenseFormer's can be negative), so they read best on the
+# symmetric-log scale of the DenseFormer paper.
+
+# %%
+fig = plot_heatmap_grid(stacked, "mixing", symlog=True)
 
 # %% [markdown]
 # ## Contribution shares on one scale
 # Shares sum to 1 over each row whatever the scheme, so they compare directly.
 
 # %%
-fig = heatmap_grid(stacked, "contribution_share")
+fig = plot_heatmap_grid(stacked, "contribution_share")
 
 # %% [markdown]
 # ## Dilution curves and pattern scores
 
 # %%
-ax = dilution_curves(stacked)
+ax = plot_dilution(stacked)
 
 # %%
-ax = pattern_scores(stacked)
+ax = plot_pattern_scores(stacked)
 
 # %%
-rows = {label: summary(select_scheme(stacked, label)) for label in stacked["scheme"].values}
-for label, s in rows.items():
-    print(f"{label:16s} pattern {float(s['pattern_score']):6.3f}   read-out embedding share {float(s['readout_embed_share']):6.3f}")
+# one summary per model, along a `group` dimension: all sublayer inputs, attention inputs, MLP
+# inputs, the read-out (DCA's q/k/v views of one attention input averaged first)
+table = summary(stacked)
+print(table["pattern_score"].sel(group=["sublayers", "attn", "mlp", "readout"]).to_pandas().round(3))
+print(table["embed_share"].sel(group="readout").to_pandas().round(3))

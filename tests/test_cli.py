@@ -40,7 +40,12 @@ def test_train_on_a_corpus_file(tmp_path):
         (["--corpus", "SHORT"], "too short"),
         (["--corpus", "EMPTY"], "empty"),
         (["--heads", "3"], "must split into 3 heads"),
-        (["--steps", "-1"], "steps must be >= 0"),
+        (["--steps", "-1"], "Invalid value for '--steps'"),
+        (["--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (["--lr", "0"], "Invalid value for '--lr'"),
+        (["--lr", "fast"], "'fast' is not a number"),
+        (["--layers", "0"], "Invalid value for '--layers'"),
+        (["--save-every", "-5"], "Invalid value for '--save-every'"),
         (["--layerz", "2"], "No such option"),
     ],
 )
@@ -55,6 +60,20 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     assert message in err and "Traceback" not in err
     assert err.strip().count("\n") == 0, err
     assert not out.exists() and not list(tmp_path.glob(".m.safetensors*"))
+
+
+def test_save_every_writes_intermediate_checkpoints_with_their_step(tmp_path):
+    from depthscope.schemes.checkpoint import read_meta
+
+    out = tmp_path / "run.safetensors"
+    assert main(["train", "--steps", "6", "--save-every", "2", "--out", str(out), *SMALL]) == 0
+    steps = sorted(tmp_path.glob("run.step-*.safetensors"))
+    assert [p.name for p in steps] == ["run.step-000002.safetensors", "run.step-000004.safetensors"]
+    for p, step in zip(steps, (2, 4)):
+        t = read_meta(p)["training"]
+        assert t["step"] == step and t["steps"] == 6 and t["train_tokens"] == step * 4 * 32
+        assert load(p).training_summary["val_loss"] > 0
+    assert read_meta(out)["training"]["step"] == 6
 
 
 def test_schemes_lists_every_registered_scheme(capsys):

@@ -5,7 +5,9 @@ from depthscope.analysis.dilution import (
     consumer_table,
     dilution_index,
     pattern_score,
+    relative_retention,
     retention,
+    row_normalized,
     share_of,
     summary,
 )
@@ -19,7 +21,9 @@ __all__ = [
     "dilution_index",
     "effective_ranks",
     "pattern_score",
+    "relative_retention",
     "retention",
+    "row_normalized",
     "share_of",
     "summary",
 ]

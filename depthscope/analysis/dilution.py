@@ -1,21 +1,30 @@
-"""Dilution estimators: pure functions of a trace (or of traces stacked along ``scheme``).
+"""Dilution estimators: pure functions of a trace (or of traces stacked along ``model``).
 
 Definitions (DESIGN.md "Estimators"); n_l is the number of sources available to consumer l:
 
     baseline[l]          = 1 / n_l                    the uniform share of a PreNorm residual, ~1/T
     dilution_index[l, s] = contribution_share[l, s] * n_l     (1.0 = exactly the uniform share)
-    retention[s, lag]    = contribution_share of source s at the consumer ``lag`` sublayers after it
+    row_normalized[l, s] = |M[l, s]| / sum_s' |M[l, s']|      (a standard residual reads 1/n_l)
+    retention[s, lag]    = contribution_share of source s at the consumers ``lag`` sublayers after it
+    relative_retention   = retention / the same of a trace whose every share is 1/n_l
     pattern_score[l]     = (sum_{s in I_k} |M[l,s]| / sum_s |M[l,s]|) / (|I_k| / n_l)
                            with I_k = the embedding(s) + the last k sources; > 1 is the
                            "input and recent layers" pattern, 1 is a uniform row (NaN when n_l <= |I_k|)
 
-Every function reduces by dimension name and works with or without a ``scheme`` dimension.
+|M| is ``mixing_abs``, the token (and feature) mean of |weight|: for per-feature weights (DCA
+GRN-v2/v3) a magnitude, not the magnitude of a mean that signs can cancel.
+
+Every function reduces by dimension name and works with or without a ``model`` dimension, except
+``summary``, which summarises each model of a stack separately.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+
+from depthscope.probes.trace import STACK, split_models
+from depthscope.schemes.names import ATTN, EMBED, MLP, READOUT, SWA
 
 
 def n_available(trace: xr.Dataset) -> xr.DataArray:
@@ -24,6 +33,11 @@ def n_available(trace: xr.Dataset) -> xr.DataArray:
     n.name = "n_sources"
     n.attrs.update(long_name="available sources", units="1")
     return n
+
+
+def magnitude(trace: xr.Dataset) -> xr.DataArray:
+    """|M|: ``mixing_abs`` (the mean magnitude over tokens and features)."""
+    return trace["mixing_abs"] if "mixing_abs" in trace else abs(trace["mixing"])
 
 
 def baseline(trace: xr.Dataset) -> xr.DataArray:
@@ -43,21 +57,37 @@ def dilution_index(trace: xr.Dataset) -> xr.DataArray:
     return out
 
 
+def row_normalized(trace: xr.Dataset) -> xr.DataArray:
+    """Each row of |M| divided by its sum: a standard residual reads exactly 1/n_l (the 1/T baseline).
+
+    Every consumer of a pre-norm model goes through a norm, so a row's overall scale is irrelevant
+    to what the consumer sees; this is the weight to compare across schemes (HC/mHC read-outs sum
+    n streams, so their raw rows read n at initialisation).
+    """
+    m = magnitude(trace)
+    out = m / m.sum("source")
+    out.name = "row_normalized"
+    out.attrs.update(long_name="row-normalised weight |M[l,s]| / sum_s |M[l,s]|", units="fraction")
+    return out
+
+
+def _from_end(avail: xr.DataArray) -> xr.DataArray:
+    """Rank of each available source counted from the latest one (0 = latest)."""
+    return avail[..., ::-1].cumsum("source")[..., ::-1] - 1
+
+
 def _recent_mask(trace: xr.Dataset, k: int) -> xr.DataArray:
     """True on the embedding source(s) and the last k available sources of each consumer."""
     avail = trace["mixing"].notnull()
-    # rank of each available source counted from the latest one (0 = latest)
-    from_end = avail[..., ::-1].cumsum("source")[..., ::-1] - 1
-    is_input = trace["source_kind"] == "embed"
-    return avail & (is_input | (from_end < k))
+    return avail & ((trace["source_kind"] == EMBED) | (_from_end(avail) < k))
 
 
 def pattern_score(trace: xr.Dataset, k: int = 2) -> xr.DataArray:
-    """Mass of |mixing| on the embedding + last k sources over what a uniform row puts there."""
+    """Mass of |M| on the embedding + last k sources over what a uniform row puts there."""
     if k < 0:
         raise ValueError(f"k must be >= 0, got {k}")
     mask = _recent_mask(trace, k)
-    m = abs(trace["mixing"])
+    m = magnitude(trace)
     mass = m.where(mask).sum("source") / m.sum("source")
     n_sel = mask.sum("source")
     n = n_available(trace)
@@ -75,19 +105,20 @@ def latest_source(trace: xr.Dataset) -> xr.DataArray:
 
 
 def share_of(trace: xr.Dataset, which: str) -> xr.DataArray:
-    """Contribution share of ``embed`` (all embedding sources) or ``latest`` source per consumer."""
+    """Contribution share per consumer of ``embed`` (all embedding sources), the ``first``
+    sublayer source, or the ``latest`` available source."""
     share = trace["contribution_share"]
+    avail = share.notnull()
     if which == "embed":
-        out = share.where(trace["source_kind"] == "embed").sum("source", min_count=1)
+        mask = trace["source_kind"] == EMBED
     elif which == "latest":
-        avail = share.notnull()
-        from_end = avail[..., ::-1].cumsum("source")[..., ::-1] - 1
-        out = share.where(avail & (from_end == 0)).sum("source", min_count=1)
+        mask = avail & (_from_end(avail) == 0)
     elif which == "first":
-        src = trace["source"].values[[k != "embed" for k in trace["source_kind"].values]][0]
-        out = share.sel(source=src, drop=True)
+        layers = avail & (trace["source_kind"] != EMBED)
+        mask = layers & (layers.cumsum("source") == 1)
     else:
         raise ValueError(f"which must be 'embed', 'latest' or 'first', got {which!r}")
+    out = share.where(mask).sum("source", min_count=1)
     out.name = f"{which}_share"
     out.attrs.update(long_name=f"contribution share of the {which} source", units="fraction")
     return out
@@ -96,13 +127,12 @@ def share_of(trace: xr.Dataset, which: str) -> xr.DataArray:
 def retention(trace: xr.Dataset) -> xr.DataArray:
     """Share of each source at the consumers ``lag`` sublayers after it was written.
 
-    Dims (source, lag[, scheme]); lag 1 is the first consumer that can read the source. Several
+    Dims (source, lag[, model]); lag 1 is the first consumer that can read the source. Several
     consumers at one depth (DCA's q/k/v views) are averaged.
     """
     share = trace["contribution_share"]
     lag = trace["layer_depth"] - trace["source_depth"]
-    max_lag = int(lag.max())
-    lags = np.arange(1, max_lag + 1)
+    lags = np.arange(1, int(lag.max()) + 1)
     out = xr.concat([share.where(lag == g).mean("layer") for g in lags], dim=xr.DataArray(lags, dims="lag", name="lag"))
     out = out.transpose("source", "lag", ...)
     out.name = "retention"
@@ -110,57 +140,94 @@ def retention(trace: xr.Dataset) -> xr.DataArray:
     return out
 
 
+def uniform_retention(trace: xr.Dataset) -> xr.DataArray:
+    """``retention`` of a trace whose every available share is the uniform 1/n_l."""
+    avail = trace["mixing"].notnull()
+    return retention(trace.assign(contribution_share=(avail * baseline(trace)).where(avail)))
+
+
+def relative_retention(trace: xr.Dataset) -> xr.DataArray:
+    """``retention`` over ``uniform_retention``: a source's share at each lag in units of 1/T
+    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag)."""
+    out = retention(trace) / uniform_retention(trace)
+    out.name = "relative_retention"
+    out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
+    return out
+
+
 def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
-    """Per consumer: available sources, 1/T, shares of embedding and latest source, their dilution
-    indices, and the pattern score."""
+    """Per consumer: available sources, 1/T, shares of embedding, first and latest source, their
+    dilution indices, and the pattern score."""
     n = n_available(trace)
     table = xr.Dataset(
         {
             "n_sources": n,
             "baseline": baseline(trace),
             "embed_share": share_of(trace, "embed"),
+            "first_share": share_of(trace, "first"),
             "latest_share": share_of(trace, "latest"),
             "pattern_score": pattern_score(trace, k),
             "residual_error": trace["residual_error"],
         }
     )
-    table["embed_index"] = table["embed_share"] * n
-    table["latest_index"] = table["latest_share"] * n
-    table["embed_index"].attrs.update(long_name="dilution index of the embedding", units="1")
-    table["latest_index"].attrs.update(long_name="dilution index of the latest source", units="1")
+    for which in ("embed", "first", "latest"):
+        table[f"{which}_index"] = table[f"{which}_share"] * n
+        table[f"{which}_index"].attrs.update(long_name=f"dilution index of the {which} source", units="1")
     return table
 
 
-def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
-    """Per-scheme summary: consumer means of the pattern score, shares and dilution indices.
+# The consumer groups a summary reports separately (the papers do: AttnRes Fig. 8 draws
+# pre-attention and pre-MLP inputs apart), "sublayers" being every sublayer input together.
+GROUPS = ("sublayers", ATTN, MLP, SWA, READOUT)
+SUMMARISED = ("pattern_score", "embed_share", "first_share", "latest_share", "embed_index", "first_index", "latest_index")
 
-    Means over consumers that have more than the k+1 pattern sources; the read-out values are
-    reported separately because the read-out is what the logits see.
-    """
-    t = consumer_table(trace, k)
-    inner = t["layer_kind"] != "readout"
-    keep = inner & t["pattern_score"].notnull()
-    readout = t.where(t["layer_kind"] == "readout").mean("layer")
-    out = xr.Dataset(
-        {
-            "pattern_score": t["pattern_score"].where(keep).mean("layer"),
-            "embed_index": t["embed_index"].where(keep).mean("layer"),
-            "latest_index": t["latest_index"].where(keep).mean("layer"),
-            "readout_embed_share": readout["embed_share"],
-            "readout_latest_share": readout["latest_share"],
-            "readout_pattern_score": readout["pattern_score"],
-            "max_residual_error": t["residual_error"].max("layer"),
-        }
-    )
-    out.attrs.update(k=k)
-    for name, long in {
-        "pattern_score": f"mean pattern score over consumers (k={k})",
-        "embed_index": "mean dilution index of the embedding",
-        "latest_index": "mean dilution index of the latest source",
-        "readout_embed_share": "read-out share of the embedding",
-        "readout_latest_share": "read-out share of the latest source",
-        "readout_pattern_score": f"read-out pattern score (k={k})",
-        "max_residual_error": "largest residual error",
-    }.items():
-        out[name].attrs.update(long_name=long)
+
+def per_input(table: xr.Dataset) -> xr.Dataset:
+    """One row per sublayer input: rows that share a depth (DCA's q, k and v views of one
+    attention input) are averaged, so a summary weighs that input once, like any other."""
+    depth = table["layer_depth"].values
+    if len(np.unique(depth)) == len(depth):
+        return table
+    keep = [i for i in range(len(depth)) if i == 0 or depth[i] != depth[i - 1]]
+    means = table.groupby("layer_depth").mean()
+    out = table.isel(layer=keep)
+    for name in table.data_vars:
+        out[name] = ("layer", means[name].sel(layer_depth=depth[keep]).values)
+        out[name].attrs = table[name].attrs
     return out
+
+
+def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
+    """Per-model summary along a ``group`` dimension (sublayers, attn, mlp, swa, readout).
+
+    Each variable of ``SUMMARISED`` is its mean over the sublayer inputs of a group, DCA's three
+    views of one attention input averaged first (``per_input``); pattern scores and dilution
+    indices over the inputs that have more than the k + 1 pattern sources. The read-out group is
+    the read-out's own value (what the logits see). ``max_residual_error`` over every consumer.
+    """
+    if STACK in trace.dims:
+        return stack_summaries([summary(t, k) for t in split_models(trace)], trace[STACK].values)
+    t = per_input(consumer_table(trace, k))
+    kinds = t["layer_kind"]
+    masks = {"sublayers": kinds != READOUT, **{g: kinds == g for g in GROUPS[1:]}}
+    keep = t["pattern_score"].notnull()
+    data = {}
+    for name in SUMMARISED:
+        cols = []
+        for g in GROUPS:
+            m = masks[g] if g == READOUT or name.endswith("_share") else masks[g] & keep
+            cols.append(t[name].where(m).mean("layer"))
+        data[name] = xr.concat(cols, dim=xr.DataArray(np.array(GROUPS, dtype=object), dims="group", name="group"))
+        data[name].attrs = dict(t[name].attrs)
+    out = xr.Dataset(data)
+    out["max_residual_error"] = t["residual_error"].max("layer")
+    out["max_residual_error"].attrs.update(long_name="largest residual error", units="1")
+    out["pattern_score"].attrs.update(long_name=f"mean pattern score (k={k})")
+    return out.assign_attrs(k=k, label=str(trace.attrs.get("label", "")))
+
+
+def stack_summaries(summaries: list[xr.Dataset], labels) -> xr.Dataset:
+    """Per-model summaries along ``model``."""
+    out = xr.concat(summaries, dim=xr.DataArray(np.asarray(labels, dtype=object), dims=STACK, name=STACK))
+    return out.assign_attrs(k=summaries[0].attrs.get("k"))
+

@@ -111,54 +111,6 @@ def add_ranks(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
     return trace.assign(**ranks.data_vars).assign_attrs(rank_energy=energy)
 
 
-def rank_sweep(
-    widths: list[int],
-    schemes: tuple[str, ...] = ("standard", "dca"),
-    *,
-    n_layers: int = 4,
-    steps: int = 300,
-    tokens: int = 8192,
-    energy: float = 0.99,
-    seed: int = 0,
-    progress: bool = True,
-) -> xr.Dataset:
-    """Train a small model of each scheme at each width on the default corpus and measure r*/d.
-
-    Returns a Dataset with dims (scheme, width, rank_kind): ``collective_rank``,
-    ``collective_rank_ratio`` and the final ``val_loss`` of each model. Heads are width / 16
-    (at least 2), so the head size stays 16.
-    """
-    from depthscope.corpus import load_corpus
-    from depthscope.probes import capture
-    from depthscope.schemes import ModelConfig
-    from depthscope.train import TrainConfig, train
-
-    corpus = load_corpus()
-    r = np.full((len(schemes), len(widths), len(KINDS)), np.nan)
-    loss = np.full((len(schemes), len(widths)), np.nan)
-    for i, scheme in enumerate(schemes):
-        for j, width in enumerate(widths):
-            cfg = ModelConfig(scheme=scheme, n_layers=n_layers, d_model=width, n_heads=max(2, width // 16), ctx=128)
-            model = train(cfg, TrainConfig(steps=steps, seed=seed), corpus, progress=progress, label=f"sweep {scheme} d={width}")
-            ranks = collective_rank(capture(model, corpus, n_tokens=tokens, seed=seed, rank=True), energy)
-            r[i, j] = ranks["collective_rank"].values
-            loss[i, j] = model.training_summary["val_loss"]
-    coords = {"scheme": np.array(schemes, dtype=object), "width": np.array(widths), "rank_kind": np.array(KINDS, dtype=object)}
-    out = xr.Dataset(
-        {
-            "collective_rank": (("scheme", "width", "rank_kind"), r),
-            "collective_rank_ratio": (("scheme", "width", "rank_kind"), r / np.asarray(widths)[None, :, None]),
-            "val_loss": (("scheme", "width"), loss),
-        },
-        coords=coords,
-        attrs={"n_layers": n_layers, "steps": steps, "tokens": tokens, "energy": energy, "seed": seed},
-    )
-    out["collective_rank"].attrs.update(long_name="collective rank r*", units="1")
-    out["collective_rank_ratio"].attrs.update(long_name="r*/d", units="1")
-    out["val_loss"].attrs.update(long_name="validation loss", units="nats/byte")
-    return out
-
-
 def rank_summary(trace: xr.Dataset, energy: float = 0.99, kappa: float | None = None, variant: str = "v1") -> dict:
     """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d and, for a
     task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound."""

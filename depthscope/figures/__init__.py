@@ -1,8 +1,14 @@
-"""Plotting: DataArray in, matplotlib Axes/Figure out."""
+"""Plotting: DataArray or trace in, matplotlib Axes/Figure out (every plot function is ``plot_*``)."""
 
-from depthscope.figures.curves import dilution_curves, pattern_scores, retention
-from depthscope.figures.heatmaps import heatmap, heatmap_grid
-from depthscope.figures.rank import rank_profile, rank_vs_width
+from depthscope.figures.curves import (
+    plot_dilution,
+    plot_dilution_panels,
+    plot_pattern_scores,
+    plot_retention,
+    plot_trajectory,
+)
+from depthscope.figures.heatmaps import plot_heatmap, plot_heatmap_grid
+from depthscope.figures.rank import plot_rank_profile, plot_rank_vs_width
 from depthscope.figures.style import (
     apply_house_style,
     house_style,
@@ -13,14 +19,16 @@ from depthscope.figures.style import (
 
 __all__ = [
     "apply_house_style",
-    "dilution_curves",
-    "heatmap",
-    "heatmap_grid",
     "house_style",
-    "pattern_scores",
-    "rank_profile",
-    "rank_vs_width",
-    "retention",
+    "plot_dilution",
+    "plot_dilution_panels",
+    "plot_heatmap",
+    "plot_heatmap_grid",
+    "plot_pattern_scores",
+    "plot_rank_profile",
+    "plot_rank_vs_width",
+    "plot_retention",
+    "plot_trajectory",
     "save",
     "scheme_color",
     "scheme_colors",

@@ -1,6 +1,6 @@
-"""Dilution, retention and pattern-score curves across schemes.
+"""Dilution, retention and pattern-score curves across models.
 
-Every function takes a trace, a trace stacked along ``scheme`` or a list of traces, calls the
+Every function takes a trace, a trace stacked along ``model`` or a list of traces, calls the
 estimators of ``depthscope.analysis.dilution`` and draws; nothing is computed here beyond that.
 Colour = scheme (``style.scheme_colors``). Data lines are drawn first, in scheme order (then
 source order), each labelled ``"<scheme>: <what>"``; reference lines (the 1/T baseline, the
@@ -29,7 +29,8 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from depthscope.analysis import dilution as est
-from depthscope.figures.heatmaps import traces_by_scheme
+from depthscope.schemes.names import EMBED
+from depthscope.figures.heatmaps import traces_by_model
 from depthscope.figures.style import (
     SEQUENTIAL_CMAP,
     new_axes,
@@ -92,17 +93,17 @@ def _depth_axis(ax) -> None:
 
 
 @styled
-def dilution_curves(traces, ax=None, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
+def plot_dilution(traces, ax=None, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
     """Contribution share of the embedding / first sublayer / latest source versus consumer depth.
 
-    One line per scheme and source (colour = scheme, line style = source), ``share_of`` values;
+    One line per scheme and source (colour = model, line style = source), ``share_of`` values;
     then the 1/T baseline (``baseline``) as a dashed black line. ``yscale``: "auto" (log, or symlog
     when a share is <= 0), "log", "symlog" or "linear".
 
     Returns:
         The Axes.
     """
-    items = traces_by_scheme(traces)
+    items = traces_by_model(traces)
     unknown = [s for s in sources if s not in SOURCE_STYLE]
     if unknown:
         raise ValueError(f"sources must be among {tuple(SOURCE_STYLE)}, got {unknown[0]!r}")
@@ -121,19 +122,19 @@ def dilution_curves(traces, ax=None, sources=("embed", "first", "latest"), *, ys
     _depth_axis(ax)
     ax.set_ylabel("contribution share of the source")
     ax.set_title("Dilution: shares versus the 1/T baseline", loc="left")
-    scheme_handles = [Line2D([], [], color=colours[label], label=label) for label, _ in items]
+    model_handles = [Line2D([], [], color=colours[label], label=label) for label, _ in items]
     source_handles = [
         Line2D([], [], color="0.35", linestyle=SOURCE_STYLE[w][0], marker=SOURCE_STYLE[w][1], label=SOURCE_STYLE[w][2])
         for w in sources
     ] + [Line2D([], [], label="1/T baseline", **BASELINE_STYLE)]
-    ax.add_artist(_outside_legend(ax, scheme_handles, "scheme", "upper left", (1.02, 1.0)))
+    ax.add_artist(_outside_legend(ax, model_handles, "model", "upper left", (1.02, 1.0)))
     _outside_legend(ax, source_handles, "source", "lower left", (1.02, 0.0))
     return ax
 
 
 @styled
-def dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
-    """``dilution_curves`` as small multiples: one panel per source, one line per scheme.
+def plot_dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
+    """``plot_dilution`` as small multiples: one panel per source, one line per scheme.
 
     Easier to read than one crowded panel when many schemes are compared. Returns the Figure;
     its first ``len(sources)`` axes are the panels.
@@ -142,7 +143,7 @@ def dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str
 
     fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False)
     for i, (ax, which) in enumerate(zip(axes[0], sources)):
-        dilution_curves(traces, ax, sources=(which,), yscale=yscale)
+        plot_dilution(traces, ax, sources=(which,), yscale=yscale)
         ax.set_title(f"{SOURCE_STYLE[which][2]}", loc="left")
         if i < len(sources) - 1:
             for legend in [c for c in ax.get_children() if isinstance(c, Legend)]:
@@ -153,47 +154,32 @@ def dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str
     return fig
 
 
-def uniform_retention(t: xr.Dataset) -> xr.DataArray:
-    """``retention`` of a trace whose every available share is the uniform 1/n_l."""
-    avail = t["mixing"].notnull()
-    return est.retention(t.assign(contribution_share=(avail * est.baseline(t)).where(avail)))
-
-
-def relative_retention(t: xr.Dataset) -> xr.DataArray:
-    """``retention`` over ``uniform_retention``: a source's share at each lag in units of 1/T
-    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag)."""
-    out = est.retention(t) / uniform_retention(t)
-    out.name = "relative_retention"
-    out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
-    return out
-
-
 def _lag_curve(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
     keep = np.isfinite(da.values)
     return np.asarray(da["lag"].values)[keep], np.asarray(da.values, dtype=float)[keep]
 
 
 @styled
-def retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
+def plot_retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
     """How a source's share fades with lag (sublayers after it was written), relative to 1/T.
 
-    Plotted: ``retention(t) / uniform_retention(t)`` (``relative_retention``): each source's
+    Plotted: ``analysis.relative_retention``, i.e. ``retention(t) / uniform_retention(t)``: each source's
     share at the consumers ``lag`` sublayers later over the uniform 1/n_l share of those same
     consumers, so one reference line at 1 (dashed) serves every source; a raw-share plot would
     need one 1/T curve per source depth. One trace: one line per source, coloured by source depth
     (colour bar instead of a 17-entry legend). Several schemes: one line per scheme, the mean over
     the sublayer sources (the embedding, whose share dominates untrained models, is followed by
-    ``dilution_curves``). Y scale as in ``dilution_curves``.
+    ``plot_dilution``). Y scale as in ``plot_dilution``.
 
     Returns:
         The Axes.
     """
-    items = traces_by_scheme(trace_or_stacked)
+    items = traces_by_model(trace_or_stacked)
     ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
     plotted = []
     if len(items) == 1:
         label, t = items[0]
-        r = relative_retention(t)
+        r = est.relative_retention(t)
         depths = t["source_depth"].values
         norm = Normalize(vmin=0, vmax=max(int(depths.max()), 1))
         cmap = colormaps[SEQUENTIAL_CMAP]
@@ -210,8 +196,8 @@ def retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
         colours = scheme_colors(label for label, _ in items)
         handles = []
         for label, t in items:
-            r = relative_retention(t)
-            x, y = _lag_curve(r.where(t["source_kind"] != "embed").mean("source"))
+            r = est.relative_retention(t)
+            x, y = _lag_curve(r.where(t["source_kind"] != EMBED).mean("source"))
             ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: mean over sublayer sources")
             handles.append(Line2D([], [], color=colours[label], marker="o", label=label))
             plotted.append(y)
@@ -225,14 +211,14 @@ def retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share / uniform share (1 = 1/T)")
     if len(items) > 1:
-        ax.legend(handles=handles, title="scheme", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        ax.legend(handles=handles, title="model", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     else:
         ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)
     return ax
 
 
 @styled
-def pattern_scores(stacked_or_list, ax=None, k: int = 2):
+def plot_pattern_scores(stacked_or_list, ax=None, k: int = 2):
     """Input-and-recent pattern score per consumer depth, one line per scheme, reference at 1.
 
     Lines are ``pattern_score(trace, k)``; each legend entry carries the scheme's summary mean
@@ -242,13 +228,13 @@ def pattern_scores(stacked_or_list, ax=None, k: int = 2):
     Returns:
         The Axes.
     """
-    items = traces_by_scheme(stacked_or_list)
+    items = traces_by_model(stacked_or_list)
     ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
     colours = scheme_colors(label for label, _ in items)
     handles = []
     for label, t in items:
         x, y = by_depth(est.pattern_score(t, k))
-        mean = float(est.summary(t, k)["pattern_score"])
+        mean = float(est.summary(t, k)["pattern_score"].sel(group="sublayers"))
         ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: pattern score")
         handles.append(Line2D([], [], color=colours[label], marker="o", label=f"{label} (mean {mean:.2f})"))
     ax.axhline(1.0, label="uniform (1.0)", **BASELINE_STYLE)
@@ -256,5 +242,59 @@ def pattern_scores(stacked_or_list, ax=None, k: int = 2):
     _depth_axis(ax)
     ax.set_ylabel(f"pattern score (k = {k})\n> 1: input-and-recent pattern")
     ax.set_title(f"Input-and-recent pattern (|M| on the embedding + last {k} sources)", loc="left")
-    ax.legend(handles=handles, title="scheme (mean score)", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    ax.legend(handles=handles, title="model (mean score)", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return ax
+
+
+TRAJECTORY_GROUPS = {  # summary group -> line style, legend text
+    "sublayers": ("-", "all sublayer inputs"),
+    "attn": ("--", "attention inputs"),
+    "mlp": (":", "MLP inputs"),
+    "readout": ("-.", "read-out"),
+}
+
+
+@styled
+def plot_trajectory(trajectory: xr.Dataset, k: int = 2):
+    """How a run's mixing pattern forms: three panels against the training tokens seen.
+
+    ``trajectory``: traces of one run's checkpoints stacked along ``model`` in step order, with
+    ``step`` and ``train_tokens`` (and ``val_loss``) coordinates along ``model``. Left: the pattern
+    score per consumer group (``summary``); middle: the read-out's share of the embedding and the
+    dilution index of the first and the latest sources (mean over sublayer inputs); right: the
+    validation loss. Log-scaled token axis.
+
+    Returns:
+        The Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    s = est.summary(trajectory, k)
+    x = trajectory["train_tokens"].values if "train_tokens" in trajectory.coords else trajectory["step"].values
+    colour = scheme_colors([str(trajectory["model"].values[0])])
+    c = next(iter(colour.values()))
+    fig, axes = plt.subplots(1, 3, figsize=(13.0, 3.6))
+    for group, (ls, text) in TRAJECTORY_GROUPS.items():
+        y = s["pattern_score"].sel(group=group).values
+        if np.isfinite(y).any():
+            axes[0].plot(x, y, color=c, linestyle=ls, marker="o", label=text)
+    axes[0].axhline(1.0, **BASELINE_STYLE, label="uniform row")
+    axes[0].set_ylabel(f"pattern score (k = {k})")
+    axes[0].legend()
+    axes[1].plot(x, s["embed_share"].sel(group="readout").values, color=c, marker="o", label="read-out share of the embedding")
+    axes[1].plot(x, s["first_index"].sel(group="sublayers").values, color=c, linestyle=":", marker="s", label="first source: dilution index")
+    axes[1].plot(x, s["latest_index"].sel(group="sublayers").values, color=c, linestyle="-.", marker="^", label="latest source: dilution index")
+    axes[1].axhline(1.0, **BASELINE_STYLE, label="uniform 1/T (index 1)")
+    axes[1].set_yscale("log")
+    axes[1].legend()
+    if "val_loss" in trajectory.coords:
+        axes[2].plot(x, trajectory["val_loss"].values, color=c, marker="o")
+    axes[2].set_ylabel("validation loss (nats/token)")
+    for ax, title in zip(axes, ("pattern score", "shares and dilution", "loss")):
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens" if "train_tokens" in trajectory.coords else "step")
+        ax.set_title(title, loc="left")
+        style_axes(ax)
+    label = str(trajectory["model"].values[0]).split("@", 1)[0]
+    fig.suptitle(f"{label}: steps " + ", ".join(str(int(v)) for v in trajectory["step"].values))
+    return fig

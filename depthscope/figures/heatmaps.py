@@ -24,9 +24,10 @@ from matplotlib import colormaps
 from matplotlib.colors import Colormap, Normalize, SymLogNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+from depthscope.analysis.dilution import row_normalized
 from depthscope.errors import DepthscopeError
 from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, styled
-from depthscope.probes.trace import select_scheme
+from depthscope.probes.trace import STACK, select_model
 
 # --- data in --------------------------------------------------------------------------------
 
@@ -36,13 +37,13 @@ def trace_label(trace: xr.Dataset | xr.DataArray) -> str:
     return str(trace.attrs.get("label", trace.attrs.get("scheme", "trace")))
 
 
-def traces_by_scheme(data) -> list[tuple[str, xr.Dataset]]:
-    """(label, trace) per scheme from a trace, a trace stacked along ``scheme`` (padding dropped
-    by ``select_scheme``) or a list of traces (labels deduplicated as ``stack_traces`` does)."""
+def traces_by_model(data) -> list[tuple[str, xr.Dataset]]:
+    """(label, trace) per model from a trace, a trace stacked along ``model`` (padding dropped by
+    ``select_model``) or a list of traces (labels deduplicated as ``stack_traces`` does)."""
     if isinstance(data, xr.Dataset):
-        if "scheme" not in data.dims:
+        if STACK not in data.dims:
             return [(trace_label(data), data)]
-        return [(str(s), _one_scheme(data, s)) for s in data["scheme"].values]
+        return [(str(m), select_model(data, str(m))) for m in data[STACK].values]
     if isinstance(data, xr.DataArray):
         raise DepthscopeError("expected a trace Dataset (or a list of them), got a DataArray")
     out, counts = [], {}
@@ -57,43 +58,37 @@ def traces_by_scheme(data) -> list[tuple[str, xr.Dataset]]:
     return out
 
 
-def _one_scheme(stacked: xr.Dataset, label) -> xr.Dataset:
-    """``select_scheme``, or for a stack made without ``stack_traces``' per-scheme coordinates,
-    the same selection done here (rows/columns where ``mixing`` is all NaN dropped)."""
-    try:
-        return select_scheme(stacked, label)
-    except KeyError:
-        t = stacked.sel(scheme=label, drop=True)
-        key = t["mixing"] if "mixing" in t else next(v for v in t.data_vars.values() if {"layer", "source"} <= set(v.dims))
-        rows = np.flatnonzero(key.notnull().any("source").values)
-        cols = np.flatnonzero(key.notnull().any("layer").values)
-        return t.isel(layer=rows, source=cols).assign_attrs(label=str(label))
-
-
 def _drop_padding(da: xr.DataArray) -> xr.DataArray:
-    """Rows and columns that are NaN everywhere (a stacked scheme's padding) removed."""
+    """Rows and columns that are NaN everywhere (a stacked model's padding) removed."""
     for dim in da.dims:
         others = [d for d in da.dims if d != dim]
         da = da.isel({dim: np.flatnonzero(da.notnull().any(others).values)})
     return da
 
 
+def variable(trace: xr.Dataset, var: str) -> xr.DataArray:
+    """A (layer, source) variable of a trace, or the derived ``row_normalized`` weight."""
+    if var == "row_normalized":
+        return row_normalized(trace)
+    if var not in trace:
+        raise DepthscopeError(f"trace has no variable {var!r}")
+    return trace[var]
+
+
 def _matrix(data, var: str) -> xr.DataArray:
     """The 2-D DataArray to draw: (layer, source) when both dims are present."""
     if isinstance(data, xr.Dataset):
-        if "scheme" in data.dims:
-            if data.sizes["scheme"] != 1:
-                raise DepthscopeError(f"{data.sizes['scheme']} schemes in one trace: use heatmap_grid")
-            data = _one_scheme(data, data["scheme"].values[0])
-        if var not in data:
-            raise DepthscopeError(f"trace has no variable {var!r}")
-        da = data[var]
+        if STACK in data.dims:
+            if data.sizes[STACK] != 1:
+                raise DepthscopeError(f"{data.sizes[STACK]} models in one trace: use plot_heatmap_grid")
+            data = select_model(data, str(data[STACK].values[0]))
+        da = variable(data, var)
     elif isinstance(data, xr.DataArray):
         da = data
-        if "scheme" in da.dims:
-            if da.sizes["scheme"] != 1:
-                raise DepthscopeError(f"{da.sizes['scheme']} schemes in one array: use heatmap_grid")
-            da = _drop_padding(da.isel(scheme=0))
+        if STACK in da.dims:
+            if da.sizes[STACK] != 1:
+                raise DepthscopeError(f"{da.sizes[STACK]} models in one array: use plot_heatmap_grid")
+            da = _drop_padding(da.isel({STACK: 0}))
     else:
         raise DepthscopeError(f"expected a trace Dataset or a DataArray, got {type(data).__name__}")
     if da.ndim != 2:
@@ -198,7 +193,7 @@ def _annotate(ax, values: np.ndarray, norm: Normalize) -> None:
 
 
 @styled
-def heatmap(
+def plot_heatmap(
     data,
     ax=None,
     *,
@@ -214,7 +209,7 @@ def heatmap(
     """Consumer x source heatmap of ``mixing`` (or ``var`` of a trace, or any 2-D DataArray).
 
     Args:
-        data: a trace (``var`` is drawn; a one-scheme stack is unpadded), or a DataArray with
+        data: a trace (``var`` is drawn; a one-model stack is unpadded), or a DataArray with
             dims (layer, source) (any other 2-D array: rows = its first dim).
         symlog: SymLogNorm (base e, linear within +-linthresh), the DenseFormer paper's scale.
         vmax: colour range +-vmax; default max |value| (1 for an all-zero or all-NaN array).
@@ -246,7 +241,7 @@ def heatmap(
     ax.set_xlabel("source" if cols == "source" else cols)
     ax.set_ylabel("consumer (layer)" if rows == "layer" else rows)
     if title is None and isinstance(data, xr.Dataset):
-        title = trace_label(data) if "scheme" not in data.dims else str(data["scheme"].values[0])
+        title = trace_label(data) if STACK not in data.dims else str(data[STACK].values[0])
     if title:
         ax.set_title(title)
     if annotate:
@@ -268,16 +263,16 @@ def _colorbar(fig, mappable, ax, label: str, *, symlog: bool, vmax: float, linth
 
 
 def _panels(data, var: str) -> list[tuple[str, xr.DataArray]]:
-    """(label, 2-D array without padding) per scheme."""
+    """(label, 2-D array without padding) per model."""
     if isinstance(data, xr.DataArray):
-        if "scheme" in data.dims:
-            return [(str(s), _matrix(data.sel(scheme=[s]), var)) for s in data["scheme"].values]
+        if STACK in data.dims:
+            return [(str(m), _matrix(data.sel({STACK: [m]}), var)) for m in data[STACK].values]
         return [(str(data.attrs.get("label", data.name or "")), _matrix(data, var))]
     if not isinstance(data, xr.Dataset):
         data = list(data)
     if isinstance(data, list) and data and all(isinstance(d, xr.DataArray) for d in data):
         return [(str(d.attrs.get("label", d.name or i)), _matrix(d, var)) for i, d in enumerate(data)]
-    return [(label, _matrix(t, var)) for label, t in traces_by_scheme(data)]
+    return [(label, _matrix(t, var)) for label, t in traces_by_model(data)]
 
 
 def _default_ncols(n: int) -> int:
@@ -286,9 +281,9 @@ def _default_ncols(n: int) -> int:
 
 
 @styled
-def heatmap_grid(
+def plot_heatmap_grid(
     data,
-    var: str = "mixing",
+    var: str = "row_normalized",
     *,
     symlog: bool = False,
     linthresh: float = 0.05,
@@ -297,12 +292,15 @@ def heatmap_grid(
     cmap: str | Colormap = DIVERGING_CMAP,
     annotate: bool = False,
 ):
-    """One heatmap panel per scheme on one shared colour scale (one colour bar for the figure).
+    """One heatmap panel per model on one shared colour scale (one colour bar for the figure).
 
-    ``data``: a trace stacked along ``scheme`` (each panel without the padding rows/columns of
-    schemes with fewer consumers), a list of traces, or a list of 2-D DataArrays. Panels are
-    ``fig.axes[:n]`` in scheme order, titled by the scheme labels; ``fig.axes[-1]`` is the colour
-    bar. Column widths and row heights follow the panels' source and consumer counts.
+    ``data``: a trace stacked along ``model`` (each panel without the padding rows/columns of
+    models with fewer consumers), a list of traces, or a list of 2-D DataArrays. ``var`` is the
+    row-normalised weight by default (``analysis.row_normalized``: each row of |M| over its sum,
+    so a standard residual reads 1/n_l whatever the scheme's read-out scale); ``"mixing"`` is the
+    raw M. Panels are ``fig.axes[:n]`` in model order, titled by the model labels;
+    ``fig.axes[-1]`` is the colour bar. Column widths and row heights follow the panels' source
+    and consumer counts.
 
     Returns:
         The Figure.
@@ -312,7 +310,7 @@ def heatmap_grid(
     panels = _panels(data, var)
     n = len(panels)
     if n == 0:
-        raise DepthscopeError("no schemes to plot")
+        raise DepthscopeError("no models to plot")
     ncols = max(1, min(ncols or _default_ncols(n), n))
     nrows = math.ceil(n / ncols)
     vmax = symmetric_vmax(np.concatenate([p.values.ravel() for _, p in panels])) if vmax is None else float(vmax)
@@ -328,7 +326,7 @@ def heatmap_grid(
     for i, (label, da) in enumerate(panels):
         r, c = divmod(i, ncols)
         ax = fig.add_subplot(gs[r, c])
-        heatmap(da, ax, symlog=symlog, linthresh=linthresh, vmax=vmax, cmap=cmap, annotate=annotate, title=label, colorbar=False)
+        plot_heatmap(da, ax, symlog=symlog, linthresh=linthresh, vmax=vmax, cmap=cmap, annotate=annotate, title=label, colorbar=False)
         if c != 0:
             ax.set_ylabel("")
         if i + ncols < n:  # another panel below: its x label suffices

@@ -1,236 +1,26 @@
-"""The report: checkpoints or traces in, one self-contained web page with every figure out.
+"""The report page: which figures it holds, and the HTML it renders (a Jinja2 template).
 
-``build_report`` captures each checkpoint (or reads each trace), stacks the traces along a
-``scheme`` dimension, and writes into the output directory:
-
-* ``index.html``: self-contained (figures embedded as PNG data), with the cross-scheme heatmap
-  grids and dilution curves first, the table of pattern scores and dilution indices, the
-  collective-rank section, one section per scheme, the settings used and the depthscope version;
-  every figure also links to its PNG and SVG files;
-* ``traces.nc``: all traces along ``scheme`` (``depthscope.probes.load_trace`` reads it);
-* every figure as PNG and SVG.
-
-Everything is first written to a temporary directory beside the output and moved into place at
-the end, so a failed run leaves nothing half-written.
+``report_figures`` draws every figure of a report from traces (nothing is captured here);
+``render_page`` fills ``templates/report.html`` with the tables (computed by the estimators of
+``depthscope.analysis``) and the figures. Every string that comes from a trace, a file or the
+settings is escaped by the template. Orchestration (capturing, writing files) lives in
+``depthscope.pipelines.report``.
 """
 
 from __future__ import annotations
 
 import base64
-import html
-import os
 import re
-import shutil
-import tempfile
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
+from markupsafe import Markup
 
 from depthscope.analysis.dilution import consumer_table, summary
-from depthscope.analysis.rank import add_ranks
-from depthscope.errors import DepthscopeError
-from depthscope.probes import capture, load_trace, save_trace
-from depthscope.probes.trace import select_scheme, stack_traces
-from depthscope.progress import bar
-
-
-@dataclass(frozen=True)
-class ReportSettings:
-    """How traces are captured and summarised."""
-
-    tokens: int = 8192  # tokens captured per checkpoint
-    batch_size: int = 16
-    seed: int = 0
-    k: int = 2  # recent sources counted by the pattern score
-    corpus: str | None = None  # None = the Python standard library
-    energy: float = 0.99  # energy fraction of the numerical rank
-
-
-@dataclass(frozen=True)
-class Figure:
-    name: str
-    title: str
-    caption: str
-
-
-def input_kind(path: Path) -> str:
-    """'checkpoint', 'trace' or 'model-dir', from the file's content; DepthscopeError otherwise."""
-    if path.is_dir() and (path / "config.json").is_file():
-        return "model-dir"
-    if path.is_file():
-        with path.open("rb") as f:
-            head = f.read(9)
-        if head[:3] == b"CDF" or head[:4] == b"\x89HDF":  # netCDF3 / netCDF4 (HDF5)
-            return "trace"
-        if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
-            return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
-    elif not path.exists():
-        raise DepthscopeError(f"{path}: no such file or directory")
-    raise DepthscopeError(f"{path}: neither a checkpoint (.safetensors), a trace (.nc) nor a Hugging Face model directory")
-
-
-def collect_traces(paths: list[Path], settings: ReportSettings, *, progress: bool = True) -> list[xr.Dataset]:
-    """One trace per input (a stacked trace file contributes each of its schemes)."""
-    from depthscope.probes.bridge import load_model
-
-    kinds = [input_kind(p) for p in paths]  # check every input before the slow work starts
-    traces: list[xr.Dataset] = []
-    with bar("report: capture", len(paths), enabled=progress) as pb:
-        for path, kind in zip(paths, kinds):
-            if kind == "trace":
-                t = load_trace(path)
-                traces += [select_scheme(t, s) for s in t["scheme"].values] if "scheme" in t.dims else [t]
-            else:
-                model = load_model(str(path))
-                traces.append(
-                    capture(
-                        model, settings.corpus, n_tokens=settings.tokens, batch_size=settings.batch_size,
-                        seed=settings.seed, checkpoint=str(path), rank=True,
-                    )
-                )
-            pb.advance(1)
-    return [add_ranks(t, settings.energy) if "source_spectrum" in t else t for t in traces]
-
-
-def _slug(label: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "scheme"
-
-
-def _is_signed(t: xr.Dataset) -> bool:
-    m = t["mixing"].values
-    return bool(np.nanmin(m) < 0)
-
-
-def _make_figures(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> list[tuple[Figure, Any]]:
-    """(description, matplotlib Figure) for every figure of the report, in page order."""
-    import matplotlib.pyplot as plt
-
-    from depthscope.figures.curves import dilution_panels, pattern_scores, retention
-    from depthscope.figures.heatmaps import heatmap, heatmap_grid
-    from depthscope.figures.rank import rank_profile
-
-    signed = any(_is_signed(t) for t in traces)
-    out = [
-        (
-            Figure("grid-mixing", "Depth-mixing weights of every scheme",
-                   "Effective weight M[l, s] of each source (columns) in each consumer's input (rows), "
-                   "token mean, in the delta basis (embedding + sublayer outputs). A standard residual is "
-                   "1 everywhere; blank cells are sources not yet written. Shared colour scale"
-                   + (", symmetric-log (weights are signed)." if signed else ".")),
-            heatmap_grid(stacked, "mixing", symlog=signed),
-        ),
-        (
-            Figure("grid-share", "Contribution shares of every scheme",
-                   "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 "
-                   "(each row sums to 1). The uniform 1/T share is 1/(number of sources)."),
-            heatmap_grid(stacked, "contribution_share"),
-        ),
-        (
-            Figure("dilution", "Dilution against the 1/T baseline",
-                   "Contribution share of the embedding, the first sublayer and the latest source at each "
-                   "consumer depth; the dashed line is the uniform share 1/T."),
-            dilution_panels(stacked),
-        ),
-        (
-            Figure("pattern", "Input-and-recent pattern scores",
-                   f"Mass of |mixing| on the embedding and the last {k} sources over what a uniform row "
-                   "puts there: 1 is uniform (a standard residual), above 1 is the pattern the papers report."),
-            pattern_scores(stacked, k=k).figure,
-        ),
-        (
-            Figure("retention", "Retention of sources",
-                   "Contribution share of each source at the consumers after it, by lag in sublayers."),
-            retention(stacked).figure,
-        ),
-    ]
-    if "source_spectrum" in stacked:
-        out.append(
-            (
-                Figure("rank", "Effective rank of each sublayer's outputs",
-                       "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum "
-                       "is the collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4)."),
-                rank_profile(stacked).figure,
-            )
-        )
-    for t in traces:
-        label = t.attrs.get("label", t.attrs.get("scheme", "trace"))
-        fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-        heatmap(t, axes[0], var="mixing", symlog=_is_signed(t), title="mixing weights")
-        heatmap(t, axes[1], var="contribution_share", title="contribution shares")
-        fig.suptitle(label)
-        out.append((Figure(f"scheme-{_slug(label)}", label, "Mixing weights (left) and contribution shares (right)."), fig))
-    return out
-
-
-def _num(v: Any, digits: int = 3) -> str:
-    f = float(v)
-    if not np.isfinite(f):
-        return '<td data-value="nan">-</td>'
-    return f'<td data-value="{f!r}">{f:.{digits}f}</td>'
-
-
-def _summary_table(traces: list[xr.Dataset], k: int) -> str:
-    head = (
-        "<tr><th>scheme</th><th>checkpoint / trace</th><th>tokens</th>"
-        f"<th>pattern score (k={k})</th><th>embedding dilution index</th><th>latest-source dilution index</th>"
-        "<th>read-out share: embedding</th><th>read-out share: latest</th><th>max residual error</th></tr>"
-    )
-    rows = []
-    for t in traces:
-        s = summary(t, k)
-        label = html.escape(str(t.attrs.get("label", "")))
-        rows.append(
-            f'<tr data-scheme="{label}"><td>{label}</td><td>{html.escape(Path(str(t.attrs.get("checkpoint", ""))).name)}</td>'
-            f'<td>{int(t.attrs.get("tokens", 0))}</td>'
-            + _num(s["pattern_score"]).replace("<td", '<td class="pattern"', 1)
-            + _num(s["embed_index"]) + _num(s["latest_index"]) + _num(s["readout_embed_share"])
-            + _num(s["readout_latest_share"])
-            + f'<td>{float(s["max_residual_error"]):.1e}</td></tr>'
-        )
-    return f'<table id="summary">{head}{"".join(rows)}</table>'
-
-
-def _rank_table(traces: list[xr.Dataset]) -> str:
-    rows = []
-    for t in traces:
-        if "collective_rank" not in t:
-            continue
-        label = html.escape(str(t.attrs.get("label", "")))
-        d = t.sizes["component"]
-        cells = "".join(
-            _num(t["collective_rank"].sel(rank_kind=kind), 1) + _num(t["collective_rank_ratio"].sel(rank_kind=kind), 3)
-            for kind in ("numerical", "entropy", "participation")
-        )
-        rows.append(f'<tr data-scheme="{label}"><td>{label}</td><td>{d}</td>{cells}</tr>')
-    if not rows:
-        return "<p>No trace here holds output covariances (capture with <code>--rank</code>).</p>"
-    head = (
-        "<tr><th>scheme</th><th>d</th><th>r* numerical</th><th>r*/d</th><th>r* entropy</th><th>r*/d</th>"
-        "<th>r* participation</th><th>r*/d</th></tr>"
-    )
-    return f'<table id="rank">{head}{"".join(rows)}</table>'
-
-
-def _consumer_table(t: xr.Dataset, k: int) -> str:
-    c = consumer_table(t, k)
-    head = (
-        "<tr><th>consumer</th><th>sources</th><th>1/T</th><th>embedding share</th><th>latest share</th>"
-        f"<th>embedding index</th><th>latest index</th><th>pattern (k={k})</th></tr>"
-    )
-    rows = []
-    for i in range(c.sizes["layer"]):
-        r = c.isel(layer=i)
-        rows.append(
-            f"<tr><td>{html.escape(str(r['layer'].item()))}</td><td>{int(r['n_sources'])}</td>"
-            + _num(r["baseline"]) + _num(r["embed_share"]) + _num(r["latest_share"])
-            + _num(r["embed_index"], 2) + _num(r["latest_index"], 2) + _num(r["pattern_score"], 2) + "</tr>"
-        )
-    return f'<table class="consumers">{head}{"".join(rows)}</table>'
-
+from depthscope.probes.trace import STACK
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1180px;padding:24px;color:#222;line-height:1.45}
@@ -251,104 +41,242 @@ window.addEventListener('load', function () {
 """
 
 
-def _figure_html(fig: Figure, png: bytes) -> str:
-    data = base64.b64encode(png).decode("ascii")
-    return (
-        f'<figure id="{fig.name}"><img src="data:image/png;base64,{data}" alt="{html.escape(fig.title)}">'
-        f"<figcaption><b>{html.escape(fig.title)}.</b> {html.escape(fig.caption)}"
-        f'<a href="{fig.name}.png">PNG</a><a href="{fig.name}.svg">SVG</a></figcaption></figure>'
-    )
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    title: str
+    caption: str
 
 
-def _page(traces, stacked, figures: dict[str, str], settings: ReportSettings, elapsed: float) -> str:
-    from depthscope import __version__
-
-    labels = [str(t.attrs.get("label", "")) for t in traces]
-    per_scheme = []
-    for t, label in zip(traces, labels):
-        name = f"scheme-{_slug(label)}"
-        cfg = html.escape(str(t.attrs.get("config", "")))
-        per_scheme.append(
-            f'<section id="section-{_slug(label)}"><h3>{html.escape(label)}</h3>'
-            f'<p class="sub">scheme <code>{html.escape(str(t.attrs.get("scheme", "")))}</code>; '
-            f'{html.escape(str(t.attrs.get("checkpoint", "")))}; config <code>{cfg}</code></p>'
-            f"{figures[name]}<details><summary>per-consumer table</summary>{_consumer_table(t, settings.k)}</details></section>"
-        )
-    corpus = html.escape(str(traces[0].attrs.get("corpus", "")) if traces else "")
-    settings_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in asdict(settings).items())
-    top = ["grid-mixing", "grid-share", "dilution"]
-    return f"""<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><title>depthscope report</title><style>{CSS}</style></head>
-<body>
-<h1>depthscope report</h1>
-<p class="sub">{len(traces)} schemes: {html.escape(", ".join(labels))}. Corpus: {corpus}. depthscope {__version__}.</p>
-<nav><a href="#overview">overview</a><a href="#scores">scores</a><a href="#rank-section">collective rank</a><a href="#schemes">schemes</a><a href="#settings">settings</a></nav>
-<h2 id="overview">How each scheme mixes depth</h2>
-{"".join(figures[n] for n in top)}
-<h2 id="scores">Pattern scores and dilution indices</h2>
-<p>Means over consumers (read-out reported separately). Dilution index = share x number of available sources
-(1 = the uniform 1/T share). Pattern score: |mixing| mass on the embedding and the last {settings.k} sources over the
-uniform mass (1 = uniform; &gt; 1 = the input-and-recent-layers pattern).</p>
-{_summary_table(traces, settings.k)}
-{figures["pattern"]}
-{figures["retention"]}
-<h2 id="rank-section">Collective rank versus width</h2>
-<p>DCA (arXiv 2502.06785, Sec. 4) predicts that learnable depth weights help most when the collective rank r*
-(sum of the layers' ranks) is small compared with the width d. Ranks are effective ranks of each sublayer's outputs
-over the captured tokens.</p>
-{_rank_table(traces)}
-{figures.get("rank", "")}
-<h2 id="schemes">Schemes</h2>
-{"".join(per_scheme)}
-<h2 id="settings">Settings</h2>
-<table>{settings_rows}<tr><td>depthscope version</td><td>{__version__}</td></tr>
-<tr><td>traces file</td><td><a href="traces.nc">traces.nc</a></td></tr><tr><td>time</td><td>{elapsed:.1f} s</td></tr></table>
-<script>{SCRIPT}</script>
-</body></html>
-"""
+def slug(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "model"
 
 
-def build_report(
-    inputs: list[str | Path], out_dir: str | Path, settings: ReportSettings = ReportSettings(), *, progress: bool = True
-) -> Path:
-    """Write the report of ``inputs`` (checkpoints, traces, model dirs; none = the bundled zoo)."""
+def _is_signed(t: xr.Dataset) -> bool:
+    return bool(np.nanmin(t["mixing"].values) < 0)
+
+
+def report_figures(
+    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
+) -> list[tuple[FigureSpec, Any]]:
+    """(description, matplotlib Figure) for every figure of the report, in page order."""
     import matplotlib.pyplot as plt
 
-    from depthscope import zoo
-    from depthscope.figures.style import save
+    from depthscope.figures.curves import plot_dilution_panels, plot_pattern_scores, plot_retention, plot_trajectory
+    from depthscope.figures.heatmaps import plot_heatmap, plot_heatmap_grid
+    from depthscope.figures.rank import plot_rank_profile
 
-    start = time.perf_counter()
-    out_dir = Path(out_dir)
-    paths = [Path(p) for p in inputs] or zoo.checkpoints()
-    for p in paths:
-        input_kind(p)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    except OSError as err:
-        raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
-    try:
-        traces = collect_traces(paths, settings, progress=progress)
-        stacked = stack_traces(traces)
-        traces = [select_scheme(stacked, s) for s in stacked["scheme"].values]  # unique labels
-        figures: dict[str, str] = {}
-        made = _make_figures(stacked, traces, settings.k)
-        with bar("report: figures", len(made), enabled=progress) as pb:
-            for desc, fig in made:
-                written = save(fig, tmp / desc.name, formats=("png", "svg"))
-                png = next(p for p in written if p.suffix == ".png")
-                figures[desc.name] = _figure_html(desc, png.read_bytes())
-                plt.close(fig)
-                pb.advance(1)
-        save_trace(stacked, tmp / "traces.nc")
-        (tmp / "index.html").write_text(_page(traces, stacked, figures, settings, time.perf_counter() - start), encoding="utf-8")
-        for f in sorted(tmp.iterdir()):  # index.html last: a complete page appears only at the end
-            if f.name != "index.html":
-                os.replace(f, out_dir / f.name)
-        os.replace(tmp / "index.html", out_dir / "index.html")
-    except OSError as err:
-        raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        plt.close("all")
-    return out_dir / "index.html"
+    signed = any(_is_signed(t) for t in traces)
+    out = [
+        (
+            FigureSpec("grid-weights", "Depth-mixing weights of every model (row-normalised)",
+                       "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's "
+                       "input (rows), token mean, in the delta basis (embedding + sublayer outputs). Every consumer of a "
+                       "pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual reads "
+                       "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. Shared "
+                       "colour scale. The raw weights M are one click below."),
+            plot_heatmap_grid(stacked),
+        ),
+        (
+            FigureSpec("grid-share", "Contribution shares of every model",
+                       "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 "
+                       "(each row sums to 1; a ratio of sums over tokens, so high-norm tokens weigh more). "
+                       "The uniform 1/T share is 1/(number of sources)."),
+            plot_heatmap_grid(stacked, "contribution_share"),
+        ),
+        (
+            FigureSpec("dilution", "Dilution against the 1/T baseline",
+                       "Contribution share of the embedding, the first sublayer and the latest source at each "
+                       "consumer depth; the dashed line is the uniform share 1/T."),
+            plot_dilution_panels(stacked),
+        ),
+        (
+            FigureSpec("grid-mixing", "Raw depth-mixing weights M of every model",
+                       "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual is 1 "
+                       "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale"
+                       + (", symmetric-log (weights are signed)." if signed else ".")),
+            plot_heatmap_grid(stacked, "mixing", symlog=signed),
+        ),
+        (
+            FigureSpec("pattern", "Input-and-recent pattern scores",
+                       f"Mass of |M| on the embedding and the last {k} sources over what a uniform row "
+                       "puts there: 1 is uniform (a standard residual), above 1 is the pattern the papers report."),
+            plot_pattern_scores(stacked, k=k).figure,
+        ),
+        (
+            FigureSpec("retention", "Retention of sources",
+                       "Contribution share of each source at the consumers after it, by lag in sublayers, in units "
+                       "of the uniform 1/T share."),
+            plot_retention(stacked).figure,
+        ),
+    ]
+    for tr in trajectories:
+        label = trajectory_label(tr)
+        out.append(
+            (
+                FigureSpec(f"trajectory-{slug(label)}", f"{label}: the pattern over training",
+                           "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the read-out's "
+                           "share of the embedding, the dilution index of the first and latest sources, and the "
+                           "validation loss, against the training tokens seen."),
+                plot_trajectory(tr, k=k),
+            )
+        )
+        out.append(
+            (
+                FigureSpec(f"trajectory-{slug(label)}-weights", f"{label}: weights at each step",
+                           "Row-normalised weights at each captured step, on one colour scale."),
+                plot_heatmap_grid(tr, ncols=tr.sizes[STACK]),
+            )
+        )
+    if "source_spectrum" in stacked:
+        out.append(
+            (
+                FigureSpec("rank", "Effective rank of each sublayer's outputs",
+                           "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum "
+                           "is the collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4)."),
+                plot_rank_profile(stacked).figure,
+            )
+        )
+    for t in traces:
+        label = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
+        fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
+        plot_heatmap(t, axes[0], var="mixing", symlog=_is_signed(t), title="mixing weights M")
+        plot_heatmap(t, axes[1], var="contribution_share", title="contribution shares")
+        fig.suptitle(label)
+        out.append((FigureSpec(f"model-{slug(label)}", label, "Mixing weights (left) and contribution shares (right)."), fig))
+    return out
+
+
+def trajectory_label(trajectory: xr.Dataset) -> str:
+    """``variant`` of a trajectory's models (the label without its ``@step``)."""
+    first = str(trajectory[STACK].values[0])
+    return first.split("@", 1)[0]
+
+
+def figure_html(spec: FigureSpec, png: bytes) -> Markup:
+    """One figure: the PNG embedded, its caption, links to the PNG and SVG files."""
+    data = base64.b64encode(png).decode("ascii")
+    return Markup(
+        '<figure id="{id}"><img src="data:image/png;base64,{data}" alt="{title}">'
+        '<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a href="{id}.svg">SVG</a></figcaption></figure>'
+    ).format(id=spec.name, data=data, title=spec.title, caption=spec.caption)
+
+
+def _f(x) -> float:
+    return float(x) if x is not None else float("nan")
+
+
+def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
+    s = summary(t, k)
+    g = s.sel
+    label = str(t.attrs.get("label", ""))
+    table = consumer_table(t, k)
+    return {
+        "label": label,
+        "slug": slug(label),
+        "figure": f"model-{slug(label)}",
+        "scheme": str(t.attrs.get("scheme", "")),
+        "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
+        "checkpoint_path": str(t.attrs.get("checkpoint", "")),
+        "config": str(t.attrs.get("config", "")),
+        "note": str(t.attrs.get("consumer_input", "")),
+        "tokens": int(t.attrs.get("tokens", 0)),
+        "pattern": _f(g(group="sublayers")["pattern_score"]),
+        "pattern_attn": _f(g(group="attn")["pattern_score"]),
+        "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
+        "pattern_readout": _f(g(group="readout")["pattern_score"]),
+        "embed_index": _f(g(group="sublayers")["embed_index"]),
+        "latest_index": _f(g(group="sublayers")["latest_index"]),
+        "readout_embed_share": _f(g(group="readout")["embed_share"]),
+        "readout_latest_share": _f(g(group="readout")["latest_share"]),
+        "max_error": _f(s["max_residual_error"]),
+        "consumers": [
+            {
+                "layer": str(r["layer"].item()),
+                "n": int(r["n_sources"]),
+                **{key: _f(r[var]) for key, var in (
+                    ("baseline", "baseline"), ("embed_share", "embed_share"), ("latest_share", "latest_share"),
+                    ("embed_index", "embed_index"), ("latest_index", "latest_index"), ("pattern", "pattern_score"),
+                )},
+            }
+            for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
+        ],
+    }
+
+
+def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
+    s = summary(tr, k)
+    label = trajectory_label(tr)
+    rows = []
+    for i, m in enumerate(tr[STACK].values):
+        g = s.sel({STACK: m}).sel
+        rows.append(
+            {
+                "step": int(tr["step"].values[i]),
+                "tokens": int(tr["train_tokens"].values[i]) if "train_tokens" in tr.coords else 0,
+                "val_loss": _f(tr["val_loss"].values[i]) if "val_loss" in tr.coords else float("nan"),
+                "pattern": _f(g(group="sublayers")["pattern_score"]),
+                "pattern_attn": _f(g(group="attn")["pattern_score"]),
+                "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
+                "pattern_readout": _f(g(group="readout")["pattern_score"]),
+                "readout_embed_share": _f(g(group="readout")["embed_share"]),
+                "first_index": _f(g(group="sublayers")["first_index"]),
+                "latest_index": _f(g(group="sublayers")["latest_index"]),
+            }
+        )
+    return {
+        "label": label, "slug": slug(label), "rows": rows,
+        "figure": f"trajectory-{slug(label)}", "heatmaps": f"trajectory-{slug(label)}-weights",
+    }
+
+
+def _rank_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
+    rows = []
+    for t in traces:
+        if "collective_rank" not in t:
+            continue
+        rows.append(
+            {
+                "label": str(t.attrs.get("label", "")),
+                "d": t.sizes["component"],
+                "ranks": [
+                    (_f(t["collective_rank"].sel(rank_kind=kind)), _f(t["collective_rank_ratio"].sel(rank_kind=kind)))
+                    for kind in ("numerical", "entropy", "participation")
+                ],
+            }
+        )
+    return rows
+
+
+def render_page(
+    traces: list[xr.Dataset],
+    figures: dict[str, Markup],
+    settings: dict[str, Any],
+    *,
+    k: int = 2,
+    elapsed: float = 0.0,
+    trajectories: list[xr.Dataset] = (),
+) -> str:
+    """The report's index.html: tables from the estimators, the figures as given."""
+    import jinja2
+
+    from depthscope import __version__
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("depthscope.figures", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return env.get_template("report.html").render(
+        css=Markup(CSS),
+        script=Markup(SCRIPT),
+        models=[_model_row(t, k) for t in traces],
+        trajectories=[_trajectory_rows(tr, k) for tr in trajectories],
+        ranks=_rank_rows(traces),
+        figures=figures,
+        settings=settings,
+        corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",
+        version=__version__,
+        k=k,
+        elapsed=elapsed,
+    )

@@ -38,19 +38,6 @@ PALETTE = (
 # seaborn's "dark" palette: the overflow when one figure needs more colours than PALETTE has
 EXTRA = ("#001c7f", "#b1400d", "#12711c", "#8c0800", "#591e71", "#592f0d", "#a23582", "#3c3c3c", "#b8850a", "#006374")
 
-# One colour per scheme family, fixed so a scheme looks the same in every figure and report.
-SCHEME_COLORS = {
-    "standard": "#949494",
-    "denseformer": "#0173b2",
-    "dca": "#de8f05",
-    "grn": "#de8f05",
-    "attnres": "#029e73",
-    "hc": "#d55e00",
-    "mhc": "#cc78bc",
-    "ddl": "#ca9161",
-    "shortswa": "#56b4e9",
-}
-
 DIVERGING_CMAP = "RdBu_r"  # weights and shares: blue negative, white 0, red positive
 SEQUENTIAL_CMAP = "viridis"  # ordered quantities such as source depth
 DPI = 200  # saved raster figures
@@ -117,21 +104,29 @@ def style_axes(ax, *, spines: bool = False):
     return ax
 
 
+def _scheme_colors() -> dict[str, str]:
+    """Each scheme's colour (``Scheme.color``) under its name and every variant label."""
+    from depthscope.schemes import get_scheme
+    from depthscope.schemes.base import variants
+
+    return {key: get_scheme(name).color for label, name, _ in variants() for key in (label, name)}
+
+
 def _family(label: str) -> str:
-    """``attnres-block4`` -> ``attnres``, ``dca#2`` -> ``dca``, ``grn-v1`` -> ``grn``."""
-    for sep in ("#", "(", "-", ":", " "):
+    """``attnres-block4`` -> ``attnres``, ``dca#2`` -> ``dca``, ``hc@500`` -> ``hc``."""
+    for sep in ("#", "@", "(", "-", ":", " "):
         label = label.split(sep, 1)[0]
     return label.lower()
 
 
 def scheme_color(label: str) -> str:
-    """The stable colour of a scheme label (its family's colour; unknown labels hash into PALETTE)."""
+    """The stable colour of a model label: its scheme's colour (``Scheme.color``, found by variant
+    label or scheme family); unknown labels hash into PALETTE."""
     label = str(label)
-    if label in SCHEME_COLORS:
-        return SCHEME_COLORS[label]
-    family = _family(label)
-    if family in SCHEME_COLORS:
-        return SCHEME_COLORS[family]
+    colors = _scheme_colors()
+    for key in (label, label.split("#", 1)[0].split("@", 1)[0], _family(label)):
+        if key in colors:
+            return colors[key]
     return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]  # crc32: stable across runs
 
 

@@ -56,7 +56,7 @@ def _gain_lines(ax, curves, x: str, extra) -> None:
 
 
 @styled
-def gain_vs_rank(gains, ax=None):
+def plot_gain_vs_rank(gains, ax=None):
     """Excess-risk gain (ResNet minus GRN at equal parameters) versus r* (paper Fig. 5, left).
 
     ``gains``: one DataArray from ``theory.gain_curve`` or a sequence of them (e.g. d = 100,
@@ -73,7 +73,7 @@ def gain_vs_rank(gains, ax=None):
 
 
 @styled
-def gain_vs_lambda_min(gains, ax=None):
+def plot_gain_vs_lambda_min(gains, ax=None):
     """Excess-risk gain versus lambda_min at fixed r* and lambda_max (paper Fig. 5, right).
 
     ``gains``: one DataArray from ``theory.gain_lambda_curve`` or a sequence of them.
@@ -96,7 +96,7 @@ def _lambda_title(curves) -> str:
 
 
 @styled
-def threshold_vs_kappa(numerical, derived=None, ax=None):
+def plot_threshold_vs_kappa(numerical, derived=None, ax=None):
     """Largest winning r*/d versus kappa: numerical (solid) and the derived closed form (dashed).
 
     ``numerical``: DataArray(s) from ``theory.threshold_curve``; ``derived``: DataArray(s) from
@@ -133,7 +133,7 @@ def threshold_vs_kappa(numerical, derived=None, ax=None):
 
 
 @styled
-def identity_curves(results: dict):
+def plot_identity_curves(results: dict):
     """The identity experiment (paper Fig. 1): MSE versus steps, ResNet vs GRN-v1, log y.
 
     ``results`` is ``identity.run_identity``'s dict; one panel per task present, in the order
@@ -157,7 +157,7 @@ def identity_curves(results: dict):
 
 
 @styled
-def identity_sweep(sweep: dict, ax=None):
+def plot_identity_sweep(sweep: dict, ax=None):
     """Final MSE versus width d at fixed r*, for each model and each task in ``sweep``.
 
     ``sweep`` is ``identity.width_sweep``'s dict. Lines in order: for each task (identity,

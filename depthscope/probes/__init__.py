@@ -1,6 +1,6 @@
-"""Hooks and capture: a model + tokens -> a trace (xarray.Dataset)."""
+"""Hooks and capture: a model (any family with an adapter) + tokens -> a trace (xarray.Dataset)."""
 
-from depthscope.probes.capture import capture, layout, token_windows
-from depthscope.probes.trace import TRACE_FORMAT, load_trace, save_trace
+from depthscope.probes.capture import capture
+from depthscope.probes.trace import TRACE_FORMAT, load_trace, save_trace, select_model, split_models, stack_traces
 
-__all__ = ["TRACE_FORMAT", "capture", "layout", "load_trace", "save_trace", "token_windows"]
+__all__ = ["TRACE_FORMAT", "capture", "load_trace", "save_trace", "select_model", "split_models", "stack_traces"]

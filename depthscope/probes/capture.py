@@ -1,66 +1,36 @@
-"""Capture: a model + tokens -> a trace (xarray.Dataset), streaming over batches.
+"""The capture engine: any model with an adapter + tokens -> a trace (xarray.Dataset).
 
-Hooks are attached through TransformerLens's ``hooks()`` context manager, whose ``finally`` removes
-every handle. Per batch the probe keeps one buffer of source outputs [batch, pos, source, d_model]
-and folds each consumer into float64 sums as soon as its input and weights have been seen, so
-memory does not grow with the number of tokens analysed.
+One loop for every model family (``probes/adapters``): the model is put in eval mode and run
+under no_grad (both restored after), the adapter's taps are attached for the duration and removed
+in a ``finally``, and per batch the engine keeps one buffer of source outputs
+[batch, pos, source, d_model], folds each consumer into float64 sums as soon as its input (and
+weights) have been seen, so memory does not grow with the number of tokens analysed.
+
+Checks, for every batch of every family: every source's tap fired (a source that does not fire
+is an error, never uninitialised memory), every consumer was folded, and every input is rebuilt
+from its sources within ``TOLERANCE`` (relative, on that batch's tokens); the final trace is
+checked again. A model that fails is refused with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import torch
 import xarray as xr
 from torch import Tensor
 
-from depthscope.corpus import Corpus, eval_windows, load_corpus
-from depthscope.errors import CorpusError, DepthscopeError, TraceError
-from depthscope.probes.trace import Accumulator, Layout
+from depthscope.corpus import token_windows
+from depthscope.errors import DepthscopeError, TraceError
+from depthscope.probes.adapters import Adapter, resolve
+from depthscope.probes.trace import Accumulator
 from depthscope.progress import bar
-from depthscope.schemes import DepthModel, consumers, sources
-from depthscope.schemes.base import variant_label
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
 FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
-
-
-def layout(cfg) -> Layout:
-    """Trace axes of a depthscope model."""
-    cons, srcs = consumers(cfg), sources(cfg)
-    return Layout(
-        layer=[c.label for c in cons],
-        layer_depth=[c.site.depth for c in cons],
-        layer_kind=[c.site.kind for c in cons],
-        layer_sources=[c.site.n_sources for c in cons],
-        source=[s.label for s in srcs],
-        source_depth=[s.depth for s in srcs],
-        source_kind=[s.kind for s in srcs],
-    )
-
-
-def token_windows(data: Any, ctx: int, n_tokens: int, seed: int) -> tuple[Tensor, str]:
-    """Windows [n, pos] to analyse, and a description of where they came from.
-
-    ``data`` is a LongTensor of token ids ([n, pos] or flat), a Corpus, a path, or None (the
-    default corpus). Corpus windows come from its validation split at seeded offsets.
-    """
-    if isinstance(data, Tensor):
-        if data.dtype not in (torch.int64, torch.int32, torch.uint8):
-            raise DepthscopeError(f"token tensor must hold integers, got {data.dtype}")
-        tokens = data.long()
-        if tokens.ndim == 1:
-            if len(tokens) < ctx:
-                raise CorpusError(f"{len(tokens)} tokens are fewer than one context window ({ctx})")
-            tokens = tokens[: len(tokens) // ctx * ctx].view(-1, ctx)
-        if tokens.ndim != 2 or tokens.shape[1] > ctx:
-            raise DepthscopeError(f"tokens must be [batch, pos] with pos <= {ctx}, got {tuple(tokens.shape)}")
-        return tokens, f"{tokens.numel()} given tokens"
-    if n_tokens < ctx:
-        raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
-    corpus = data if isinstance(data, Corpus) else load_corpus(data)
-    corpus.require(ctx, "one context window")
-    return eval_windows(corpus.val, n_tokens, ctx, seed), corpus.name
 
 
 def capture(
@@ -70,136 +40,187 @@ def capture(
     n_tokens: int = 16384,
     batch_size: int = 16,
     seed: int = 0,
+    ctx: int | None = None,
+    skip_positions: int = 0,
     progress: bool = False,
     checkpoint: str = "",
     rank: bool = False,
+    adapter: str | Adapter | None = None,
 ) -> xr.Dataset:
-    """Capture a trace of ``model`` on ``data`` (tokens, a corpus or a path; None = default corpus).
+    """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
-    ``rank=True`` also streams each source's covariance over tokens (d x d per source, whatever the
-    number of tokens) and stores its spectrum as ``source_spectrum`` (source, component), from
-    which ``depthscope.analysis.rank`` computes effective and collective ranks.
+    Args:
+        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
+        ctx: window length (at most the model's context; default the model's context).
+        skip_positions: leave the first K positions of every window out of every statistic
+            (attention sinks); they still run through the model.
+        rank: also stream each source's covariance over tokens (d x d per source) and store its
+            spectrum as ``source_spectrum`` (source, component) for ``depthscope.analysis.rank``.
+        adapter: an adapter family name (or an Adapter) instead of detection.
 
-    Works for every built-in scheme and for TransformerLens ``TransformerBridge`` models (standard
-    additive residual streams, checked before trusting hook names). Raises DepthscopeError for a
-    too-short corpus and TraceError for a model whose inputs cannot be rebuilt from its sources.
+    Raises:
+        DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
+        TraceError for a model whose inputs cannot be rebuilt from its sources.
     """
-    from depthscope.probes.bridge import capture_bridge, is_bridge
-
-    if is_bridge(model):
-        return capture_bridge(
-            model, data, n_tokens=n_tokens, batch_size=batch_size, seed=seed, progress=progress, checkpoint=checkpoint, rank=rank
-        )
-    if not isinstance(model, DepthModel):
-        raise DepthscopeError(f"cannot capture a {type(model).__name__}: expected a depthscope model or a TransformerBridge")
-    cfg = model.cfg
-    windows, corpus_name = token_windows(data, cfg.ctx, n_tokens, seed)
-    acc = Accumulator(layout(cfg), covariance=rank)
-    hooks = _ModelHooks(model, acc)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), model.hooks(fwd_hooks=hooks.fwd_hooks), bar("capture", len(windows), enabled=progress) as pb:
-            for chunk in windows.split(batch_size):
-                hooks.new_batch()
-                model(chunk)
-                hooks.end_batch()
-                acc.add_tokens(chunk.numel())
-                pb.advance(len(chunk))
-    finally:
-        model.train(was_training)
+    ad = resolve(model, adapter)
+    if batch_size < 1:
+        raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
+    window = ad.ctx if ctx is None else int(ctx)
+    if not 1 <= window <= ad.ctx:
+        raise DepthscopeError(f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}")
+    windows, corpus_name = token_windows(data, window, n_tokens, seed, encode=ad.encode, vocab=ad.vocab)
+    if not 0 <= skip_positions < windows.shape[1]:
+        raise DepthscopeError(f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), got {skip_positions}")
+    acc = Accumulator(ad.layout(), covariance=rank)
+    taps = Taps(ad, acc, skip_positions)
+    with evaluating(model), torch.no_grad(), ad.attach(model, taps.callbacks()), bar("capture", len(windows), enabled=progress) as pb:
+        for b, chunk in enumerate(windows.split(batch_size)):
+            acc.start_batch()
+            taps.new_batch()
+            ad.forward(model, chunk)
+            taps.end_batch(b)
+            acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - skip_positions))
+            pb.advance(len(chunk))
     from depthscope import __version__
 
     ds = acc.dataset(
         {
-            "scheme": cfg.scheme,
-            "label": variant_label(cfg),
-            "config": cfg.to_json(),
+            **ad.attrs,
             "checkpoint": str(checkpoint),
             "corpus": corpus_name,
             "seed": seed,
+            "ctx": int(windows.shape[1]),
+            "skip_positions": int(skip_positions),
             "depthscope_version": __version__,
         }
     )
-    for name, (dims, array, coords) in model.scheme.static_native(model).items():
+    for name, (dims, array, coords) in ad.static_native().items():
         ds[name] = xr.DataArray(array, dims=dims, coords=coords)
         ds[name].attrs.update(long_name=f"{name} (native, static)", units="1")
-    check_additive(ds, TOLERANCE)
+    check_additive(ds, TOLERANCE, ad.hint)
     return ds
 
 
-class _ModelHooks:
-    """Forward hooks that feed one Accumulator from a DepthModel, batch by batch."""
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """Eval mode inside the block; the model's previous mode afterwards."""
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
-    def __init__(self, model: DepthModel, acc: Accumulator):
-        cfg = model.cfg
-        self.acc = acc
-        self.srcs = sources(cfg)
-        self.cons = consumers(cfg)
-        self.values: Tensor | None = None
-        self.norms: Tensor | None = None
+
+class Taps:
+    """The engine's callbacks, batch by batch: source buffer, consumer folding and checks."""
+
+    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int):
+        self.ad, self.acc, self.skip = adapter, acc, skip
+        self.n_sources = len(adapter.sources)
+        self.values: Tensor | None = None  # [batch, pos, source, d_model]
+        self.norms: Tensor | None = None  # [batch, pos, source]
+        self.fired = np.zeros(self.n_sources, dtype=bool)
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.deferred: list[tuple[int, Tensor, Tensor]] = []
-        self.fresh = True
-        self.fwd_hooks = []
-        for j, s in enumerate(self.srcs):
-            self.fwd_hooks.append((s.hook, self._on_source(j)))
-        for i, c in enumerate(self.cons):
-            self.fwd_hooks.append((c.hook_in, self._on_consumer(i, "h")))
-            self.fwd_hooks.append((c.hook_weights, self._on_consumer(i, "w")))
-        row = {label: i for i, label in enumerate(acc.layout.layer)}
-        for nh in model.scheme.native_hooks(cfg):
-            self.fwd_hooks.append((nh.hook, self._on_native(nh.name, nh.dims, row[nh.layer])))
+        self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
+
+    def callbacks(self) -> list[tuple[str, Any]]:
+        out = [(s.tap, self._on_source(j)) for j, s in enumerate(self.ad.sources)]
+        for i, c in enumerate(self.ad.consumers):
+            out.append((c.tap, self._on_consumer(i, "h")))
+            if c.weights is not None:
+                out.append((c.weights, self._on_consumer(i, "w")))
+        out += [(n.tap, self._on_native(n.name, n.dims, self.row[n.layer])) for n in self.ad.native]
+        return out
 
     def new_batch(self) -> None:
-        self.pending, self.fresh, self.deferred = {}, True, []
+        self.pending, self.deferred = {}, []
+        self.fired[:] = False
 
-    def end_batch(self) -> None:
-        """Fold the waiting consumers with per-token scalar weights (their sources are all known)."""
-        self.acc.consumers(self.deferred, self.values, self.norms)
-        self.deferred = []
+    def end_batch(self, b: int) -> None:
+        """Fold the waiting consumers, then check this batch: every source, every consumer, the identity."""
+        self._flush()
+        if not self.fired.all():
+            j = int(np.flatnonzero(~self.fired)[0])
+            s = self.ad.sources[j]
+            raise TraceError(f"source {s.label} ({s.tap}) did not fire in batch {b}: the model never wrote it")
+        folded = self.acc.batch_folded()
+        if not folded.all():
+            c = self.ad.consumers[int(np.flatnonzero(~folded)[0])]
+            raise TraceError(f"consumer {c.label} ({c.tap}) was not seen in batch {b}")
+        err = self.acc.batch_error()
+        if not np.all(err <= TOLERANCE):
+            worst = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
+            raise TraceError(
+                f"{self.ad.family} model is not additive: its input at {self.ad.consumers[worst].label} is not the sum "
+                f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance {TOLERANCE:g}){self.ad.hint}"
+            )
+
+    def _cut(self, t: Tensor) -> Tensor:
+        return t[:, self.skip :] if self.skip else t
 
     def _on_source(self, j: int):
-        def hook(t: Tensor, hook) -> None:
-            if self.fresh:  # first source of a batch: (re)use one buffer of all source outputs
-                self.fresh = False
-                shape = (*t.shape[:-1], len(self.srcs), t.shape[-1])
+        def hook(t: Tensor) -> None:
+            t = self._cut(t)
+            shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
+            if not self.fired.any():  # first source of a batch: (re)use one buffer of all source outputs
                 if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
                     self.values = t.new_empty(shape)
                     self.norms = t.new_empty(shape[:-1])
+            elif self.values.shape != shape:
+                raise TraceError(f"source {self.ad.sources[j].label} has shape {tuple(t.shape)}, the others {tuple(shape)}")
             self.values[:, :, j] = t
             self.norms[:, :, j] = self.acc.source(j, t)
+            self.fired[j] = True
 
         return hook
 
     def _on_consumer(self, i: int, key: str):
-        def hook(t: Tensor, hook) -> None:
+        spec = self.ad.consumers[i]
+
+        def hook(t: Tensor) -> None:
             got = self.pending.setdefault(i, {})
-            got[key] = t
-            if len(got) == 2:  # input and weights both seen
+            got[key] = self._cut(t)
+            if "h" in got and ("w" in got or spec.weights is None):
                 del self.pending[i]
-                if got["w"].ndim == 3:  # scalar weights: fold a few together, cache-friendly
-                    self.deferred.append((i, got["h"], got["w"]))
+                n = spec.n_sources
+                if not self.fired[:n].all():
+                    j = int(np.flatnonzero(~self.fired[:n])[0])
+                    raise TraceError(
+                        f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not fired before it"
+                    )
+                h = got["h"]
+                w = got.get("w")
+                if w is None:
+                    w = h.new_ones(*h.shape[:-1], n)
+                if w.ndim == 3:  # scalar weights: fold a few together, cache-friendly
+                    self.deferred.append((i, h, w))
                     if len(self.deferred) >= FLUSH:
-                        self.end_batch()
+                        self._flush()
                 else:  # per-feature weights are large: fold now and let them go
-                    self.acc.consumer(i, got["h"], got["w"], self.values, self.norms)
+                    self.acc.consumer(i, h, w, self.values, self.norms)
 
         return hook
+
+    def _flush(self) -> None:
+        if self.deferred:
+            self.acc.consumers(self.deferred, self.values, self.norms)
+            self.deferred = []
 
     def _on_native(self, name: str, dims: tuple[str, ...], i: int):
-        def hook(t: Tensor, hook) -> None:
-            self.acc.native_mean(name, dims, i, t)
+        def hook(t: Tensor) -> None:
+            self.acc.native_mean(name, dims, i, self._cut(t))
 
         return hook
 
 
-def check_additive(trace: xr.Dataset, tol: float) -> None:
+def check_additive(trace: xr.Dataset, tol: float = TOLERANCE, hint: str = "") -> None:
     """Refuse a trace whose inputs were not rebuilt from their sources within ``tol``."""
     err = trace["residual_error"]
-    worst = err.argmax("layer").item()
-    if not float(err.max()) <= tol:
+    worst = int(err.fillna(np.inf).argmax("layer"))
+    if not float(err.max()) <= tol or bool(err.isnull().any()):
         raise TraceError(
             f"inputs are not the sum of the captured sources: rebuilding {trace.layer.values[worst]} "
-            f"leaves a relative error of {float(err[worst]):.3g} (tolerance {tol:g})"
+            f"leaves a relative error of {float(err[worst]):.3g} (tolerance {tol:g}){hint}"
         )

@@ -1,19 +1,31 @@
 """The trace: streaming accumulation of depth-mixing statistics, and the labelled Dataset.
 
-A trace (format version 1, see DESIGN.md "The trace") is an xarray.Dataset with dims ``layer``
+A trace (format version 2, see DESIGN.md "The trace") is an xarray.Dataset with dims ``layer``
 (consumers, in execution order, then the read-out) and ``source`` (embedding, then sublayer
 outputs). It is built from per-batch sums held in float64, so capturing many small batches gives
 the same trace as one large batch and memory does not grow with the number of tokens.
 
-With c[l, s] = weights[l, s] * v_s the part of consumer l's input that comes from source s and
-h_l = sum_s c[l, s]:
+With c[l, s] the part of consumer l's input that comes from source s (weights[l, s] * v_s for
+every weight-based family) and h_l = sum_s c[l, s]:
 
     mixing[l, s]             = mean over tokens of the per-token weight (feature-mean if per-feature)
-    mixing_std[l, s]         = its standard deviation over tokens
+    mixing_abs[l, s]         = mean over tokens (and features) of |weight|: the magnitude where
+                               signs vary over tokens or features (DCA GRN-v2/v3)
+    mixing_std[l, s]         = standard deviation of the weight over tokens
     contribution_share[l, s] = sum_tokens <c[l,s], h_l> / sum_tokens |h_l|^2      (sums to 1 over s)
     norm_share[l, s]         = sum_tokens |c[l,s]| / sum_tokens sum_s' |c[l,s']|   (sums to 1 over s)
     source_rms[s], input_rms[l] = sqrt(sum_tokens |x|^2 / (tokens * d_model))
     residual_error[l]        = sqrt(sum_tokens |hook_in - h_l|^2 / sum_tokens |hook_in|^2)
+
+The shares are ratios of sums over tokens, so tokens with a large |h_l| (attention sinks, whose
+norm can be 100x the others') weigh more than the rest; the capture's ``skip_positions`` leaves
+the first positions out of every statistic.
+
+Several traces stack along a ``model`` dimension (``stack_traces``): one entry per analysed
+model, labelled by its trace's ``label``; what was an attr of one trace (``scheme``, ``variant``,
+``checkpoint``, ``config``, ``step`` ...) becomes a coordinate along ``model``, and
+``select_model`` gives one trace back. Format 1 (which stacked along ``scheme``) is converted on
+load.
 """
 
 from __future__ import annotations
@@ -29,18 +41,27 @@ from torch import Tensor
 
 from depthscope.atomic import atomic_path
 from depthscope.errors import TraceError
+from depthscope.schemes.names import READOUT
 
-TRACE_FORMAT = 1
+TRACE_FORMAT = 2
+STACK = "model"  # the dimension several traces stack along
+GLOBAL_ATTRS = ("trace_format", "depthscope_version")  # attrs of a stack; every other attr is per model
 
 VARIABLE_ATTRS = {
     "mixing": ("effective depth-mixing weight M[l, s] (token mean)", "1"),
+    "mixing_abs": ("mean magnitude |M[l, s]| over tokens (and features)", "1"),
     "mixing_std": ("standard deviation of the mixing weight over tokens", "1"),
-    "contribution_share": ("share of the input: sum <c[l,s], h_l> / sum |h_l|^2", "fraction"),
+    "contribution_share": (
+        "share of the input: sum <c[l,s], h_l> / sum |h_l|^2 (sums over tokens: high-norm tokens weigh more)",
+        "fraction",
+    ),
     "norm_share": ("norm share: sum |c[l,s]| / sum_s' |c[l,s']|", "fraction"),
     "source_rms": ("root-mean-square of the source output", "1"),
     "input_rms": ("root-mean-square of the consumer input", "1"),
     "residual_error": ("relative error of rebuilding the input from its sources", "1"),
 }
+# every trace holds these (load_trace checks them)
+REQUIRED = ("mixing", "mixing_std", "contribution_share", "norm_share", "source_rms", "input_rms", "residual_error")
 
 
 @dataclass(frozen=True)
@@ -73,7 +94,7 @@ class Accumulator:
 
     def __post_init__(self) -> None:
         n_l, n_s = len(self.layout.layer), len(self.layout.source)
-        for name in ("mix", "mix_sq", "dot", "cnorm"):
+        for name in ("mix", "mix_abs", "mix_sq", "dot", "cnorm"):
             self.sums[name] = np.zeros((n_l, n_s))
         for name in ("hh", "ctotal", "err", "in_sq"):
             self.sums[name] = np.zeros(n_l)
@@ -81,9 +102,25 @@ class Accumulator:
         self.seen = np.zeros(n_l, dtype=np.int64)  # tokens folded into each consumer's mean
         self.cov: dict[int, list] = {}  # source -> [tokens, mean (d,), M2 (d, d)], float64
         self.d_model = 0
+        self._mark: dict[str, np.ndarray] = {}
 
     def add_tokens(self, n: int) -> None:
         self.tokens += n
+
+    def start_batch(self) -> None:
+        """Remember the sums so far: ``batch_error`` and ``batch_folded`` describe what comes next."""
+        self._mark = {"err": self.sums["err"].copy(), "in_sq": self.sums["in_sq"].copy(), "seen": self.seen.copy()}
+
+    def batch_error(self) -> np.ndarray:
+        """Relative residual error of each consumer over the tokens folded since ``start_batch``."""
+        err = self.sums["err"] - self._mark["err"]
+        in_sq = self.sums["in_sq"] - self._mark["in_sq"]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.sqrt(np.where(in_sq > 0, err / np.where(in_sq > 0, in_sq, 1.0), np.where(err > 0, np.inf, 0.0)))
+
+    def batch_folded(self) -> np.ndarray:
+        """Boolean per consumer: folded since ``start_batch``."""
+        return self.seen > self._mark["seen"]
 
     @torch.no_grad()
     def source(self, j: int, v: Tensor) -> Tensor:
@@ -138,10 +175,10 @@ class Accumulator:
                 cn += c.norm(dim=-1).sum(0)
                 hh += float(rebuilt.pow(2).sum())
                 err += float((h[b] - rebuilt).pow(2).sum())
-            self._fold_weights(i, weights.mean(-1))
+            self._fold_weights(i, weights.mean(-1), weights.abs().mean(-1))
             self._fold(i, dots, hh, cn, err, h.pow(2).sum())
             return
-        self._fold_weights(i, per_token)
+        self._fold_weights(i, per_token, per_token.abs())
         self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
 
     @torch.no_grad()
@@ -174,12 +211,13 @@ class Accumulator:
         n_flat = norms.flatten(0, 1)
         for i, h, w in flat:
             dots, hh, err = parts[i]
-            self._fold_weights(i, w)
-            self._fold(i, dots, hh, (w.abs() * n_flat[:, : w.shape[-1]]).sum(0), err, h.pow(2).sum())
+            w_abs = w.abs()
+            self._fold_weights(i, w, w_abs)
+            self._fold(i, dots, hh, (w_abs * n_flat[:, : w.shape[-1]]).sum(0), err, h.pow(2).sum())
 
-    def _fold_weights(self, i: int, per_token: Tensor) -> None:
-        """Merge this batch's per-token weights into the running mean and spread (Chan et al.),
-        so the spread has no E[w^2] - E[w]^2 cancellation."""
+    def _fold_weights(self, i: int, per_token: Tensor, per_token_abs: Tensor) -> None:
+        """Merge this batch's per-token weights (and magnitudes) into the running means and the
+        spread (Chan et al.), so the spread has no E[w^2] - E[w]^2 cancellation."""
         s = self.sums
         w64 = per_token.double().flatten(0, -2)  # [tokens, source]
         n = w64.shape[-1]
@@ -189,6 +227,8 @@ class Accumulator:
         delta = m_b - s["mix"][i, :n]
         s["mix"][i, :n] += delta * n_b / (n_a + n_b)
         s["mix_sq"][i, :n] += m2_b + delta**2 * n_a * n_b / (n_a + n_b)
+        abs_b = per_token_abs.double().flatten(0, -2).mean(0).numpy()
+        s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * n_b / (n_a + n_b)
         self.seen[i] += n_b
 
     def _fold(self, i: int, dots: Tensor, hh, cnorm: Tensor, err, in_sq) -> None:
@@ -219,10 +259,11 @@ class Accumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = s["dot"] / s["hh"][:, None]
             nshare = s["cnorm"] / s["ctotal"][:, None]
-            err = np.sqrt(s["err"] / s["in_sq"])
+            err = np.where(s["in_sq"] > 0, np.sqrt(s["err"] / s["in_sq"]), np.where(s["err"] > 0, np.inf, 0.0))
         d = max(self.d_model, 1)
         data = {
             "mixing": (("layer", "source"), mix * nan),
+            "mixing_abs": (("layer", "source"), s["mix_abs"] * nan),
             "mixing_std": (("layer", "source"), std * nan),
             "contribution_share": (("layer", "source"), share * nan),
             "norm_share": (("layer", "source"), nshare * nan),
@@ -265,7 +306,11 @@ def save_trace(trace: xr.Dataset, path: str | Path) -> Path:
 
 
 def load_trace(path: str | Path) -> xr.Dataset:
-    """Open a trace written by ``save_trace``; TraceError for missing, corrupt or other-version files."""
+    """Open a trace written by ``save_trace`` (format 2, or format 1 converted).
+
+    TraceError for a missing, truncated or corrupt file, a netCDF file that is not a trace, a
+    trace of another format version, or one missing its dimensions or variables.
+    """
     path = Path(path)
     if not path.is_file():
         raise TraceError(f"{path}: no such trace file")
@@ -277,16 +322,47 @@ def load_trace(path: str | Path) -> xr.Dataset:
     version = trace.attrs.get("trace_format")
     if version is None:
         raise TraceError(f"{path}: not a depthscope trace (no trace_format attribute)")
-    if int(version) != TRACE_FORMAT:
-        raise TraceError(f"{path}: trace format {version}, this depthscope reads {TRACE_FORMAT}")
+    try:
+        version = int(version)
+    except (TypeError, ValueError):
+        raise TraceError(f"{path}: not a depthscope trace (trace_format {version!r})") from None
+    if version == 1:
+        trace = from_format_1(trace)
+    elif version != TRACE_FORMAT:
+        raise TraceError(f"{path}: trace format {version}, this depthscope reads {TRACE_FORMAT} (and 1)")
+    check_trace(trace, str(path))
     return trace
+
+
+def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
+    """TraceError unless ``trace`` has the dimensions and variables of a trace."""
+    missing = [d for d in ("layer", "source") if d not in trace.dims]
+    if missing:
+        raise TraceError(f"{name}: not a depthscope trace (no {missing[0]!r} dimension)")
+    absent = [v for v in REQUIRED if v not in trace]
+    if absent:
+        raise TraceError(f"{name}: trace lacks the variable(s) {', '.join(absent)}")
+    for coord in ("layer_depth", "layer_kind", "source_depth", "source_kind"):
+        if coord not in trace.coords:
+            raise TraceError(f"{name}: trace lacks the coordinate {coord!r}")
+    if STACK in trace.dims and trace.sizes[STACK] == 0:
+        raise TraceError(f"{name}: the stack holds no model")
+
+
+def from_format_1(trace: xr.Dataset) -> xr.Dataset:
+    """A format-1 trace (stacks along ``scheme``; the scheme name in ``scheme_scheme``) as format 2."""
+    if "scheme" in trace.dims:
+        trace = trace.rename({"scheme": STACK})
+        if "scheme_scheme" in trace.coords:
+            trace = trace.rename({"scheme_scheme": "scheme"})
+    if "mixing_abs" not in trace:  # format 1 kept signed means only: the best magnitude it allows
+        trace["mixing_abs"] = abs(trace["mixing"])
+        trace["mixing_abs"].attrs.update(long_name=VARIABLE_ATTRS["mixing_abs"][0] + " (from |mixing|, format 1)", units="1")
+    return trace.assign_attrs(trace_format=TRACE_FORMAT, converted_from_format=1)
 
 
 def config_json(cfg) -> str:
     return json.dumps(cfg, sort_keys=True) if isinstance(cfg, dict) else cfg.to_json()
-
-
-PER_TRACE_ATTRS = ("scheme", "config", "checkpoint", "corpus", "tokens", "seed")
 
 
 def _merge_order(traces: list[xr.Dataset], dim: str) -> list[str]:
@@ -304,7 +380,7 @@ def _merge_order(traces: list[xr.Dataset], dim: str) -> list[str]:
         depths = t[f"{dim}_depth"].values
         for i, label in enumerate(labels):
             if label not in first:
-                first[label] = (label == "readout", int(depths[i]), len(first))
+                first[label] = (label == READOUT, int(depths[i]), len(first))
                 after[label], indegree[label] = set(), 0
         for a, b in zip(labels, labels[1:]):
             if b not in after[a]:
@@ -325,8 +401,8 @@ def _merge_order(traces: list[xr.Dataset], dim: str) -> list[str]:
     return order
 
 
-def _per_scheme_coords(traces: list[xr.Dataset], dim: str, labels: list[str]) -> dict[str, tuple]:
-    """``{dim}_depth`` and ``{dim}_kind`` as (scheme, dim) coordinates: -1 / "" where absent."""
+def _per_model_coords(traces: list[xr.Dataset], dim: str, labels: list[str]) -> dict[str, tuple]:
+    """``{dim}_depth`` and ``{dim}_kind`` as (model, dim) coordinates: -1 / "" where absent."""
     index = {label: i for i, label in enumerate(labels)}
     depth = np.full((len(traces), len(labels)), -1, dtype=np.int64)
     kind = np.full((len(traces), len(labels)), "", dtype=object)
@@ -334,18 +410,30 @@ def _per_scheme_coords(traces: list[xr.Dataset], dim: str, labels: list[str]) ->
         cols = [index[str(x)] for x in t[dim].values]
         depth[k, cols] = t[f"{dim}_depth"].values
         kind[k, cols] = t[f"{dim}_kind"].values
-    return {f"{dim}_depth": (("scheme", dim), depth), f"{dim}_kind": (("scheme", dim), kind)}
+    return {f"{dim}_depth": ((STACK, dim), depth), f"{dim}_kind": ((STACK, dim), kind)}
+
+
+def _attr_array(values: list) -> np.ndarray:
+    """One per-model attr as a coordinate: integers, floats, or text (missing: -1, NaN, "")."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, (bool, int, np.integer)) and not isinstance(v, bool) for v in present):
+        return np.array([-1 if v is None else int(v) for v in values], dtype=np.int64)
+    if present and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in present):
+        return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+    return np.array(["" if v is None else str(v) for v in values], dtype=object)
 
 
 def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
-    """Concatenate traces along a ``scheme`` dimension (labels from each trace's ``label``).
+    """Concatenate traces along a ``model`` dimension (labels from each trace's ``label``).
 
     Consumers and sources are the union over traces, in an order consistent with each trace's
     execution order; a trace's missing rows and columns are NaN. Depth and kind coordinates become
-    (scheme, layer) / (scheme, source) arrays (-1 and "" where a trace lacks the label), and
-    per-trace attrs (scheme name, config, checkpoint, corpus, tokens, seed) coordinates along
-    ``scheme``. ``select_scheme`` gives one trace back.
+    (model, layer) / (model, source) arrays (-1 and "" where a trace lacks the label), and every
+    per-trace attr (scheme, variant, config, checkpoint, corpus, tokens, seed, ...) a coordinate
+    along ``model``. A stacked trace contributes each of its models. ``select_model`` gives one
+    trace back.
     """
+    traces = [m for t in traces for m in (split_models(t) if STACK in t.dims else [t])]
     if not traces:
         raise TraceError("no traces to stack")
     labels, counts = [], {}
@@ -354,7 +442,7 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
         counts[base] = counts.get(base, 0) + 1
         labels.append(base if counts[base] == 1 else f"{base}#{counts[base]}")
     layers, srcs = _merge_order(traces, "layer"), _merge_order(traces, "source")
-    coords = {**_per_scheme_coords(traces, "layer", layers), **_per_scheme_coords(traces, "source", srcs)}
+    coords = {**_per_model_coords(traces, "layer", layers), **_per_model_coords(traces, "source", srcs)}
     variables = {}
     for t in traces:
         for name, var in t.data_vars.items():
@@ -367,27 +455,40 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
             if name not in t:
                 shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
                 t[name] = (var.dims, np.full(shape, np.nan))
-        aligned.append(t.drop_attrs() if hasattr(t, "drop_attrs") else t.assign_attrs({}))
-    out = xr.concat(aligned, dim="scheme", join="outer", combine_attrs="drop", coords="minimal", compat="override")
-    out = out.assign_coords(
-        scheme=np.array(labels, dtype=object),
-        **coords,
-        **{
-            f"scheme_{a}" if a == "scheme" else a: ("scheme", np.array([t.attrs.get(a, "") for t in traces], dtype=object if a not in ("tokens", "seed") else np.int64))
-            for a in PER_TRACE_ATTRS
-        },
-    )
+        aligned.append(t.drop_attrs())
+    out = xr.concat(aligned, dim=STACK, join="outer", combine_attrs="drop", coords="minimal", compat="override")
+    keys = [k for k in dict.fromkeys(k for t in traces for k in t.attrs) if k not in GLOBAL_ATTRS and k != "label"]
+    per_model = {k: (STACK, _attr_array([t.attrs.get(k) for t in traces])) for k in keys}
+    out = out.assign_coords({STACK: np.array(labels, dtype=object), **coords, **per_model})
     for name in variables:
         out[name].attrs = dict(variables[name].attrs)
-    out.attrs = {"trace_format": TRACE_FORMAT, "depthscope_version": traces[0].attrs.get("depthscope_version", "")}
-    return out
+    return out.assign_attrs(trace_format=TRACE_FORMAT, depthscope_version=traces[0].attrs.get("depthscope_version", ""))
 
 
-def select_scheme(stacked: xr.Dataset, label: str) -> xr.Dataset:
+def _attr_value(v):
+    """A coordinate value back as an attr (the numeric missing markers of ``_attr_array``, -1 and
+    NaN, dropped; text comes back as it is, "" included)."""
+    v = v.item() if hasattr(v, "item") else v
+    return None if (isinstance(v, int) and v == -1) or (isinstance(v, float) and v != v) else v
+
+
+def select_model(stacked: xr.Dataset, label: str) -> xr.Dataset:
     """One trace out of a stack, without the padding rows/columns, with its attrs restored."""
-    t = stacked.sel(scheme=label)
+    if STACK not in stacked.dims:
+        raise TraceError("not a stack of traces (no 'model' dimension)")
+    if label not in set(str(m) for m in stacked[STACK].values):
+        raise TraceError(f"no model {label!r} in the stack (models: {', '.join(map(str, stacked[STACK].values))})")
+    t = stacked.sel({STACK: label})
     rows, cols = t["layer_depth"].values >= 0, t["source_depth"].values >= 0  # present in this trace
     t = t.isel(layer=np.flatnonzero(rows), source=np.flatnonzero(cols))
-    attrs = {a: t[f"scheme_{a}" if a == "scheme" else a].item() for a in PER_TRACE_ATTRS}
-    t = t.drop_vars(["scheme", *(f"scheme_{a}" if a == "scheme" else a for a in PER_TRACE_ATTRS)])
-    return t.assign_attrs({**stacked.attrs, **attrs, "label": label})
+    per_model = [c for c, v in t.coords.items() if v.dims == () and c != STACK]
+    attrs = {c: _attr_value(t[c].values) for c in per_model}
+    t = t.drop_vars([STACK, *per_model])
+    return t.assign_attrs({**stacked.attrs, **{k: v for k, v in attrs.items() if v is not None}, "label": label})
+
+
+def split_models(trace: xr.Dataset) -> list[xr.Dataset]:
+    """The traces of a stack (one per model, in order), or ``[trace]`` for a single trace."""
+    if STACK not in trace.dims:
+        return [trace]
+    return [select_model(trace, str(m)) for m in trace[STACK].values]

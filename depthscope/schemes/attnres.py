@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
 from depthscope.schemes._common import rms_norm
+from depthscope.schemes import names
 from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 
 
@@ -59,7 +60,7 @@ class BlockState:
 
 def entry_of_source(cfg: ModelConfig, site: Site) -> list[int]:
     """For each source available at ``site``, the index of the softmax entry that holds it."""
-    n_done = 1 + (block_of(cfg, site.index) if site.kind != "readout" else n_blocks(cfg))
+    n_done = 1 + (block_of(cfg, site.index) if site.kind != names.READOUT else n_blocks(cfg))
     out = [0]  # the embedding is entry 0
     for s in range(site.index):  # sublayer outputs written before this consumer
         b = block_of(cfg, s)
@@ -76,7 +77,7 @@ class DepthAttention(Mixer):
         self.query = nn.Parameter(torch.zeros(cfg.d_model))  # w_l, init 0 => uniform weights
         self.key_gain = nn.Parameter(torch.ones(cfg.d_model))  # the gain of RMSNorm_l
         self.register_buffer("entry_index", torch.tensor(entry_of_source(cfg, site)), persistent=False)
-        self.last_in_block = site.kind != "readout" and (
+        self.last_in_block = site.kind != names.READOUT and (
             site.index == cfg.n_sublayers - 1 or block_of(cfg, site.index + 1) != block_of(cfg, site.index)
         )
 

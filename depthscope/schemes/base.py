@@ -90,7 +90,7 @@ class ModelConfig:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @property
-    def kinds(self) -> tuple[str, ...]:
+    def kinds(self) -> tuple[names.Kind, ...]:
         """Sublayer kinds of one block, in execution order."""
         return get_scheme(self.scheme).kinds(self.options)
 
@@ -109,12 +109,12 @@ class Site:
     """
 
     block: int
-    kind: str
+    kind: names.Kind
     index: int
 
     @property
     def label(self) -> str:
-        return names.READOUT if self.kind == names.READOUT else f"{self.block}.{self.kind}"
+        return names.label(self.block, self.kind)
 
     @property
     def depth(self) -> int:
@@ -162,12 +162,12 @@ class Source:
     label: str
     hook: str
     depth: int
-    kind: str
+    kind: names.Kind
 
 
 def sources(cfg: ModelConfig) -> list[Source]:
     """The embedding, then every sublayer output, in execution order."""
-    out = [Source("embed", names.EMBED, 0, "embed")]
+    out = [Source(names.EMBED, names.HOOK_EMBED, 0, names.EMBED)]
     out += [Source(s.label, names.source_out(s.block, s.kind), s.depth, s.kind) for s in sublayer_sites(cfg)]
     return out
 
@@ -262,8 +262,8 @@ class Scheme(abc.ABC):
         return False
 
     @classmethod
-    def kinds(cls, options: Any) -> tuple[str, ...]:
-        return ("attn", "mlp")
+    def kinds(cls, options: Any) -> tuple[names.Kind, ...]:
+        return (names.ATTN, names.MLP)
 
     @classmethod
     def views(cls, options: Any, kind: str) -> tuple[str, ...]:
@@ -280,15 +280,20 @@ class Scheme(abc.ABC):
         return []
 
     @classmethod
+    def trace_attrs(cls, cfg: ModelConfig) -> dict[str, str]:
+        """Extra trace attrs, e.g. what a consumer row describes when it is not the sublayer's own input."""
+        return {}
+
+    @classmethod
     def static_native(cls, model: nn.Module) -> dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]]:
         """Input-independent native weights as {name: (dims, array, coords)}, if any."""
         return {}
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
-        if site.kind == "attn":
+        if site.kind == names.ATTN:
             return Attention(cfg.d_model, cfg.n_heads, cfg.ctx)
-        if site.kind == "mlp":
+        if site.kind == names.MLP:
             return MLP(cfg.d_model, cfg.d_mlp)
         raise ConfigError(f"scheme {cls.name!r} has no sublayer kind {site.kind!r}")
 

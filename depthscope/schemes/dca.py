@@ -65,6 +65,7 @@ from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
 from depthscope.schemes._common import inv_rms
+from depthscope.schemes import names
 from depthscope.schemes.base import Mixer, ModelConfig, Port, Scheme, Site, ViewsMixer, register
 
 Variant = Literal["v1", "v2", "v3", "dca"]
@@ -276,7 +277,7 @@ class DCA(Scheme):
 
     @classmethod
     def views(cls, options: DCAOptions, kind: str) -> tuple[str, ...]:
-        return ("q", "k", "v") if options.grn == "dca" and kind == "attn" else ()
+        return ("q", "k", "v") if options.grn == "dca" and kind == names.ATTN else ()
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
@@ -293,8 +294,8 @@ class DCA(Scheme):
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer | ViewsMixer:
-        if site.kind == "mlp":
+        if site.kind == names.MLP:
             return SkipMixer(cfg, site)
-        if site.kind == "attn" and cfg.options.grn == "dca":
+        if site.kind == names.ATTN and cfg.options.grn == "dca":
             return DCAAttentionMixer(cfg, site)
         return GRNMixer(cfg, site)

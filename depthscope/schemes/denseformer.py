@@ -36,6 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
+from depthscope.schemes import names
 from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 
 
@@ -77,14 +78,14 @@ class DWAMixer(Mixer):
         opts = cfg.options
         self.depth = site.block  # the DWA read here follows block `depth` (1-based), i.e. X_depth
         self.states: list[int] = []
-        if site.kind != "mlp" and has_dwa(self.depth, opts.period):
+        if site.kind != names.MLP and has_dwa(self.depth, opts.period):
             self.states = dwa_states(self.depth, opts.dilation)
             alpha = torch.zeros(len(self.states))
             alpha[-1] = 1.0  # alpha_{i,i} = 1, the rest 0: a standard transformer at init
             self.alpha = nn.Parameter(alpha)
 
     def read(self, state: DenseState) -> tuple[Tensor, DenseState]:
-        if self.site.kind == "mlp":
+        if self.site.kind == names.MLP:
             h, coef = state.h, state.h_coef
         else:  # Y_b: the stream this block adds into, handed to write with the state
             h, coef = self._average(state)
@@ -109,7 +110,7 @@ class DWAMixer(Mixer):
     def write(self, state: DenseState, out: Tensor) -> DenseState:
         h = state.h + out
         h_coef = None if state.coef is None else torch.cat([state.h_coef, state.h_coef.new_ones(1)])
-        if self.site.kind == "attn":
+        if self.site.kind == names.ATTN:
             return DenseState(state.xs, h, state.coef, h_coef)
         coef = None if state.coef is None else state.coef + [h_coef]
         return DenseState(state.xs + [h], None, coef, None)  # X_{b+1} = Y_b + attn_out + mlp_out

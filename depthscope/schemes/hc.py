@@ -248,7 +248,7 @@ class StreamScheme(Scheme):
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
-        return StreamReadout(cfg, site) if site.kind == "readout" else cls.connection(cfg, site)
+        return StreamReadout(cfg, site) if site.kind == names.READOUT else cls.connection(cfg, site)
 
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:

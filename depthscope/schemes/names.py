@@ -13,12 +13,26 @@ Consumers (every distinct sublayer input, then the read-out):
 A consumer with several inputs (DCA's attention) has one view per input:
     blocks.{i}.attn_mix.{q,k,v}.hook_in / hook_weights
 Native per-scheme hooks hang off the same mixer prefix (e.g. blocks.{i}.attn_mix.hook_h_res).
+
+Also here: the kinds of sources and consumers (``Kind``), trace labels, and the TransformerLens
+names of a standard residual stream that the TransformerBridge adapter reads.
 """
 
 from __future__ import annotations
 
-EMBED = "hook_embed"
-READOUT = "readout"
+from typing import Literal, get_args
+
+# The kinds of sources and consumers: every kind label in a trace is one of these.
+Kind = Literal["attn", "mlp", "swa", "readout", "embed"]
+ATTN: Kind = "attn"
+MLP: Kind = "mlp"
+SWA: Kind = "swa"  # sequence-axis ShortSWA's extra sublayer
+READOUT: Kind = "readout"
+EMBED: Kind = "embed"
+KINDS: tuple[Kind, ...] = get_args(Kind)
+
+HOOK_EMBED = "hook_embed"
+HOOK_POS_EMBED = "hook_pos_embed"  # learned positions (TransformerLens models)
 
 
 def source_out(block: int, kind: str) -> str:
@@ -40,3 +54,21 @@ def mix_in(block: int, kind: str, view: str | None = None) -> str:
 def mix_weights(block: int, kind: str, view: str | None = None) -> str:
     """Hook name of a consumer's per-token weights over sources (delta basis)."""
     return f"{mixer(block, kind, view)}.hook_weights"
+
+
+def label(block: int, kind: str) -> str:
+    """Trace label of a sublayer (a source or consumer): ``3.attn``; the read-out is ``readout``."""
+    return READOUT if kind == READOUT else f"{block}.{kind}"
+
+
+# TransformerLens names of a standard residual stream (TransformerBridge models)
+def resid_pre(block: int) -> str:
+    return f"blocks.{block}.hook_resid_pre"
+
+
+def resid_mid(block: int) -> str:
+    return f"blocks.{block}.hook_resid_mid"
+
+
+def resid_post(block: int) -> str:
+    return f"blocks.{block}.hook_resid_post"

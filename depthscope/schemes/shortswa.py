@@ -50,6 +50,7 @@ from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
 from depthscope.schemes._common import Attention, listening, rms_norm
+from depthscope.schemes import names
 from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 from depthscope.schemes.standard import SumMixer, SumState, ones_weights
 
@@ -143,8 +144,8 @@ class ShortSWA(Scheme):
         return options.axis == "sequence"  # depth windows are input-dependent softmaxes
 
     @classmethod
-    def kinds(cls, options: ShortSWAOptions) -> tuple[str, ...]:
-        return ("swa", "attn", "mlp") if options.axis == "sequence" else ("attn", "mlp")
+    def kinds(cls, options: ShortSWAOptions) -> tuple[names.Kind, ...]:
+        return (names.SWA, names.ATTN, names.MLP) if options.axis == "sequence" else (names.ATTN, names.MLP)
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
@@ -155,8 +156,17 @@ class ShortSWA(Scheme):
             raise ConfigError(f"shortswa window over the sequence must be at most ctx {cfg.ctx}, got {window}")
 
     @classmethod
+    def trace_attrs(cls, cfg: ModelConfig) -> dict[str, str]:
+        if cfg.options.axis == "sequence":
+            return {}
+        return {
+            "consumer_input": "each sublayer row is hook_in, the depth-mixed state u = sum_j alpha_j h^(j) (an exact "
+            "per-token combination of the sources); the sublayer itself receives u W_V"
+        }
+
+    @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
-        if site.kind == "swa":
+        if site.kind == names.SWA:
             return Attention(cfg.d_model, cfg.n_heads, cfg.ctx, window=cfg.options.window)
         return super().sublayer(cfg, site)
 
@@ -168,6 +178,6 @@ class ShortSWA(Scheme):
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
-        if cfg.options.axis == "sequence" or site.kind == "readout":
+        if cfg.options.axis == "sequence" or site.kind == names.READOUT:
             return SumMixer(cfg, site)  # the read-out takes the final state h^(L)
         return DepthWindow(cfg, site)

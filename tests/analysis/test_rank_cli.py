@@ -65,7 +65,7 @@ def test_identity_writes_json_and_figures(tmp_path, capsys):
 
 def test_sweep_writes_table_and_figure(tmp_path, capsys):
     out = tmp_path / "sw"
-    rc = main(["rank", "sweep", "--widths", "32,48", "--layers", "1", "--steps", "2", "--tokens", "256", "--out", str(out), "--quiet", "--json"])
+    rc = main(["rank", "sweep", "--width", "32", "--width", "48", "--layers", "1", "--steps", "2", "--tokens", "256", "--out", str(out), "--quiet", "--json"])
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     table = xr.open_dataset(out / "sweep.nc").load()
@@ -77,12 +77,19 @@ def test_sweep_writes_table_and_figure(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["threshold", "--d", "100", "--kappa", "1.5"], "kappa must be in (0, 1]"),
-        (["threshold", "--d", "100", "--kappa", "0.5", "--variant", "v9"], "variant must be v1 or v2"),
-        (["sweep", "--widths", "32,x", "--out", "OUT"], "--widths must be comma-separated integers"),
-        (["sweep", "--widths", "20", "--out", "OUT"], "multiples of 16"),
-        (["sweep", "--schemes", "resnext", "--out", "OUT"], "unknown scheme"),
+        (["threshold", "--d", "100", "--kappa", "1.5"], "1.5 is not in the range 0 < x <= 1"),
+        (["threshold", "--d", "100", "--kappa", "0"], "0 is not in the range 0 < x <= 1"),
+        (["threshold", "--d", "1", "--kappa", "0.5"], "Invalid value for '--d'"),
+        (["threshold", "--d", "100", "--kappa", "0.5", "--tasks", "0"], "Invalid value for '--tasks'"),
+        (["threshold", "--d", "100", "--kappa", "0.5", "--variant", "v9"], "'v9' is not one of 'v1', 'v2'"),
+        (["theory", "--variant", "v3", "--out", "OUT"], "'v3' is not one of 'v1', 'v2'"),
+        (["identity", "--steps", "0", "--out", "OUT"], "Invalid value for '--steps'"),
+        (["sweep", "--width", "x", "--out", "OUT"], "Invalid value for '--width'"),
+        (["sweep", "--width", "16", "--out", "OUT"], "Invalid value for '--width'"),
+        (["sweep", "--width", "40", "--out", "OUT"], "multiples of 16"),
+        (["sweep", "--scheme", "resnext", "--out", "OUT"], "unknown scheme"),
         (["no/such/file.safetensors"], "no such file"),
+        (["no/such/file.safetensors", "--energy", "0"], "0 is not in the range 0 < x <= 1"),
     ],
 )
 def test_bad_input(tmp_path, capsys, args, message):
@@ -96,7 +103,7 @@ def test_theory_figures_and_json(tmp_path, capsys):
     from depthscope.analysis.theory import threshold_curve
 
     out = tmp_path / "th"
-    assert main(["rank", "theory", "--out", str(out), "--variants", "v1", "--tasks", "1", "--json"]) == 0
+    assert main(["rank", "theory", "--out", str(out), "--variant", "v1", "--tasks", "1", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [g["d"] for g in doc["gain_vs_r_star"]] == [100, 200, 300]
     gains = doc["gain_vs_r_star"][0]["gain"]

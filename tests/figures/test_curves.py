@@ -10,13 +10,12 @@ from matplotlib.figure import Figure
 
 from depthscope.analysis import dilution as est
 from depthscope.figures import (
-    dilution_curves,
-    heatmap,
-    heatmap_grid,
-    pattern_scores,
-    retention,
+    plot_dilution,
+    plot_heatmap,
+    plot_heatmap_grid,
+    plot_pattern_scores,
+    plot_retention,
 )
-from depthscope.figures.curves import relative_retention, uniform_retention
 from depthscope.figures.style import scheme_colors
 from depthscope.probes.trace import stack_traces
 from tests.figures.test_heatmaps import perturbed_trace
@@ -62,7 +61,7 @@ def assert_line_is(ln, expected: dict[int, float]) -> None:
 
 
 def test_dilution_lines_are_share_of_at_layer_depth(traces, stacked):
-    ax = dilution_curves(stacked)
+    ax = plot_dilution(stacked)
     colours = scheme_colors(SCHEMES)
     for s in SCHEMES:
         for which in ("embed", "first", "latest"):
@@ -84,9 +83,9 @@ def test_dilution_lines_are_share_of_at_layer_depth(traces, stacked):
 
 
 def test_dilution_panels_one_source_per_panel(traces, stacked):
-    from depthscope.figures.curves import dilution_panels
+    from depthscope.figures.curves import plot_dilution_panels
 
-    fig = dilution_panels(stacked)
+    fig = plot_dilution_panels(stacked)
     panels = fig.axes[:3]
     for ax, which in zip(panels, ("embed", "first", "latest")):
         for s in SCHEMES:
@@ -96,9 +95,9 @@ def test_dilution_panels_one_source_per_panel(traces, stacked):
 
 
 def test_dilution_accepts_a_list_and_a_single_trace(traces, stacked):
-    a = dilution_curves(stacked, sources=("latest",))
-    b = dilution_curves([traces[s] for s in SCHEMES], sources=("latest",))
-    c = dilution_curves(traces["attnres"], sources=("latest",))
+    a = plot_dilution(stacked, sources=("latest",))
+    b = plot_dilution([traces[s] for s in SCHEMES], sources=("latest",))
+    c = plot_dilution(traces["attnres"], sources=("latest",))
     for ln_a, ln_b in zip(a.lines, b.lines):
         assert ln_a.get_label() == ln_b.get_label()
         np.testing.assert_array_equal(ln_a.get_xydata(), ln_b.get_xydata())
@@ -109,31 +108,31 @@ def test_dilution_accepts_a_list_and_a_single_trace(traces, stacked):
 def test_dilution_axis_is_log_when_positive_and_symlog_otherwise(traces):
     t = traces["standard"]
     positive = t.assign(contribution_share=abs(t["contribution_share"]) + 1e-6)
-    assert dilution_curves(positive).get_yscale() == "log"
+    assert plot_dilution(positive).get_yscale() == "log"
     negative = positive.copy()
     negative["contribution_share"] = negative["contribution_share"].where(
         negative["source"] != "0.attn", -negative["contribution_share"]
     )
-    ax = dilution_curves(negative)
+    ax = plot_dilution(negative)
     assert ax.get_yscale() == "symlog"
     assert line(ax, "standard: first").get_ydata().min() < 0
-    assert dilution_curves(positive, yscale="linear").get_yscale() == "linear"
+    assert plot_dilution(positive, yscale="linear").get_yscale() == "linear"
 
 
 def test_uniform_retention_is_one_over_the_readers_sources(traces):
     t = traces["denseformer"]  # standard layout: the consumer at depth d reads d sources
-    u = uniform_retention(t)
+    u = est.uniform_retention(t)
     for s, d in zip(t["source"].values, t["source_depth"].values):
         row = u.sel(source=s)
         lags = row["lag"].values[np.isfinite(row.values)]
         np.testing.assert_allclose(row.sel(lag=lags).values, 1.0 / (d + lags))
-    np.testing.assert_allclose(relative_retention(t), est.retention(t) / u)
+    np.testing.assert_allclose(est.relative_retention(t), est.retention(t) / u)
 
 
 def test_retention_of_one_trace_has_a_line_per_source(traces):
     t = traces["attnres"]
-    ax = retention(t)
-    r = est.retention(t) / uniform_retention(t)
+    ax = plot_retention(t)
+    r = est.retention(t) / est.uniform_retention(t)
     for s in t["source"].values:
         ln = line(ax, f"attnres: {s}")
         expected = r.sel(source=s)
@@ -148,10 +147,10 @@ def test_retention_of_one_trace_has_a_line_per_source(traces):
 
 
 def test_retention_of_several_schemes_is_the_mean_over_sublayer_sources(traces, stacked):
-    ax = retention(stacked)
+    ax = plot_retention(stacked)
     for s in SCHEMES:
         t = traces[s]
-        mean = relative_retention(t).where(t["source_kind"] != "embed").mean("source")
+        mean = est.relative_retention(t).where(t["source_kind"] != "embed").mean("source")
         keep = np.isfinite(mean.values)
         ln = line(ax, f"{s}: mean over sublayer sources")
         np.testing.assert_array_equal(ln.get_xdata(), mean["lag"].values[keep])
@@ -160,7 +159,7 @@ def test_retention_of_several_schemes_is_the_mean_over_sublayer_sources(traces, 
 
 
 def test_pattern_scores_are_the_estimator_per_depth(traces, stacked):
-    ax = pattern_scores(stacked, k=1)
+    ax = plot_pattern_scores(stacked, k=1)
     for s in SCHEMES:
         assert_line_is(line(ax, f"{s}: pattern score"), per_depth(est.pattern_score(traces[s], k=1)))
     np.testing.assert_allclose(line(ax, "standard: pattern score").get_ydata(), 1.0)  # uniform rows
@@ -169,7 +168,7 @@ def test_pattern_scores_are_the_estimator_per_depth(traces, stacked):
     np.testing.assert_array_equal(ref.get_ydata(), [1.0, 1.0])
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
     for s in SCHEMES:
-        mean = float(est.summary(traces[s], k=1)["pattern_score"])
+        mean = float(est.summary(traces[s], k=1)["pattern_score"].sel(group="sublayers"))
         assert f"{s} (mean {mean:.2f})" in legend
     assert "> 1: input-and-recent pattern" in ax.get_ylabel()
 
@@ -177,22 +176,22 @@ def test_pattern_scores_are_the_estimator_per_depth(traces, stacked):
 def test_curves_draw_into_a_given_axes(traces):
     fig = Figure()
     axes = fig.subplots(1, 3)
-    assert dilution_curves(traces["dca"], ax=axes[0]) is axes[0]
-    assert retention(traces["dca"], ax=axes[1]) is axes[1]
-    assert pattern_scores([traces["dca"]], ax=axes[2]) is axes[2]
+    assert plot_dilution(traces["dca"], ax=axes[0]) is axes[0]
+    assert plot_retention(traces["dca"], ax=axes[1]) is axes[1]
+    assert plot_pattern_scores([traces["dca"]], ax=axes[2]) is axes[2]
     assert not axes[0].spines["top"].get_visible()
 
 
 def _plots(traces, stacked):
     return [
-        lambda: heatmap(traces["dca"], annotate=True),
-        lambda: heatmap(traces["denseformer"], symlog=True),
-        lambda: heatmap_grid(stacked),
-        lambda: heatmap_grid(list(traces.values()), "norm_share"),
-        lambda: dilution_curves(stacked),
-        lambda: retention(traces["standard"]),
-        lambda: retention(stacked),
-        lambda: pattern_scores(stacked),
+        lambda: plot_heatmap(traces["dca"], annotate=True),
+        lambda: plot_heatmap(traces["denseformer"], symlog=True),
+        lambda: plot_heatmap_grid(stacked),
+        lambda: plot_heatmap_grid(list(traces.values()), "norm_share"),
+        lambda: plot_dilution(stacked),
+        lambda: plot_retention(traces["standard"]),
+        lambda: plot_retention(stacked),
+        lambda: plot_pattern_scores(stacked),
     ]
 
 

@@ -12,10 +12,10 @@ import xarray as xr
 from matplotlib.colors import SymLogNorm
 
 from depthscope.errors import DepthscopeError
-from depthscope.figures import heatmap, heatmap_grid
+from depthscope.figures import plot_heatmap, plot_heatmap_grid
 from depthscope.figures.heatmaps import symlog_ticks
 from depthscope.probes import capture
-from depthscope.probes.trace import select_scheme, stack_traces
+from depthscope.probes.trace import select_model, stack_traces
 from tests.helpers import build, perturb, random_tokens, tiny
 
 SCHEMES = ("standard", "denseformer", "attnres", "dca")
@@ -81,7 +81,7 @@ def full_labels(axis, n: int) -> list[str]:
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_image_is_mixing_with_nan_masked(traces, scheme):
     t = traces[scheme]
-    ax = heatmap(t)
+    ax = plot_heatmap(t)
     assert_image_is(ax, t["mixing"].values)
     assert shown(ax.get_xticklabels()) == list(t["source"].values)
     assert shown(ax.get_yticklabels()) == list(t["layer"].values)
@@ -91,7 +91,7 @@ def test_image_is_mixing_with_nan_masked(traces, scheme):
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_norm_is_centred_on_zero_at_the_largest_magnitude(traces, scheme):
     t = traces[scheme]
-    norm = heatmap(t).images[0].norm
+    norm = plot_heatmap(t).images[0].norm
     vmax = float(np.nanmax(np.abs(t["mixing"].values)))
     assert norm.vmin == -norm.vmax
     assert norm.vmax == pytest.approx(vmax)
@@ -100,7 +100,7 @@ def test_norm_is_centred_on_zero_at_the_largest_magnitude(traces, scheme):
 
 def test_standard_residual_is_all_top_of_a_symmetric_scale(traces):
     t = traces["standard"]
-    ax = heatmap(t)
+    ax = plot_heatmap(t)
     norm = ax.images[0].norm
     assert (norm.vmin, norm.vmax) == (-1.0, 1.0)
     np.testing.assert_allclose(norm(image(ax).compressed()), 1.0)
@@ -109,8 +109,8 @@ def test_standard_residual_is_all_top_of_a_symmetric_scale(traces):
 def test_variable_and_dataarray_inputs_agree(traces):
     t = traces["attnres"]
     share = t["contribution_share"]
-    a = heatmap(t, var="contribution_share")
-    b = heatmap(share.transpose("source", "layer"))  # dims are put back in (layer, source) order
+    a = plot_heatmap(t, var="contribution_share")
+    b = plot_heatmap(share.transpose("source", "layer"))  # dims are put back in (layer, source) order
     assert_image_is(a, share.values)
     assert_image_is(b, share.values)
     assert a.images[0].colorbar.ax.get_ylabel() == b.images[0].colorbar.ax.get_ylabel()
@@ -119,7 +119,7 @@ def test_variable_and_dataarray_inputs_agree(traces):
 def test_colorbar_label_is_long_name_and_units(traces):
     t = traces["dca"]
     for var in ("mixing", "contribution_share"):
-        label = heatmap(t, var=var).images[0].colorbar.ax.get_ylabel()
+        label = plot_heatmap(t, var=var).images[0].colorbar.ax.get_ylabel()
         flat = " ".join(label.split())  # the label is wrapped onto lines at spaces
         assert t[var].attrs["long_name"] in flat
     assert flat.endswith("[fraction]")
@@ -127,7 +127,7 @@ def test_colorbar_label_is_long_name_and_units(traces):
 
 def test_explicit_vmax_and_planted_signed_values():
     da = planted(3)
-    ax = heatmap(da, vmax=2.5)
+    ax = plot_heatmap(da, vmax=2.5)
     assert (ax.images[0].norm.vmin, ax.images[0].norm.vmax) == (-2.5, 2.5)
     assert_image_is(ax, da.values)
 
@@ -135,7 +135,7 @@ def test_explicit_vmax_and_planted_signed_values():
 def test_symlog_uses_symlognorm_with_the_denseformer_ticks():
     da = planted(3)
     da = da / np.nanmax(np.abs(da.values))  # range exactly +-1, as in the paper's figure
-    ax = heatmap(da, symlog=True)
+    ax = plot_heatmap(da, symlog=True)
     norm = ax.images[0].norm
     assert isinstance(norm, SymLogNorm)
     assert norm.linthresh == 0.05
@@ -155,7 +155,7 @@ def test_symlog_ticks_follow_the_range():
 
 def test_annotations_are_the_finite_values():
     da = planted(2)
-    ax = heatmap(da, annotate=True)
+    ax = plot_heatmap(da, annotate=True)
     finite = da.values[np.isfinite(da.values)]
     assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in finite]
 
@@ -163,7 +163,7 @@ def test_annotations_are_the_finite_values():
 def test_deep_model_labels_are_thinned_but_recoverable():
     da = planted(48)  # 97 sources, 97 consumers
     n = da.sizes["source"]
-    ax = heatmap(da)
+    ax = plot_heatmap(da)
     for axis, dim, ticklabels in ((ax.xaxis, "source", ax.get_xticklabels()), (ax.yaxis, "layer", ax.get_yticklabels())):
         visible = shown(ticklabels)
         assert 10 <= len(visible) <= 40
@@ -176,7 +176,7 @@ def test_deep_model_labels_are_thinned_but_recoverable():
 
 def test_small_models_show_every_label():
     da = planted(3)
-    ax = heatmap(da)
+    ax = plot_heatmap(da)
     assert full_labels(ax.xaxis, 7) == shown(ax.get_xticklabels()) == list(da["source"].values)
     assert len(ax.xaxis.get_minorticklocs()) == 0
 
@@ -184,9 +184,9 @@ def test_small_models_show_every_label():
 def test_several_schemes_need_the_grid(traces):
     stacked = stack_traces([traces["standard"], traces["attnres"]])
     with pytest.raises(DepthscopeError, match="heatmap_grid"):
-        heatmap(stacked)
-    one = stack_traces([traces["dca"], traces["attnres"]]).isel(scheme=[0])
-    ax = heatmap(one)
+        plot_heatmap(stacked)
+    one = stack_traces([traces["dca"], traces["attnres"]]).isel(model=[0])
+    ax = plot_heatmap(one)
     assert_image_is(ax, traces["dca"]["mixing"].values)  # padding rows and columns dropped
     assert ax.get_title() == "dca"
 
@@ -194,13 +194,13 @@ def test_several_schemes_need_the_grid(traces):
 def test_grid_has_one_unpadded_panel_per_scheme_on_one_scale(traces):
     ts = [traces[s] for s in SCHEMES]
     stacked = stack_traces(ts)
-    fig = heatmap_grid(stacked)
+    fig = plot_heatmap_grid(stacked, "mixing")
     panels, cbar = fig.axes[: len(ts)], fig.axes[-1]
     assert len(fig.axes) == len(ts) + 1
     assert [ax.get_title() for ax in panels] == list(SCHEMES)
     vmax = max(float(np.nanmax(np.abs(t["mixing"].values))) for t in ts)
     for ax, t, label in zip(panels, ts, SCHEMES):
-        own = select_scheme(stacked, label)["mixing"]
+        own = select_model(stacked, label)["mixing"]
         assert own.shape == t["mixing"].shape  # DCA keeps its q/k/v rows, the others lose them
         assert_image_is(ax, t["mixing"].values)
         assert full_labels(ax.yaxis, t.sizes["layer"]) == list(t["layer"].values)
@@ -210,7 +210,7 @@ def test_grid_has_one_unpadded_panel_per_scheme_on_one_scale(traces):
 
 def test_grid_from_a_list_matches_the_stack_and_dedupes_labels(traces):
     ts = [traces["attnres"], traces["dca"], traces["attnres"]]
-    fig = heatmap_grid(ts, "contribution_share", symlog=True)
+    fig = plot_heatmap_grid(ts, "contribution_share", symlog=True)
     panels = fig.axes[:3]
     assert [ax.get_title() for ax in panels] == ["attnres", "dca", "attnres#2"]
     norms = [ax.images[0].norm for ax in panels]
@@ -218,15 +218,28 @@ def test_grid_from_a_list_matches_the_stack_and_dedupes_labels(traces):
     assert len({(n.vmin, n.vmax) for n in norms}) == 1
     for ax, t in zip(panels, ts):
         assert_image_is(ax, t["contribution_share"].values)
-    stacked = heatmap_grid(stack_traces(ts), "contribution_share", symlog=True)
+    stacked = plot_heatmap_grid(stack_traces(ts), "contribution_share", symlog=True)
     for a, b in zip(panels, stacked.axes[:3]):
         assert_image_is(b, image(a).filled(np.nan))
 
 
 def test_grid_layout_and_explicit_vmax(traces):
     ts = [traces[s] for s in ("standard", "attnres", "denseformer")]
-    fig = heatmap_grid(ts, ncols=2, vmax=3.0)
+    fig = plot_heatmap_grid(ts, "mixing", ncols=2, vmax=3.0)
     assert len(fig.axes) == 4
     rows = {round(ax.get_position().y0, 3) for ax in fig.axes[:3]}
     assert len(rows) == 2
     assert all(ax.images[0].norm.vmax == 3.0 for ax in fig.axes[:3])
+
+
+def test_grid_defaults_to_row_normalised_weights(traces):
+    """The cross-model grid draws |M| / row sum: a standard residual reads exactly 1/n_l."""
+    from depthscope.analysis.dilution import n_available, row_normalized
+
+    ts = [traces[s] for s in SCHEMES]
+    fig = plot_heatmap_grid(ts)
+    for ax, t in zip(fig.axes[: len(ts)], ts):
+        assert_image_is(ax, row_normalized(t).values)
+    std = traces["standard"]
+    np.testing.assert_allclose(image(fig.axes[0]).filled(np.nan), (1.0 / n_available(std)).broadcast_like(std["mixing"]).where(std["mixing"].notnull()).values)
+    assert "row-normalised" in " ".join(fig.axes[-1].get_ylabel().split())

@@ -6,7 +6,7 @@ import numpy as np
 import xarray as xr
 
 from depthscope.analysis.rank import effective_ranks
-from depthscope.figures.rank import rank_profile, rank_vs_width
+from depthscope.figures.rank import plot_rank_profile, plot_rank_vs_width
 from depthscope.probes import capture
 from depthscope.probes.trace import stack_traces
 from tests.helpers import build, random_tokens, tiny
@@ -15,7 +15,7 @@ from tests.helpers import build, random_tokens, tiny
 def test_rank_profile_lines_equal_effective_ranks():
     tokens = random_tokens(tiny(), batch=3)
     traces = [capture(build(tiny(s)), tokens, rank=True) for s in ("standard", "attnres")]
-    ax = rank_profile(stack_traces(traces), kind="entropy")
+    ax = plot_rank_profile(stack_traces(traces), kind="entropy")
     lines = [ln for ln in ax.lines if not ln.get_label().startswith("width")]
     assert [ln.get_label() for ln in lines] == ["standard", "attnres"]
     for line, t in zip(lines, traces):
@@ -32,7 +32,7 @@ def test_rank_vs_width_lines():
         {"collective_rank_ratio": (("scheme", "width", "rank_kind"), ratio)},
         coords={"scheme": ["standard", "dca"], "width": [32, 64], "rank_kind": ["numerical", "entropy", "participation"]},
     )
-    ax = rank_vs_width(table)
+    ax = plot_rank_vs_width(table)
     np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.5, 0.25])
     np.testing.assert_allclose(ax.lines[1].get_ydata(), [0.6, 0.3])
     np.testing.assert_array_equal(ax.lines[0].get_xdata(), [32, 64])

@@ -11,7 +11,7 @@ import pytest
 from depthscope.analysis.dilution import summary
 from depthscope.cli import main
 from depthscope.probes import load_trace, save_trace
-from depthscope.probes.trace import select_scheme
+from depthscope.probes.trace import select_model
 
 SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
 
@@ -30,37 +30,38 @@ def report(tmp_path_factory):
 def test_report_files_and_references(report):
     html = (report / "index.html").read_text()
     figures = sorted(p.name for p in report.iterdir() if p.suffix in (".png", ".svg"))
-    assert {"grid-mixing.png", "grid-share.png", "dilution.png", "pattern.png", "retention.png", "rank.png"} <= set(figures)
-    assert "scheme-standard.png" in figures and "scheme-attnres.svg" in figures
+    assert {"grid-weights.png", "grid-mixing.png", "grid-share.png", "dilution.png", "pattern.png", "retention.png", "rank.png"} <= set(figures)
+    assert "model-standard.png" in figures and "model-attnres.svg" in figures
     for name in figures:
         assert f'href="{name}"' in html, name
     assert html.count("data:image/png;base64,") == len([f for f in figures if f.endswith(".png")])
     assert not [p for p in report.parent.iterdir() if p.name.startswith(".out.")]  # temporary dir gone
     # overview first: the grid and the dilution curves come before the tables
-    assert html.index('id="grid-mixing"') < html.index('id="dilution"') < html.index('id="summary"')
+    assert html.index('id="grid-weights"') < html.index('id="dilution"') < html.index('id="summary"')
+    assert "Row-normalised weight" in html  # the caption says which weight the grid shows
 
 
 def test_traces_file_and_tables_match_analysis(report):
     stacked = load_trace(report / "traces.nc")
-    assert stacked.sizes["scheme"] == 2 and list(stacked["scheme"].values) == ["standard", "attnres"]
+    assert stacked.sizes["model"] == 2 and list(stacked["model"].values) == ["standard", "attnres"]
     html = (report / "index.html").read_text()
-    for label in stacked["scheme"].values:
-        expected = float(summary(select_scheme(stacked, label))["pattern_score"])
-        row = re.search(rf'<tr data-scheme="{label}">(.*?)</tr>', html).group(1)
+    for label in stacked["model"].values:
+        expected = float(summary(select_model(stacked, label))["pattern_score"].sel(group="sublayers"))
+        row = re.search(rf'<tr data-model="{label}">(.*?)</tr>', html, re.S).group(1)
         value = float(re.search(r'class="pattern" data-value="([^"]+)"', row).group(1))
         assert value == pytest.approx(expected, rel=1e-12)
-    std = float(re.search(r'<tr data-scheme="standard">.*?class="pattern" data-value="([^"]+)"', html).group(1))
+    std = float(re.search(r'<tr data-model="standard">.*?class="pattern" data-value="([^"]+)"', html, re.S).group(1))
     assert std == 1.0  # a standard residual is exactly uniform
     assert 'id="rank"' in html and "collective_rank" in stacked
 
 
 def test_report_reads_traces_too(report, tmp_path):
-    one = select_scheme(load_trace(report / "traces.nc"), "attnres")
+    one = select_model(load_trace(report / "traces.nc"), "attnres")
     save_trace(one, tmp_path / "a.nc")
     out = tmp_path / "again"
     assert main(["report", str(tmp_path / "a.nc"), str(report / "traces.nc"), "--out", str(out), "--quiet"]) == 0
     again = load_trace(out / "traces.nc")
-    assert list(again["scheme"].values) == ["attnres", "standard", "attnres#2"]
+    assert list(again["model"].values) == ["attnres", "standard", "attnres#2"]
 
 
 @pytest.mark.parametrize("kind", ["text file", "missing", "directory"])

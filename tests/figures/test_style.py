@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from depthscope.errors import DepthscopeError
 from depthscope.figures import house_style, save, scheme_color, scheme_colors
-from depthscope.figures.style import PALETTE, RC, SCHEME_COLORS
+from depthscope.figures.style import PALETTE, RC
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +35,9 @@ def test_palette_is_seaborn_colorblind():
     import seaborn as sns
 
     assert list(PALETTE) == sns.color_palette("colorblind").as_hex()
-    assert set(SCHEME_COLORS.values()) <= set(PALETTE)
+    from depthscope.schemes import get_scheme, scheme_names
+
+    assert {get_scheme(n).color for n in scheme_names()} <= set(PALETTE)
 
 
 def test_house_style_applies_and_restores():
@@ -49,9 +51,11 @@ def test_house_style_applies_and_restores():
 
 
 def test_scheme_colours_are_stable_and_family_wide():
-    assert scheme_color("denseformer") == SCHEME_COLORS["denseformer"]
+    from depthscope.schemes import get_scheme
+
+    assert scheme_color("denseformer") == get_scheme("denseformer").color
     assert scheme_color("attnres-block4") == scheme_color("attnres") == scheme_color("attnres#2")
-    assert scheme_color("dca(k=2)") == scheme_color("grn-v1") == SCHEME_COLORS["dca"]
+    assert scheme_color("dca(k=2)") == scheme_color("grn-v1") == scheme_color("dca@250") == get_scheme("dca").color
     unknown = scheme_color("my-new-scheme")
     assert unknown in PALETTE
     assert unknown == PALETTE[zlib.crc32(b"my-new-scheme") % len(PALETTE)]  # not the salted hash()

@@ -35,7 +35,7 @@ def test_gain_vs_rank_plots_each_curve_in_order():
         th.gain_curve(30, [3, 10, 20], 5.0, 10.0, "v1", n_tasks=2),
         th.gain_curve(40, [3, 10, 20], 5.0, 10.0, "v2", n_tasks=1),
     ]
-    ax = figs.gain_vs_rank(curves)
+    ax = figs.plot_gain_vs_rank(curves)
     ys = _ydata(ax)
     for i, c in enumerate(curves):
         np.testing.assert_array_equal(ys[i], c.values)
@@ -50,7 +50,7 @@ def test_gain_vs_rank_plots_each_curve_in_order():
 def test_gain_vs_lambda_min_uses_the_given_axes():
     curve = th.gain_lambda_curve(30, 10, [2.0, 6.0, 10.0], 10.0, "v1", n_tasks=2)
     fig, ax = plt.subplots()
-    assert figs.gain_vs_lambda_min(curve, ax=ax) is ax
+    assert figs.plot_gain_vs_lambda_min(curve, ax=ax) is ax
     np.testing.assert_array_equal(ax.lines[0].get_ydata(), curve.values)
     np.testing.assert_array_equal(ax.lines[0].get_xdata(), [2.0, 6.0, 10.0])
 
@@ -59,7 +59,7 @@ def test_threshold_vs_kappa_labels_the_derived_form():
     kappas = [0.1, 0.5, 1.0]
     numerical = th.threshold_curve(kappas, d=20, n_tasks=2)
     derived = th.derived_bound_curve(kappas)
-    ax = figs.threshold_vs_kappa(numerical, derived)
+    ax = figs.plot_threshold_vs_kappa(numerical, derived)
     np.testing.assert_array_equal(ax.lines[0].get_ydata(), numerical.values)
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), derived.values)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
@@ -76,7 +76,7 @@ def _results():
 
 def test_identity_curves_two_log_panels_with_the_input_curves():
     res = _results()
-    fig = figs.identity_curves(res)
+    fig = figs.plot_identity_curves(res)
     assert len(fig.axes) == 2
     for ax, task in zip(fig.axes, ("identity", "random")):
         assert ax.get_yscale() == "log"
@@ -93,7 +93,7 @@ def test_identity_sweep_plots_final_errors_against_d():
         "r_star": 30,
         "identity": {"resnet": np.array([1e-3, 1e-5, 1e-6]), "grn_v1": np.array([1e-4, 1e-6, 1e-7])},
     }
-    ax = figs.identity_sweep(sweep)
+    ax = figs.plot_identity_sweep(sweep)
     np.testing.assert_array_equal(ax.lines[0].get_xdata(), [40, 100, 400])
     np.testing.assert_array_equal(ax.lines[0].get_ydata(), sweep["identity"]["resnet"])
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), sweep["identity"]["grn_v1"])

@@ -9,7 +9,7 @@ import xarray as xr
 
 from depthscope.errors import CorpusError, TraceError
 from depthscope.probes import capture, load_trace, save_trace
-from depthscope.probes.capture import layout
+from depthscope.probes.adapters import resolve
 from depthscope.schemes.base import variants
 from tests.helpers import build, perturb, random_tokens, tiny
 
@@ -35,13 +35,13 @@ def test_shares_sum_to_one_and_inputs_rebuild(tokens, label, scheme, options):
     np.testing.assert_allclose(trace["norm_share"].sum("source"), 1.0, atol=1e-6)
     assert float(trace["residual_error"].max()) < 1e-4
     # NaN exactly on unavailable cells
-    assert np.array_equal(trace["mixing"].notnull().values, layout(cfg).available)
-    assert trace.attrs["tokens"] == tokens.numel() and trace.attrs["trace_format"] == 1
+    assert np.array_equal(trace["mixing"].notnull().values, resolve(build(cfg)).layout().available)
+    assert trace.attrs["tokens"] == tokens.numel() and trace.attrs["trace_format"] == 2
 
 
 def test_standard_mixing_is_exactly_one(tokens):
     trace = capture(perturbed(tiny()), tokens)
-    avail = layout(tiny()).available
+    avail = resolve(build(tiny())).layout().available
     assert np.all(trace["mixing"].values[avail] == 1.0)
     assert np.all(np.isnan(trace["mixing"].values[~avail]))
     assert np.all(trace["mixing_std"].values[avail] == 0.0)
@@ -108,10 +108,10 @@ def test_bad_trace_files(tmp_path, tokens):
     with pytest.raises(TraceError, match="not a readable netCDF trace"):
         load_trace(tmp_path / "junk.nc")
     trace = capture(build(tiny()), tokens)
-    trace.attrs["trace_format"] = 2
-    save_trace(trace, tmp_path / "v2.nc")
-    with pytest.raises(TraceError, match="trace format 2"):
-        load_trace(tmp_path / "v2.nc")
+    trace.attrs["trace_format"] = 3
+    save_trace(trace, tmp_path / "v3.nc")
+    with pytest.raises(TraceError, match="trace format 3"):
+        load_trace(tmp_path / "v3.nc")
     xr.Dataset({"a": ("x", [1.0])}).to_netcdf(tmp_path / "other.nc")
     with pytest.raises(TraceError, match="not a depthscope trace"):
         load_trace(tmp_path / "other.nc")

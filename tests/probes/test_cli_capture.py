@@ -25,7 +25,7 @@ def test_train_capture_dilution(ckpt, tmp_path, capsys):
     assert main(["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--batch-size", "3", "--quiet"]) == 0
     trace = load_trace(out)
     assert trace.attrs["scheme"] == "attnres" and trace.attrs["checkpoint"] == str(ckpt)
-    assert trace.attrs["tokens"] == 256
+    assert trace.attrs["tokens"] == 256 and trace.attrs["ctx"] == 32 and "source_spectrum" not in trace
     capsys.readouterr()
     assert main(["dilution", str(out)]) == 0
     printed = capsys.readouterr().out
@@ -35,6 +35,17 @@ def test_train_capture_dilution(ckpt, tmp_path, capsys):
     # the printed embedding shares are the analysis values
     for v in table["embed_share"].values:
         assert f"{v:.3f}" in printed
+
+
+def test_capture_rank_ctx_and_skip_positions(ckpt, tmp_path):
+    out = tmp_path / "r.nc"
+    args = ["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--ctx", "16", "--skip-positions", "2", "--rank", "--quiet"]
+    assert main(args) == 0
+    trace = load_trace(out)
+    assert trace.attrs["ctx"] == 16 and trace.attrs["skip_positions"] == 2
+    assert trace.attrs["tokens"] == 16 * 14  # 16 windows of 16, the first 2 positions of each left out
+    assert trace["source_spectrum"].sizes["component"] == 16
+    assert main(["rank", str(out), "--json"]) == 0
 
 
 def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
@@ -59,7 +70,12 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
         (lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))], "not a safetensors file"),
         (lambda d, c: ["capture", str(c), "--tokens", "16"], "fewer than one context window"),
         (lambda d, c: ["capture", str(c), "--corpus", str(_write(d / "s.txt", b"tiny"))], "too short"),
-        (lambda d, c: ["capture", str(c), "--batch-size", "0"], "batch size must be >= 1"),
+        (lambda d, c: ["capture", str(c), "--batch-size", "0"], "Invalid value for '--batch-size'"),
+        (lambda d, c: ["capture", str(c), "--tokens", "0"], "Invalid value for '--tokens'"),
+        (lambda d, c: ["capture", str(c), "--ctx", "0"], "Invalid value for '--ctx'"),
+        (lambda d, c: ["capture", str(c), "--ctx", "33"], "between 1 and the model's context 32"),
+        (lambda d, c: ["capture", str(c), "--skip-positions", "-1"], "Invalid value for '--skip-positions'"),
+        (lambda d, c: ["capture", str(c), "--skip-positions", "32"], "skip_positions must be between 0 and 31"),
         (lambda d, c: ["capture", str(d)], "not a Hugging Face model directory"),
     ],
 )
@@ -78,6 +94,9 @@ def test_capture_bad_input(ckpt, tmp_path, capsys, make, message):
         (lambda d: d / "missing.nc", "no such trace file"),
         (lambda d: _write(d / "junk.nc", b"\x89HDF junk"), "not a readable netCDF trace"),
         (lambda d: _versioned(d / "v9.nc", 9), "trace format 9"),
+        (lambda d: _write(d / "cut.nc", _truncated(d)), "not a readable netCDF trace"),
+        (lambda d: _plain_netcdf(d / "plain.nc"), "not a depthscope trace"),
+        (lambda d: _versioned(d / "v2.nc", 2), "trace lacks the variable(s) mixing_std"),
     ],
 )
 def test_dilution_bad_trace(tmp_path, capsys, make, message):
@@ -88,6 +107,20 @@ def test_dilution_bad_trace(tmp_path, capsys, make, message):
 
 def _write(path, data):
     path.write_bytes(data)
+    return path
+
+
+def _truncated(d):
+    from depthscope.probes import capture
+    from tests.helpers import build, random_tokens, tiny
+
+    save_trace(capture(build(tiny()), random_tokens(tiny())), d / "whole.nc")
+    data = (d / "whole.nc").read_bytes()
+    return data[: len(data) // 2]
+
+
+def _plain_netcdf(path):
+    xr.Dataset({"a": ("x", [1.0])}).to_netcdf(path)
     return path
 
 

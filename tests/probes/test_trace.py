@@ -7,7 +7,7 @@ import torch
 import xarray as xr
 
 from depthscope.probes import capture
-from depthscope.probes.trace import Accumulator, Layout, select_scheme, stack_traces
+from depthscope.probes.trace import Accumulator, Layout, select_model, stack_traces
 from tests.helpers import build, random_tokens, tiny
 
 
@@ -16,13 +16,16 @@ def test_stack_and_select_round_trip():
     small = capture(build(tiny(n_layers=2)), tokens)
     big = capture(build(tiny("attnres")), tokens)
     stacked = stack_traces([small, big, small])
-    assert list(stacked["scheme"].values) == ["standard", "attnres", "standard#2"]
+    assert list(stacked["model"].values) == ["standard", "attnres", "standard#2"]
+    assert list(stacked["scheme"].values) == ["standard", "attnres", "standard"]  # attrs became coordinates
+    assert stacked["tokens"].dtype == np.int64 and stacked.attrs == {"trace_format": 2, "depthscope_version": small.attrs["depthscope_version"]}
     assert stacked.sizes["layer"] == big.sizes["layer"] and stacked.sizes["source"] == big.sizes["source"]
     assert list(stacked["layer"].values) == list(big["layer"].values)  # depth order, not alphabetical
-    back = select_scheme(stacked, "standard")
+    back = select_model(stacked, "standard")
     xr.testing.assert_allclose(back.drop_attrs(), small.drop_attrs())
     assert back.attrs["scheme"] == "standard" and back.attrs["tokens"] == small.attrs["tokens"]
-    assert np.isnan(stacked["mixing"].sel(scheme="standard", layer="2.attn")).all()
+    assert np.isnan(stacked["mixing"].sel(model="standard", layer="2.attn")).all()
+    assert back.attrs == small.attrs  # every attr comes back
 
 
 def test_accumulator_on_planted_weights():
@@ -40,6 +43,7 @@ def test_accumulator_on_planted_weights():
     ds = acc.dataset({})
     np.testing.assert_allclose(ds["mixing"].values[0], [2.0, 2.0])
     np.testing.assert_allclose(ds["mixing_std"].values[0], [1.0, 1.0])
+    np.testing.assert_allclose(ds["mixing_abs"].values[0], [2.0, 2.0])
     # |c|^2 per token: token 1: (1, 36); token 2: (9, 4); orthogonal sources
     np.testing.assert_allclose(ds["contribution_share"].values[0], [10 / 50, 40 / 50])
     np.testing.assert_allclose(ds["norm_share"].values[0], [4 / 12, 8 / 12])
@@ -50,8 +54,16 @@ def test_accumulator_on_planted_weights():
     acc2.consumer(0, h, w[..., None].expand(-1, -1, -1, 3), v, norms)
     acc2.add_tokens(2)
     ds2 = acc2.dataset({})
-    for name in ("mixing", "mixing_std", "contribution_share", "norm_share"):
+    for name in ("mixing", "mixing_abs", "mixing_std", "contribution_share", "norm_share"):
         np.testing.assert_allclose(ds2[name].values, ds[name].values)
+    # signed per-feature weights: the mean cancels, the magnitude does not
+    acc3 = Accumulator(lay)
+    signs = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
+    acc3.consumer(0, h, w[..., None] * signs, v, norms)
+    acc3.add_tokens(2)
+    ds3 = acc3.dataset({})
+    np.testing.assert_allclose(ds3["mixing"].values[0], [2.0 / 3, 2.0 / 3])
+    np.testing.assert_allclose(ds3["mixing_abs"].values[0], [2.0, 2.0])
 
 
 def test_stacking_schemes_with_different_sublayers_keeps_each_order():
@@ -63,7 +75,7 @@ def test_stacking_schemes_with_different_sublayers_keeps_each_order():
     stacked = stack_traces([std, seq, dca])
     assert list(stacked["source"].values[:4]) == ["embed", "0.swa", "0.attn", "0.mlp"]
     for t in (std, seq, dca):
-        back = select_scheme(stacked, t.attrs["label"])
+        back = select_model(stacked, t.attrs["label"])
         assert list(back["layer"].values) == list(t["layer"].values)
         assert list(back["source"].values) == list(t["source"].values)
         np.testing.assert_array_equal(back["layer_depth"].values, t["layer_depth"].values)
@@ -72,3 +84,23 @@ def test_stacking_schemes_with_different_sublayers_keeps_each_order():
         # available cells are exactly the sources written before the consumer
         avail = back["mixing"].notnull().values
         assert np.array_equal(avail, back["source_depth"].values[None, :] < back["layer_depth"].values[:, None])
+
+
+def test_format_1_files_are_read_and_converted():
+    """Fixtures written by the format-1 code (one trace, and three stacked along ``scheme``)."""
+    from pathlib import Path
+
+    from depthscope.probes import load_trace, split_models
+
+    here = Path(__file__).parent.parent / "fixtures"
+    one = load_trace(here / "format1-single.nc")
+    assert one.attrs["trace_format"] == 2 and one.attrs["converted_from_format"] == 1
+    assert one.attrs["scheme"] == "attnres" and "model" not in one.dims
+    np.testing.assert_allclose(one["mixing_abs"], abs(one["mixing"]))
+    stacked = load_trace(here / "format1-stacked.nc")
+    assert "scheme" not in stacked.dims and list(stacked["model"].values) == ["attnres", "dca", "shortswa(axis=sequence)"]
+    assert list(stacked["scheme"].values) == ["attnres", "dca", "shortswa"]  # was scheme_scheme
+    models = split_models(stacked)
+    assert [m.attrs["checkpoint"] for m in models[:2]] == ["attnres-tiny.safetensors", "dca-tiny.safetensors"]
+    xr.testing.assert_allclose(models[0].drop_attrs(), one.drop_attrs())
+    np.testing.assert_allclose(models[1]["contribution_share"].sum("source"), 1.0, atol=1e-5)

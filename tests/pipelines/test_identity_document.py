@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from depthscope.analysis.identity import IdentitySettings, identity_document, run_identity, steps_to_reach, width_sweep
+from depthscope.pipelines.identity import IdentitySettings, identity_document, run_identity, steps_to_reach, width_sweep
 
 
 def test_document_summarises_the_curves():

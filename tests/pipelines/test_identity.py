@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from depthscope.analysis import identity as idm
+from depthscope.pipelines import identity as idm
 
 SMALL = idm.IdentitySettings(steps=20)  # the paper's models and tasks, 20 steps
 TINY = idm.IdentitySettings(d=12, n_layers=3, rank=2, steps=6, batch_size=8)

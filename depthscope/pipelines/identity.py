@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from depthscope.pipelines.files import save_figures, write_json
 
 Task = Literal["identity", "random"]
 ModelKind = Literal["resnet", "grn_v1"]
@@ -369,4 +372,20 @@ def identity_document(results: dict, sweep: dict | None = None) -> dict:
                 task: [None if v is None or v < 0 else int(v) for v in vals] for task, vals in sweep["steps_to_reach"].items()
             },
         }
+    return doc
+
+
+def run(out_dir: Path, settings: IdentitySettings | None = None, *, sweep: bool = True) -> dict:
+    """Fig. 1 (and the width sweep), ``identity.json`` and the figures in ``out_dir``; returns the record."""
+    from depthscope.figures.theory import plot_identity_curves, plot_identity_sweep
+
+    settings = IdentitySettings() if settings is None else settings
+    res = run_identity(settings)
+    sw = width_sweep(settings=settings, tasks=("identity", "random")) if sweep else None
+    doc = identity_document(res, sw)
+    write_json(out_dir / "identity.json", doc)
+    figures = {"identity": plot_identity_curves(res)}
+    if sw is not None:
+        figures["identity-sweep"] = plot_identity_sweep(sw).figure
+    save_figures(out_dir, figures)
     return doc

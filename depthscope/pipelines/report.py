@@ -1,0 +1,188 @@
+"""``depthscope report``: checkpoints or traces in, one self-contained web page with every figure out.
+
+``build_report`` captures each checkpoint (or reads each trace), stacks the traces along
+``model``, and writes into the output directory:
+
+* ``index.html``: self-contained (figures embedded as PNG data), rendered by
+  ``figures.report.render_page``;
+* ``traces.nc``: all traces along ``model`` (``depthscope.probes.load_trace`` reads it);
+* every figure as PNG and SVG.
+
+Trajectories: several checkpoints of one run (same model config and training settings,
+different steps, from their metadata; Hugging Face directories named ``checkpoint-N``; or steps
+given explicitly) get a trajectory section, and so does a trace file whose models are the steps
+of one run (the zoo's bundled trajectories: with no inputs the report shows the whole zoo and
+its trajectories without training anything).
+
+Everything is first written to a temporary directory beside the output and moved into place at
+the end, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import xarray as xr
+
+from depthscope.analysis.rank import add_ranks
+from depthscope.errors import DepthscopeError
+from depthscope.probes import capture, load_trace, save_trace, split_models, stack_traces
+from depthscope.probes.load import input_kind, load_model
+from depthscope.probes.trace import STACK
+from depthscope.progress import bar
+
+RUN_KEYS = ("batch_size", "lr", "seed", "steps", "warmup", "weight_decay", "corpus")  # one run: same settings
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """How traces are captured and summarised."""
+
+    tokens: int = 8192  # tokens captured per checkpoint
+    batch_size: int = 16
+    seed: int = 0
+    k: int = 2  # recent sources counted by the pattern score
+    corpus: str | None = None  # None = the Python standard library
+    energy: float = 0.99  # energy fraction of the numerical rank
+    ctx: int | None = None  # window length (None: the model's context)
+    skip_positions: int = 0
+    trajectory: bool = False  # treat every checkpoint given as one run
+
+
+def _run_info(model, path: Path) -> dict:
+    """Step and run identity of a checkpoint (depthscope metadata; HF ``checkpoint-N`` directories)."""
+    summary = getattr(model, "training_summary", None) or {}
+    info = {}
+    if "step" in summary or "steps" in summary:
+        info["step"] = int(summary.get("step", summary.get("steps", 0)))
+        info["run"] = json.dumps([model.cfg.to_json(), *(summary.get(k) for k in RUN_KEYS)], default=str)
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    if m:
+        info["step"] = int(m.group(1))
+        info["run"] = str(path.resolve().parent)
+    return info
+
+
+def collect(paths: list[Path], settings: ReportSettings, steps: list[int] | None = None, *, progress: bool = True):
+    """(model traces, trajectory stacks) of the inputs: one trace per checkpoint (a stacked trace
+    file contributes each of its models; a trace file of one run's steps is a trajectory)."""
+    kinds = [input_kind(p) for p in paths]  # check every input before the slow work starts
+    if steps is not None and len(steps) != sum(k != "trace" for k in kinds):
+        raise DepthscopeError(f"--steps gives {len(steps)} steps for {sum(k != 'trace' for k in kinds)} checkpoints")
+    traces: list[xr.Dataset] = []
+    trajectories: list[xr.Dataset] = []
+    runs: dict[str, list[int]] = {}
+    given = iter(steps or [])
+    with bar("report: capture", len(paths), enabled=progress) as pb:
+        for path, kind in zip(paths, kinds):
+            if kind == "trace":
+                t = load_trace(path)
+                if is_trajectory(t):
+                    trajectories.append(t)
+                else:
+                    traces += split_models(t)
+            else:
+                model = load_model(path)
+                info = _run_info(model, path)
+                if steps is not None:
+                    info.update(step=next(given), run="given")
+                if settings.trajectory:
+                    info["run"] = "given"
+                t = capture(
+                    model, settings.corpus, n_tokens=settings.tokens, batch_size=settings.batch_size, seed=settings.seed,
+                    ctx=settings.ctx, skip_positions=settings.skip_positions, checkpoint=str(path), rank=True,
+                )
+                t.attrs.update({k: v for k, v in info.items() if k != "run"})
+                if "run" in info and "step" in info:
+                    runs.setdefault(info["run"], []).append(len(traces))
+                traces.append(t)
+            pb.advance(1)
+    for members in runs.values():
+        if len({traces[i].attrs["step"] for i in members}) > 1:
+            for i in members:
+                traces[i].attrs["label"] = f"{traces[i].attrs['variant']}@{traces[i].attrs['step']}"
+            ordered = sorted(members, key=lambda i: traces[i].attrs["step"])
+            trajectories.append(stack_traces([traces[i] for i in ordered]))
+    return [add_ranks(t, settings.energy) if "source_spectrum" in t else t for t in traces], trajectories
+
+
+def is_trajectory(trace: xr.Dataset) -> bool:
+    """A stack whose models are distinct steps of one run (a ``step`` coordinate along ``model``)."""
+    if STACK not in trace.dims or "step" not in trace.coords or trace.sizes[STACK] < 2:
+        return False
+    return len(set(trace["step"].values.tolist())) == trace.sizes[STACK]
+
+
+def build_report(
+    inputs: list[str | Path],
+    out_dir: str | Path,
+    settings: ReportSettings = ReportSettings(),
+    *,
+    steps: list[int] | None = None,
+    progress: bool = True,
+) -> Path:
+    """Write the report of ``inputs`` (checkpoints, traces, model dirs; none = the bundled zoo
+    and its trajectories)."""
+    import matplotlib.pyplot as plt
+
+    from depthscope import zoo
+    from depthscope.figures.report import figure_html, render_page, report_figures
+    from depthscope.figures.style import save
+
+    start = time.perf_counter()
+    out_dir = Path(out_dir)
+    paths = [Path(p) for p in inputs] or [*zoo.checkpoints(), *zoo.trajectories()]
+    for p in paths:
+        input_kind(p)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    except OSError as err:
+        raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
+    try:
+        traces, trajectories = collect(paths, settings, steps, progress=progress)
+        if not traces:
+            raise DepthscopeError("no model to report on (only trajectories were given)")
+        stacked = stack_traces(traces)
+        traces = split_models(stacked)  # unique labels
+        figures = {}
+        made = report_figures(stacked, traces, settings.k, trajectories)
+        with bar("report: figures", len(made), enabled=progress) as pb:
+            for spec, fig in made:
+                written = save(fig, tmp / spec.name, formats=("png", "svg"))
+                png = next(p for p in written if p.suffix == ".png")
+                figures[spec.name] = figure_html(spec, png.read_bytes())
+                plt.close(fig)
+                pb.advance(1)
+        save_trace(stacked, tmp / "traces.nc")
+        for tr in trajectories:
+            save_trace(tr, tmp / f"trajectory-{_first_label(tr)}.nc")
+        page = render_page(
+            traces, figures, asdict(settings), k=settings.k, elapsed=time.perf_counter() - start, trajectories=trajectories
+        )
+        (tmp / "index.html").write_text(page, encoding="utf-8")
+        out_dir.mkdir(exist_ok=True)
+        for f in sorted(tmp.iterdir()):  # index.html last: a complete page appears only at the end
+            if f.name != "index.html":
+                os.replace(f, out_dir / f.name)
+        os.replace(tmp / "index.html", out_dir / "index.html")
+    except OSError as err:
+        raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        plt.close("all")
+    return out_dir / "index.html"
+
+
+def _first_label(trajectory: xr.Dataset) -> str:
+    from depthscope.figures.report import slug, trajectory_label
+
+    return slug(trajectory_label(trajectory))
+

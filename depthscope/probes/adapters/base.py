@@ -1,0 +1,110 @@
+"""What an adapter is: how one model family is captured, as declarative data plus a few functions.
+
+An ``Adapter`` names, in execution order,
+
+* the sources (the embedding(s), then every sublayer output): label, tap, kind, depth;
+* the consumers (every distinct sublayer input, then the read-out): label, the tap of the input,
+  kind, depth, how many sources are available to it, and the tap of its per-token weights over
+  those sources (``None`` = unit weights: a standard residual);
+* the native per-token quantities worth keeping (token means per consumer) and, through
+  ``static_native``, the input-independent ones;
+* the trace attrs (scheme, variant, label, config), the context length, the vocabulary and the
+  tokenizer (``encode``: text -> ids; ``None`` for byte-level models).
+
+A tap is a name the adapter's ``attach`` understands: for TransformerLens models (ours,
+TransformerBridge) a hook name. ``attach(model, taps)`` installs one callback per tap for the
+duration of a ``with`` block and removes every handle in its ``finally``; the engine
+(``probes/capture.py``) does the rest for every family alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import Tensor
+
+from depthscope.corpus import Encode
+from depthscope.probes.trace import Layout
+from depthscope.schemes.names import Kind
+
+Callback = Callable[[Tensor], Tensor | None]  # a tap's callback: may return a replacement
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One column of the trace: a tensor written to the residual stream."""
+
+    label: str
+    tap: str
+    kind: Kind
+    depth: int
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """One row of the trace: a tensor read from the residual stream (a sublayer input or the read-out)."""
+
+    label: str
+    tap: str  # the input the sublayer receives
+    kind: Kind
+    depth: int
+    n_sources: int  # sources written before it (the first n of the adapter's sources)
+    weights: str | None = None  # tap of per-token weights [batch, pos, n(, d_model)]; None = all ones
+
+
+@dataclass(frozen=True)
+class NativeSpec:
+    """A per-token native quantity [batch, pos, *dims] whose token mean a trace keeps as ``name``
+    (dims (layer, *dims)), on the row of consumer ``layer``."""
+
+    name: str
+    tap: str
+    layer: str
+    dims: tuple[str, ...] = ()
+
+
+def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.AbstractContextManager:
+    """Callbacks on TransformerLens hook points (HookedRootModule, TransformerBridge): the
+    ``hooks()`` context manager removes every handle in its ``finally``."""
+
+    def wrap(fn: Callback):
+        return lambda tensor, hook: fn(tensor)
+
+    return model.hooks(fwd_hooks=[(name, wrap(fn)) for name, fn in taps])
+
+
+def call_model(model: Any, tokens: Tensor) -> Any:
+    return model(tokens)
+
+
+@dataclass
+class Adapter:
+    """How the engine captures one model: see the module docstring."""
+
+    family: str
+    sources: list[SourceSpec]
+    consumers: list[ConsumerSpec]
+    attrs: dict[str, Any]  # scheme, variant, label, config
+    ctx: int
+    vocab: int
+    encode: Encode | None = None
+    native: list[NativeSpec] = field(default_factory=list)
+    static_native: Callable[[], dict[str, tuple[tuple[str, ...], Any, dict[str, Any]]]] = dict
+    attach: Callable[[Any, list[tuple[str, Callback]]], contextlib.AbstractContextManager] = tl_attach
+    forward: Callable[[Any, Tensor], Any] = call_model
+    hint: str = ""  # appended to the refusal of a model whose inputs do not rebuild
+
+    def layout(self) -> Layout:
+        """The trace axes."""
+        return Layout(
+            layer=[c.label for c in self.consumers],
+            layer_depth=[c.depth for c in self.consumers],
+            layer_kind=[c.kind for c in self.consumers],
+            layer_sources=[c.n_sources for c in self.consumers],
+            source=[s.label for s in self.sources],
+            source_depth=[s.depth for s in self.sources],
+            source_kind=[s.kind for s in self.sources],
+        )

@@ -1,0 +1,78 @@
+"""Adapter for TransformerLens ``TransformerBridge`` models with a standard pre-norm residual stream.
+
+Sources: ``hook_embed``, ``hook_pos_embed`` when the model has learned absolute positions (its
+``cfg.positional_embedding_type`` is ``standard``; a rotary model has the hook point but it never
+fires), then ``blocks.{i}.hook_attn_out`` / ``hook_mlp_out``. Consumers: ``blocks.{i}.hook_resid_pre``
+(attention input), ``blocks.{i}.hook_resid_mid`` (MLP input) and the last ``hook_resid_post``
+(read-out). Every weight is 1. Hook names are not trusted: the engine checks on every batch that
+each input is the sum of its sources, so a post-LN model or an architecture whose ``*_out`` hooks
+hold residual-added states is refused instead of being decomposed wrongly.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from depthscope.errors import TraceError
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec
+from depthscope.schemes import names
+
+FAMILY = "transformer-lens"
+HINT = (
+    "; post-LN models (BERT) and architectures whose *_out hooks hold residual-added states cannot be "
+    "decomposed as a plain sum"
+)
+
+
+def detect(model: Any) -> bool:
+    try:
+        from transformer_lens import TransformerBridge
+    except ImportError:  # pragma: no cover - transformer-lens is a dependency
+        return False
+    return isinstance(model, TransformerBridge)
+
+
+def build(model: Any) -> Adapter:
+    cfg = model.cfg
+    n = cfg.n_layers
+    srcs = [SourceSpec(names.EMBED, names.HOOK_EMBED, names.EMBED, 0)]
+    if getattr(cfg, "positional_embedding_type", "standard") == "standard":
+        srcs.append(SourceSpec("pos_embed", names.HOOK_POS_EMBED, names.EMBED, 0))
+    cons = []
+    for i in range(n):
+        cons.append(ConsumerSpec(names.label(i, names.ATTN), names.resid_pre(i), names.ATTN, 2 * i + 1, len(srcs)))
+        srcs.append(SourceSpec(names.label(i, names.ATTN), names.source_out(i, names.ATTN), names.ATTN, 2 * i + 1))
+        cons.append(ConsumerSpec(names.label(i, names.MLP), names.resid_mid(i), names.MLP, 2 * i + 2, len(srcs)))
+        srcs.append(SourceSpec(names.label(i, names.MLP), names.source_out(i, names.MLP), names.MLP, 2 * i + 2))
+    cons.append(ConsumerSpec(names.READOUT, names.resid_post(n - 1), names.READOUT, 2 * n + 1, len(srcs)))
+    available = set(model.hook_dict)
+    missing = [t for t in [s.tap for s in srcs] + [c.tap for c in cons] if t not in available]
+    if missing:
+        raise TraceError(f"model has no hook {missing[0]}: not a standard residual stream depthscope can decompose")
+    name = getattr(cfg, "model_name", None) or type(model).__name__
+    tokenizer = getattr(model, "tokenizer", None)
+    return Adapter(
+        family=FAMILY,
+        sources=srcs,
+        consumers=cons,
+        attrs={"scheme": "standard", "variant": str(name), "label": f"bridge:{name}", "config": _config(cfg), "family": FAMILY},
+        ctx=int(cfg.n_ctx),
+        vocab=int(cfg.d_vocab),
+        encode=None if tokenizer is None else encoder(tokenizer),
+        hint=HINT,
+    )
+
+
+def encoder(tokenizer: Any):
+    """text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+    return encode
+
+
+def _config(cfg: Any) -> str:
+    keep = ("model_name", "n_layers", "d_model", "n_heads", "d_mlp", "n_ctx", "d_vocab", "normalization_type", "positional_embedding_type")
+    return json.dumps({k: getattr(cfg, k, None) for k in keep}, default=str, sort_keys=True)

@@ -1,0 +1,44 @@
+"""Adapter for depthscope's own models (``DepthModel``, every scheme of ``depthscope.schemes``).
+
+Sources and consumers come from the scheme's layout (``schemes.sources`` / ``schemes.consumers``):
+each consumer's mixer reports its input through ``hook_in`` and its per-token weights over the
+sources written so far through ``hook_weights``, in the delta basis, whatever the scheme's own
+parametrisation; native per-token quantities are the scheme's ``native_hooks``, static ones its
+``static_native``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
+from depthscope.schemes import DepthModel, consumers, sources
+from depthscope.schemes.base import VOCAB, variant_label
+
+FAMILY = "depthscope"
+TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's metadata, when it has them
+
+
+def detect(model: Any) -> bool:
+    return isinstance(model, DepthModel)
+
+
+def build(model: DepthModel) -> Adapter:
+    cfg = model.cfg
+    srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
+    cons = [ConsumerSpec(c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights) for c in consumers(cfg)]
+    native = [NativeSpec(n.name, n.hook, n.layer, n.dims) for n in model.scheme.native_hooks(cfg)]
+    label = variant_label(cfg)
+    training = {k: model.training_summary[k] for k in TRAINING_ATTRS if model.training_summary.get(k) is not None}
+    if "step" not in training and "steps" in model.training_summary:  # checkpoints from before snapshots
+        training["step"] = model.training_summary["steps"]
+    return Adapter(
+        family=FAMILY,
+        sources=srcs,
+        consumers=cons,
+        attrs={"scheme": cfg.scheme, "variant": label, "label": label, "config": cfg.to_json(), "family": FAMILY, **training, **model.scheme.trace_attrs(cfg)},
+        ctx=cfg.ctx,
+        vocab=VOCAB,
+        native=native,
+        static_native=lambda: model.scheme.static_native(model),
+    )

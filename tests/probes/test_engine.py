@@ -1,0 +1,129 @@
+"""The one capture engine: checks on every batch for every model kind, sources that never fire,
+eval mode and hooks restored, and the rotary (Llama-style) bridge regression."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from depthscope.errors import DepthscopeError, TraceError
+from depthscope.probes import capture
+from depthscope.probes.adapters import FAMILIES, SourceSpec, resolve
+from tests.helpers import build, random_tokens, tiny
+from tests.probes.test_bridge import model_dir
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A tiny random Llama (rotary positions, RMSNorm, GQA) as a local Hugging Face directory."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return model_dir(
+        tmp_path_factory.mktemp("llama"),
+        lambda v: LlamaForCausalLM(
+            LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, max_position_embeddings=128)
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def llama(llama_dir):
+    from depthscope.probes.load import load_bridge
+
+    return load_bridge(llama_dir)
+
+
+@pytest.mark.parametrize("shape", [(9, 64), (5, 128), (4, 32)])
+def test_rotary_bridge_has_no_position_source_and_rebuilds_every_batch(llama, shape):
+    """Regression: a rotary bridge has a hook_pos_embed that never fires; it must not be a source
+    (its buffer slot was uninitialised memory added into every rebuilt input)."""
+    tokens = torch.randint(0, 50, shape, generator=torch.Generator().manual_seed(shape[0]))
+    trace = capture(llama, tokens, batch_size=4)
+    assert list(trace["source"].values[:2]) == ["embed", "0.attn"]
+    assert float(trace["residual_error"].max()) < 1e-5
+    assert np.isfinite(trace["contribution_share"].values[trace["mixing"].notnull().values]).all()
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
+    first = trace["mixing"].sel(layer="0.attn").dropna("source")
+    assert list(first["source"].values) == ["embed"]  # the first consumer reads the embedding alone: 1/T = 1
+
+
+def test_rotary_bridge_agrees_with_hidden_states(llama, llama_dir):
+    """Shares from the trace against shares computed from Hugging Face's own hidden states."""
+    from transformers import AutoModelForCausalLM
+
+    tokens = torch.randint(0, 50, (3, 40), generator=torch.Generator().manual_seed(3))
+    trace = capture(llama, tokens, batch_size=2)
+    hf = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
+    with torch.no_grad():
+        hs = hf(tokens, output_hidden_states=True).hidden_states  # embed, after block 0, after block 1 (normed)
+    # the input of block 1's attention is hidden_states[1]; its parts: embed and block 0's two outputs
+    h = hs[1].double()
+    share = trace["contribution_share"].sel(layer="1.attn").dropna("source")
+    rebuilt_norm = float((h * h).sum())
+    emb = hs[0].double()
+    np.testing.assert_allclose(float(share.sel(source="embed")), float((emb * h).sum()) / rebuilt_norm, rtol=1e-4)
+
+
+def _with_ghost(position: int):
+    """A tiny model and its adapter with one extra source whose hook point exists but never fires."""
+    from dataclasses import replace
+
+    from transformer_lens.hook_points import HookPoint
+
+    model = build(tiny())
+    model.blocks[2].hook_never = HookPoint()  # registered, never called
+    model.setup()
+    ad = resolve(model)
+    ad.sources.insert(position, SourceSpec("ghost", "blocks.2.hook_never", "attn", 99))
+    ad.consumers = [replace(c, n_sources=c.n_sources + (position < c.n_sources)) for c in ad.consumers]
+    return model, ad
+
+
+def test_a_source_that_never_fires_is_refused():
+    """Never uninitialised memory: a source whose tap does not fire in a batch is an error."""
+    model, ad = _with_ghost(len(resolve(build(tiny())).sources))  # after every source: nobody reads it
+    with pytest.raises(TraceError, match=r"source ghost \(blocks\.2\.hook_never\) did not fire in batch 0"):
+        capture(model, random_tokens(tiny()), adapter=ad)
+    model, ad = _with_ghost(1)  # read by every consumer but the first
+    with pytest.raises(TraceError, match="consumer 0.mlp reads source ghost, which has not fired before it"):
+        capture(model, random_tokens(tiny()), adapter=ad)
+    assert all(not h._forward_hooks for h in model.hook_dict.values())
+
+
+def test_identity_is_checked_on_every_batch():
+    """A model whose input stops being the sum of its sources in the third batch is refused there."""
+    model = build(tiny())
+    calls = {"n": 0}
+
+    def corrupt(t, hook):
+        calls["n"] += 1
+        return t * 1.5 if calls["n"] > 2 else t  # hook_in of 1.mlp, from the third batch on
+
+    tokens = random_tokens(tiny(), batch=8)
+    with model.hooks(fwd_hooks=[("blocks.1.mlp_mix.hook_in", corrupt)]):
+        with pytest.raises(TraceError, match=r"not additive: its input at 1\.mlp .* in batch 2"):
+            capture(model, tokens, batch_size=2)
+
+
+def test_eval_mode_and_hooks_restored_for_every_family(llama):
+    for model in (build(tiny("attnres")), llama):
+        model.train()
+        capture(model, torch.randint(0, 50, (2, 16)), batch_size=2)
+        assert model.training
+        assert all(not h._forward_hooks for h in model.hook_dict.values())
+        with pytest.raises(DepthscopeError):
+            capture(model, torch.arange(3))
+        assert model.training and all(not h._forward_hooks for h in model.hook_dict.values())
+
+
+def test_unknown_model_names_the_known_families():
+    with pytest.raises(DepthscopeError, match="no adapter knows it .*" + ", ".join(FAMILIES)):
+        capture(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long))
+    with pytest.raises(DepthscopeError, match="unknown adapter 'nope'"):
+        capture(build(tiny()), random_tokens(tiny()), adapter="nope")
