@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.depthscope-installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test venv browser clean-venv
+.PHONY: demo test lint venv browser clean-venv
 
 venv: $(STAMP)
 
@@ -22,8 +22,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/depthscope report --out report
 
-test: $(STAMP) browser
+test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# ruff (configured in pyproject.toml): lint and formatting, run by `make test`
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # The report is a web page and one test renders it in headless chromium (Debian's package).
 browser:

@@ -44,7 +44,14 @@ def build(label: str, args) -> torch.nn.Module:
     torch.manual_seed(0)
     for lab, scheme, options in variants():
         if lab == label:
-            cfg = ModelConfig(scheme=scheme, options=options, n_layers=args.layers, d_model=args.d_model, n_heads=4, ctx=args.ctx)
+            cfg = ModelConfig(
+                scheme=scheme,
+                options=options,
+                n_layers=args.layers,
+                d_model=args.d_model,
+                n_heads=4,
+                ctx=args.ctx,
+            )
             return DepthModel(cfg).eval()
     raise SystemExit(f"unknown variant {label}")
 
@@ -53,8 +60,15 @@ def build_bridge(args):
     from transformer_lens import TransformerBridge, TransformerBridgeConfig
 
     cfg = TransformerBridgeConfig(
-        d_model=args.d_model, d_head=args.d_model // 4, n_heads=4, n_layers=args.layers, n_ctx=args.ctx,
-        d_vocab=256, d_mlp=4 * args.d_model, act_fn="gelu", seed=0,
+        d_model=args.d_model,
+        d_head=args.d_model // 4,
+        n_heads=4,
+        n_layers=args.layers,
+        n_ctx=args.ctx,
+        d_vocab=256,
+        d_mlp=4 * args.d_model,
+        act_fn="gelu",
+        seed=0,
     )
     return TransformerBridge.boot_native(cfg)
 
@@ -115,8 +129,24 @@ def spawn(mode: str, label: str, n_tokens: int, args) -> dict:
     # A fixed mmap threshold makes glibc return freed tensors to the OS, so the peak RSS measures
     # live memory rather than the allocator's retention (the same for every mode).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-    cmd = [sys.executable, __file__, "--worker", mode, label, str(n_tokens), "--layers", str(args.layers), "--d-model", str(args.d_model),
-           "--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--worker",
+        mode,
+        label,
+        str(n_tokens),
+        "--layers",
+        str(args.layers),
+        "--d-model",
+        str(args.d_model),
+        "--ctx",
+        str(args.ctx),
+        "--batch",
+        str(args.batch),
+        "--threads",
+        str(args.threads),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -162,8 +192,14 @@ def main() -> None:
     from depthscope.schemes import variants
 
     labels = [v for v in args.variants.split(",") if v] or [lab for lab, _, _ in variants()]
-    print(f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.tokens} tokens, {args.threads} thread(s)")
-    print("| variant | capture / forward time | capture / forward peak memory | peak at 8x / 1x tokens | time target |")
+    print(
+        f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.tokens} "
+        f"tokens, {args.threads} thread(s)"
+    )
+    print(
+        "| variant | capture / forward time | capture / forward peak memory | peak at 8x / 1x tokens | "
+        "time target |"
+    )
     print("|---|---|---|---|---|")
     for label in labels:
         t_fwd, t_cap = interleaved_time(label, args)
@@ -172,8 +208,12 @@ def main() -> None:
         small = spawn("capture", label, args.tokens // 8, args)
         target = TARGET_TIME["static" if label in STATIC else "dynamic"]
         ok = "ok" if t_cap / t_fwd <= target else "MISSED"
-        print(f"| {label} | {t_cap / t_fwd:.2f} | {cap['peak_mb'] / max(fwd['peak_mb'], 1e-9):.2f} ({cap['peak_mb']:.0f} / {fwd['peak_mb']:.0f} MB) "
-              f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |", flush=True)
+        print(
+            f"| {label} | {t_cap / t_fwd:.2f} | {cap['peak_mb'] / max(fwd['peak_mb'], 1e-9):.2f} "
+            f"({cap['peak_mb']:.0f} / {fwd['peak_mb']:.0f} MB) "
+            f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |",
+            flush=True,
+        )
     ds = spawn("capture", "bridge", args.tokens, args)
     tl = spawn("tl", "bridge", args.tokens, args)
     print()
@@ -182,7 +222,10 @@ def main() -> None:
     print("|---|---|---|")
     print(f"| depthscope capture | {ds['seconds']:.1f} | {ds['peak_mb']:.0f} |")
     print(f"| TransformerLens run_with_cache + decompose_resid | {tl['seconds']:.1f} | {tl['peak_mb']:.0f} |")
-    print(f"| ratio (TransformerLens / depthscope) | {tl['seconds'] / ds['seconds']:.1f}x | {tl['peak_mb'] / max(ds['peak_mb'], 1e-9):.1f}x |")
+    print(
+        f"| ratio (TransformerLens / depthscope) | {tl['seconds'] / ds['seconds']:.1f}x | "
+        f"{tl['peak_mb'] / max(ds['peak_mb'], 1e-9):.1f}x |"
+    )
 
 
 if __name__ == "__main__":

@@ -19,9 +19,18 @@ import torch.nn.functional as F
 from depthscope.schemes import DepthModel, ModelConfig, variants
 
 TARGETS = {
-    "denseformer": 0.85, "denseformer-4x5": 0.85, "attnres-block4": 0.85, "attnres": 0.7,
-    "dca": 0.5, "dca-k2": 0.5, "hc": 0.6, "hc-static": 0.6, "mhc": 0.6, "ddl": 0.7,
-    "shortswa": 0.6, "shortswa-seq": 0.6,
+    "denseformer": 0.85,
+    "denseformer-4x5": 0.85,
+    "attnres-block4": 0.85,
+    "attnres": 0.7,
+    "dca": 0.5,
+    "dca-k2": 0.5,
+    "hc": 0.6,
+    "hc-static": 0.6,
+    "mhc": 0.6,
+    "ddl": 0.7,
+    "shortswa": 0.6,
+    "shortswa-seq": 0.6,
 }
 
 
@@ -41,7 +50,14 @@ def main() -> None:
     runs = {}
     for label, scheme, options in variants():
         torch.manual_seed(0)
-        cfg = ModelConfig(scheme=scheme, options=options, n_layers=args.layers, d_model=args.d_model, n_heads=4, ctx=args.ctx)
+        cfg = ModelConfig(
+            scheme=scheme,
+            options=options,
+            n_layers=args.layers,
+            d_model=args.d_model,
+            n_heads=4,
+            ctx=args.ctx,
+        )
         model = DepthModel(cfg).train()
         runs[label] = (model, torch.optim.AdamW(model.parameters(), lr=1e-3))
 
@@ -62,13 +78,18 @@ def main() -> None:
             times[label].append(time.perf_counter() - t)
     base = statistics.median(times["standard"])
     n_tok = args.batch * args.ctx
-    print(f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.threads} thread(s), median of {args.rounds} interleaved rounds")
+    print(
+        f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.threads} "
+        f"thread(s), median of {args.rounds} interleaved rounds"
+    )
     print("| variant | parameters | ms/step | tokens/s | vs standard | target |")
     print("|---|---|---|---|---|---|")
     for label, ts in times.items():
         med = statistics.median(ts)
         target = TARGETS.get(label)
-        mark = "" if target is None else (f">= {target} ok" if base / med >= target else f">= {target} MISSED")
+        mark = (
+            "" if target is None else (f">= {target} ok" if base / med >= target else f">= {target} MISSED")
+        )
         params = sum(p.numel() for p in runs[label][0].parameters())
         print(f"| {label} | {params:,} | {med * 1e3:.1f} | {n_tok / med:,.0f} | {base / med:.2f} | {mark} |")
 

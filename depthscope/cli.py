@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -26,7 +26,6 @@ app = typer.Typer(
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
 out = Console() if sys.stdout.isatty() else Console(width=160)
-
 
 
 def _unit(text: str) -> float:
@@ -54,17 +53,19 @@ def _float(text: str) -> float:
     return value
 
 
-
 class Variant(str, enum.Enum):
     """GRN variants of the DCA theory."""
 
     v1 = "v1"
     v2 = "v2"
 
-CorpusOpt = Annotated[Optional[Path], typer.Option(help="Text file or directory (default: the Python standard library).")]
+
+CorpusOpt = Annotated[
+    Path | None, typer.Option(help="Text file or directory (default: the Python standard library).")
+]
 QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
 CtxOpt = Annotated[
-    Optional[int],
+    int | None,
     typer.Option(
         min=1,
         help="Window length in tokens (at most the model's context; default: the model's context). Shares "
@@ -74,7 +75,9 @@ CtxOpt = Annotated[
 ]
 SkipOpt = Annotated[
     int,
-    typer.Option(min=0, help="Leave the first K positions of every window out of every statistic (attention sinks)."),
+    typer.Option(
+        min=0, help="Leave the first K positions of every window out of every statistic (attention sinks)."
+    ),
 ]
 
 
@@ -92,19 +95,27 @@ def parse_sets(pairs: list[str] | None) -> dict[str, str]:
 @app.command()
 def train(
     scheme: Annotated[str, typer.Option(help="Residual scheme (see `depthscope schemes`).")] = "standard",
-    out_path: Annotated[Path, typer.Option("--out", help="Checkpoint to write (.safetensors).")] = Path("model.safetensors"),
+    out_path: Annotated[Path, typer.Option("--out", help="Checkpoint to write (.safetensors).")] = Path(
+        "model.safetensors"
+    ),
     layers: Annotated[int, typer.Option(min=1, help="Number of blocks.")] = 4,
     d_model: Annotated[int, typer.Option(min=1, help="Width.")] = 64,
     heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
     ctx: Annotated[int, typer.Option(min=1, help="Context length in bytes.")] = 128,
-    steps: Annotated[int, typer.Option(min=0, help="Optimiser steps (0 writes the initialised model).")] = 300,
+    steps: Annotated[
+        int, typer.Option(min=0, help="Optimiser steps (0 writes the initialised model).")
+    ] = 300,
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 16,
     lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
     seed: Annotated[int, typer.Option(help="Seed for initialisation and batches.")] = 0,
     corpus: CorpusOpt = None,
-    set_: Annotated[Optional[list[str]], typer.Option("--set", help="Scheme option key=value (repeatable).")] = None,
+    set_: Annotated[
+        list[str] | None, typer.Option("--set", help="Scheme option key=value (repeatable).")
+    ] = None,
     half: Annotated[bool, typer.Option(help="Store weights in bfloat16 (half the file size).")] = False,
-    save_every: Annotated[int, typer.Option(min=0, help="Also write NAME.step-000500.safetensors every N steps (0: never).")] = 0,
+    save_every: Annotated[
+        int, typer.Option(min=0, help="Also write NAME.step-000500.safetensors every N steps (0: never).")
+    ] = 0,
     quiet: QuietOpt = False,
 ) -> None:
     """Train a byte-level model with one residual scheme and save it as a checkpoint."""
@@ -116,7 +127,9 @@ def train(
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
-    cfg = ModelConfig(scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_))
+    cfg = ModelConfig(
+        scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_)
+    )
     tcfg = TrainConfig(steps=steps, batch_size=batch_size, lr=lr, seed=seed)
     dtype = torch.bfloat16 if half else None
 
@@ -124,11 +137,16 @@ def train(
         model.save(step_checkpoint(out_path, step), dtype=dtype)
 
     snapshots = range(save_every, steps, save_every) if save_every else ()
-    model = run_train(cfg, tcfg, load_corpus(corpus), progress=not quiet, snapshots=snapshots, on_snapshot=snapshot)
+    model = run_train(
+        cfg, tcfg, load_corpus(corpus), progress=not quiet, snapshots=snapshots, on_snapshot=snapshot
+    )
     model.save(out_path, dtype=dtype)
     s = model.training_summary
     extra = f"; {len(snapshots)} intermediate checkpoints beside it" if snapshots else ""
-    out.print(f"wrote {out_path}: {scheme}, {model.n_params():,} parameters, validation loss {s['val_loss']:.4f} nats/byte{extra}")
+    out.print(
+        f"wrote {out_path}: {scheme}, {model.n_params():,} parameters, validation loss {s['val_loss']:.4f} "
+        f"nats/byte{extra}"
+    )
 
 
 @app.command()
@@ -148,8 +166,13 @@ def schemes() -> None:
 
 @app.command()
 def report(
-    inputs: Annotated[Optional[list[Path]], typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo).")] = None,
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for index.html, traces.nc and the figures.")] = Path("report"),
+    inputs: Annotated[
+        list[Path] | None,
+        typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo)."),
+    ] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory for index.html, traces.nc and the figures.")
+    ] = Path("report"),
     corpus: CorpusOpt = None,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per checkpoint.")] = 8192,
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
@@ -157,16 +180,32 @@ def report(
     k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = 0,
-    trajectory: Annotated[bool, typer.Option(help="The checkpoints are steps of one run (default: detected from their metadata).")] = False,
-    steps: Annotated[Optional[list[int]], typer.Option("--step", min=0, help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).")] = None,
+    trajectory: Annotated[
+        bool,
+        typer.Option(help="The checkpoints are steps of one run (default: detected from their metadata)."),
+    ] = False,
+    steps: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--step",
+            min=0,
+            help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
+        ),
+    ] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
     from depthscope.pipelines.report import ReportSettings, build_report
 
     settings = ReportSettings(
-        tokens=tokens, batch_size=batch_size, seed=seed, k=k, corpus=str(corpus) if corpus else None,
-        ctx=ctx, skip_positions=skip_positions, trajectory=trajectory,
+        tokens=tokens,
+        batch_size=batch_size,
+        seed=seed,
+        k=k,
+        corpus=str(corpus) if corpus else None,
+        ctx=ctx,
+        skip_positions=skip_positions,
+        trajectory=trajectory,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -174,7 +213,9 @@ def report(
 
 @app.command()
 def capture(
-    checkpoint: Annotated[Path, typer.Argument(help="A .safetensors checkpoint or a local Hugging Face model directory.")],
+    checkpoint: Annotated[
+        Path, typer.Argument(help="A .safetensors checkpoint or a local Hugging Face model directory.")
+    ],
     out_path: Annotated[Path, typer.Option("--out", help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens to analyse.")] = 16384,
@@ -182,7 +223,9 @@ def capture(
     seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = 0,
-    rank: Annotated[bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")] = False,
+    rank: Annotated[
+        bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
@@ -192,13 +235,22 @@ def capture(
 
     model = load_model(checkpoint)
     trace = run_capture(
-        model, corpus, n_tokens=tokens, batch_size=batch_size, seed=seed, ctx=ctx, skip_positions=skip_positions,
-        progress=not quiet, checkpoint=str(checkpoint), rank=rank,
+        model,
+        corpus,
+        n_tokens=tokens,
+        batch_size=batch_size,
+        seed=seed,
+        ctx=ctx,
+        skip_positions=skip_positions,
+        progress=not quiet,
+        checkpoint=str(checkpoint),
+        rank=rank,
     )
     save_trace(trace, out_path)
     worst = float(trace["residual_error"].max())
     out.print(
-        f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x {trace.sizes['source']} sources, "
+        f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x "
+        f"{trace.sizes['source']} sources, "
         f"{trace.attrs['tokens']} tokens in windows of {trace.attrs['ctx']} (max residual error {worst:.1e})"
     )
 
@@ -216,22 +268,38 @@ def dilution(
         table = consumer_table(t, k)
         title = t.attrs.get("label", t.attrs.get("scheme", ""))
         rows = Table(
-            "consumer", "sources", "1/T", "embed share", "latest share", "embed index", "latest index", f"pattern (k={k})",
+            "consumer",
+            "sources",
+            "1/T",
+            "embed share",
+            "latest share",
+            "embed index",
+            "latest index",
+            f"pattern (k={k})",
             title=f"{title}: dilution against the 1/T baseline ({t.attrs.get('tokens', '?')} tokens)",
         )
         for i in range(table.sizes["layer"]):
             r = table.isel(layer=i)
             rows.add_row(
-                str(r["layer"].item()), str(int(r["n_sources"])), _fmt(r["baseline"]), _fmt(r["embed_share"]),
-                _fmt(r["latest_share"]), _fmt(r["embed_index"], 2), _fmt(r["latest_index"], 2), _fmt(r["pattern_score"], 2),
+                str(r["layer"].item()),
+                str(int(r["n_sources"])),
+                _fmt(r["baseline"]),
+                _fmt(r["embed_share"]),
+                _fmt(r["latest_share"]),
+                _fmt(r["embed_index"], 2),
+                _fmt(r["latest_index"], 2),
+                _fmt(r["pattern_score"], 2),
             )
         out.print(rows)
         s = summary(t, k)
         ps = s["pattern_score"]
         out.print(
-            f"pattern score: sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention {_fmt(ps.sel(group='attn'))}, "
-            f"MLP {_fmt(ps.sel(group='mlp'))}), read-out {_fmt(ps.sel(group='readout'))}; read-out: embedding share "
-            f"{_fmt(s['embed_share'].sel(group='readout'))}, latest share {_fmt(s['latest_share'].sel(group='readout'))}; "
+            f"pattern score: sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention "
+            f"{_fmt(ps.sel(group='attn'))}, "
+            f"MLP {_fmt(ps.sel(group='mlp'))}), read-out {_fmt(ps.sel(group='readout'))}; read-out: "
+            "embedding share "
+            f"{_fmt(s['embed_share'].sel(group='readout'))}, latest share "
+            f"{_fmt(s['latest_share'].sel(group='readout'))}; "
             f"max residual error {float(s['max_residual_error']):.1e}"
         )
 
@@ -242,20 +310,43 @@ app.add_typer(zoo_app, name="zoo")
 
 @zoo_app.command("list")
 def zoo_list(
-    directory: Annotated[Optional[Path], typer.Option("--dir", help="A zoo directory (default: the bundled zoo).")] = None,
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="A zoo directory (default: the bundled zoo).")
+    ] = None,
 ) -> None:
     """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint."""
     from depthscope import zoo
 
     entries = zoo.read_manifest(directory or zoo.ZOO_DIR)
-    table = Table("name", "scheme", "options", "blocks x d_model", "params", "steps", "seed", "val loss (nats/byte)", "file", "KB", "trajectory")
+    table = Table(
+        "name",
+        "scheme",
+        "options",
+        "blocks x d_model",
+        "params",
+        "steps",
+        "seed",
+        "val loss (nats/byte)",
+        "file",
+        "KB",
+        "trajectory",
+    )
     for m in entries:
         c = m["config"]
         opts = ", ".join(f"{k}={v}" for k, v in c["options"].items()) or "-"
         traj = ", ".join(map(str, m["trajectory"]["steps"])) if m.get("trajectory") else "-"
         table.add_row(
-            m["name"], m["scheme"], opts, f"{c['n_layers']} x {c['d_model']}", f"{m['params']:,}", str(m["steps"]),
-            str(m["seed"]), f"{m['val_loss']:.3f}", m["file"], f"{m['bytes'] / 1024:.0f}", traj,
+            m["name"],
+            m["scheme"],
+            opts,
+            f"{c['n_layers']} x {c['d_model']}",
+            f"{m['params']:,}",
+            str(m["steps"]),
+            str(m["seed"]),
+            f"{m['val_loss']:.3f}",
+            m["file"],
+            f"{m['bytes'] / 1024:.0f}",
+            traj,
         )
     out.print(table)
     out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
@@ -263,10 +354,16 @@ def zoo_list(
 
 @zoo_app.command("build")
 def zoo_build(
-    out_dir: Annotated[Optional[Path], typer.Option("--out", help="Where to write (default: the bundled zoo directory).")] = None,
-    steps: Annotated[Optional[int], typer.Option(min=1, help="Training steps per model (default: the zoo's).")] = None,
-    only: Annotated[Optional[list[str]], typer.Option(help="Entry to build (repeatable; default: all).")] = None,
-    recapture: Annotated[bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")] = False,
+    out_dir: Annotated[
+        Path | None, typer.Option("--out", help="Where to write (default: the bundled zoo directory).")
+    ] = None,
+    steps: Annotated[
+        int | None, typer.Option(min=1, help="Training steps per model (default: the zoo's).")
+    ] = None,
+    only: Annotated[list[str] | None, typer.Option(help="Entry to build (repeatable; default: all).")] = None,
+    recapture: Annotated[
+        bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")
+    ] = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Train the zoo reproducibly (fixed seeds, default corpus; hours on 2 cores), skipping up-to-date models.
@@ -278,14 +375,18 @@ def zoo_build(
     from depthscope.pipelines.zoo import build
 
     entries = build(
-        out_dir or zoo.ZOO_DIR, steps=zoo.STEPS if steps is None else steps, only=only, recapture=recapture,
-        progress=not quiet, log=out.print,
+        out_dir or zoo.ZOO_DIR,
+        steps=zoo.STEPS if steps is None else steps,
+        only=only,
+        recapture=recapture,
+        progress=not quiet,
+        log=out.print,
     )
     out.print(f"{len(entries)} zoo entries in {out_dir or zoo.ZOO_DIR}")
 
 
 class _RankGroup(typer.core.TyperGroup):
-    """`depthscope rank PATH` measures a checkpoint or trace; `rank threshold|identity|sweep` are subcommands."""
+    """`depthscope rank PATH` measures a checkpoint or trace; the other words are subcommands."""
 
     def resolve_command(self, ctx, args):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
@@ -315,11 +416,20 @@ def _emit_json(obj) -> None:
 
 @rank_app.command("measure", hidden=True)
 def rank_measure(
-    path: Annotated[Path, typer.Argument(help="A checkpoint, a model directory, or a trace captured with --rank.")],
-    kappa: Annotated[Optional[float], typer.Option(parser=_unit, help="Task complexity lambda_min/lambda_max in (0, 1] to compare r*/d against.")] = None,
+    path: Annotated[
+        Path, typer.Argument(help="A checkpoint, a model directory, or a trace captured with --rank.")
+    ],
+    kappa: Annotated[
+        float | None,
+        typer.Option(
+            parser=_unit, help="Task complexity lambda_min/lambda_max in (0, 1] to compare r*/d against."
+        ),
+    ] = None,
     variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens captured from a checkpoint.")] = 16384,
-    energy: Annotated[float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")] = 0.99,
+    energy: Annotated[
+        float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")
+    ] = 0.99,
     corpus: CorpusOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
     quiet: QuietOpt = False,
@@ -333,7 +443,16 @@ def rank_measure(
     if input_kind(path) == "trace":
         traces = split_models(load_trace(path))
     else:
-        traces = [run_capture(load_model(path), corpus, n_tokens=tokens, rank=True, progress=not quiet and not as_json, checkpoint=str(path))]
+        traces = [
+            run_capture(
+                load_model(path),
+                corpus,
+                n_tokens=tokens,
+                rank=True,
+                progress=not quiet and not as_json,
+                checkpoint=str(path),
+            )
+        ]
     for t in traces:
         if "source_spectrum" not in t:
             raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
@@ -342,17 +461,32 @@ def rank_measure(
         _emit_json(results[0] if len(results) == 1 else results)
         return
     for res in results:
-        table = Table("source", "numerical", "entropy", "participation", title=f"{res['label']}: effective ranks of outputs over {res['tokens']} tokens (d = {res['d']})")
+        table = Table(
+            "source",
+            "numerical",
+            "entropy",
+            "participation",
+            title=f"{res['label']}: effective ranks of outputs over {res['tokens']} tokens (d = {res['d']})",
+        )
         for row in res["sources"]:
-            table.add_row(row["source"], f"{row['numerical']:.0f}", f"{row['entropy']:.1f}", f"{row['participation']:.1f}")
+            table.add_row(
+                row["source"],
+                f"{row['numerical']:.0f}",
+                f"{row['entropy']:.1f}",
+                f"{row['participation']:.1f}",
+            )
         out.print(table)
         for kind in ("numerical", "entropy", "participation"):
-            out.print(f"r* ({kind}) = {res['collective_rank'][kind]:.1f} over {res['n_layers_counted']} sublayers; r*/d = {res['ratio'][kind]:.3f}")
+            out.print(
+                f"r* ({kind}) = {res['collective_rank'][kind]:.1f} over {res['n_layers_counted']} "
+                f"sublayers; r*/d = {res['ratio'][kind]:.3f}"
+            )
         if kappa is not None:
             verdict = "below" if res["ratio"]["numerical"] < res["threshold"] else "above"
             bound = "none" if res["derived_bound"] is None else f"{res['derived_bound']:.3f}"
             out.print(
-                f"kappa = {kappa}: GRN-{variant.value} threshold r*/d = {res['threshold']:.3f} (exact risks), derived sufficient bound {bound}; "
+                f"kappa = {kappa}: GRN-{variant.value} threshold r*/d = {res['threshold']:.3f} (exact "
+                f"risks), derived sufficient bound {bound}; "
                 f"the numerical r*/d is {verdict} the threshold"
             )
 
@@ -360,7 +494,9 @@ def rank_measure(
 @rank_app.command("threshold")
 def rank_threshold(
     d: Annotated[int, typer.Option(min=2, help="Width d.")],
-    kappa: Annotated[float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")],
+    kappa: Annotated[
+        float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")
+    ],
     variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
     tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged.")] = 8,
     seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
@@ -371,18 +507,35 @@ def rank_threshold(
 
     num = threshold(d, kappa, variant.value, n_tasks=tasks, seed=seed)
     bound = derived_bound(kappa, variant.value, d=d)
-    res = {"d": d, "kappa": kappa, "variant": variant.value, "threshold": num, "derived_bound": None if bound is None else float(bound)}
+    res = {
+        "d": d,
+        "kappa": kappa,
+        "variant": variant.value,
+        "threshold": num,
+        "derived_bound": None if bound is None else float(bound),
+    }
     if as_json:
         _emit_json(res)
         return
-    out.print(f"GRN-{variant.value}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} (exact risks, mean of {tasks} tasks)")
-    out.print(f"derived here (sufficient condition, not the paper's printed bound): r*/d < {res['derived_bound']:.3f}" if bound is not None else "no closed form for this variant")
+    out.print(
+        f"GRN-{variant.value}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} "
+        f"(exact risks, mean of {tasks} tasks)"
+    )
+    out.print(
+        "derived here (sufficient condition, not the paper's printed bound): r*/d < "
+        f"{res['derived_bound']:.3f}"
+        if bound is not None
+        else "no closed form for this variant"
+    )
 
 
 @rank_app.command("theory")
 def rank_theory(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for theory.json and the figures.")],
-    variants: Annotated[Optional[list[Variant]], typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes).")] = None,
+    variants: Annotated[
+        list[Variant] | None,
+        typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes)."),
+    ] = None,
     tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged per point.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
@@ -395,15 +548,22 @@ def rank_theory(
         _emit_json(doc)
         return
     for t in doc["threshold_vs_kappa"]:
-        out.print(f"GRN-{t['variant']} threshold r*/d at d = 100 for kappa " + ", ".join(f"{k:.2f}: {v:.2f}" for k, v in zip(t["kappa"], t["threshold"])))
-    out.print(f"wrote {out_dir / 'theory.json'} and gain-vs-rank, gain-vs-lambda, threshold-vs-kappa (.png, .svg)")
+        out.print(
+            f"GRN-{t['variant']} threshold r*/d at d = 100 for kappa "
+            + ", ".join(f"{k:.2f}: {v:.2f}" for k, v in zip(t["kappa"], t["threshold"]))
+        )
+    out.print(
+        f"wrote {out_dir / 'theory.json'} and gain-vs-rank, gain-vs-lambda, threshold-vs-kappa (.png, .svg)"
+    )
 
 
 @rank_app.command("identity")
 def rank_identity(
     out_dir: Annotated[Path, typer.Option("--out", help="Directory for identity.json and the figures.")],
     steps: Annotated[int, typer.Option(min=1, help="SGD steps (the paper: 1000).")] = 1000,
-    sweep: Annotated[bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")] = True,
+    sweep: Annotated[
+        bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")
+    ] = True,
     as_json: Annotated[bool, typer.Option("--json", help="Print identity.json's summary as JSON.")] = False,
 ) -> None:
     """DCA's Fig. 1: a ResNet of 10 rank-3 linear layers versus GRN-v1 on the identity and a random map."""
@@ -424,9 +584,17 @@ def rank_identity(
 
 @rank_app.command("sweep")
 def rank_sweep_cmd(
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for sweep.nc, sweep.json and the figure.")],
-    widths: Annotated[Optional[list[int]], typer.Option("--width", min=32, help="Width (repeatable; multiples of 16; default 32, 64, 128).")] = None,
-    schemes: Annotated[Optional[list[str]], typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca).")] = None,
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Directory for sweep.nc, sweep.json and the figure.")
+    ],
+    widths: Annotated[
+        list[int] | None,
+        typer.Option("--width", min=32, help="Width (repeatable; multiples of 16; default 32, 64, 128)."),
+    ] = None,
+    schemes: Annotated[
+        list[str] | None,
+        typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca)."),
+    ] = None,
     layers: Annotated[int, typer.Option(min=1, help="Blocks per model.")] = 4,
     steps: Annotated[int, typer.Option(min=1, help="Training steps per model.")] = 300,
     tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per model.")] = 8192,
@@ -442,7 +610,9 @@ def rank_sweep_cmd(
     for name in names:
         get_scheme(name)
     if any(w % 16 for w in ws):
-        raise ConfigError(f"widths must be multiples of 16 (heads of 16), got {', '.join(str(w) for w in ws if w % 16)}")
+        raise ConfigError(
+            f"widths must be multiples of 16 (heads of 16), got {', '.join(str(w) for w in ws if w % 16)}"
+        )
     doc = run_sweep(out_dir, ws, names, n_layers=layers, steps=steps, tokens=tokens, progress=not quiet)
     if as_json:
         _emit_json(doc)
@@ -463,7 +633,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="depthscope", standalone_mode=False)
     except DepthscopeError as e:
-        err.print(Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True)
+        err.print(
+            Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True
+        )
         return 2
     except typer.Exit as e:  # --help, or an explicit exit
         return e.exit_code
@@ -471,7 +643,11 @@ def main(argv: list[str] | None = None) -> int:
         err.print("aborted")
         return 130
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
-        err.print(Text.assemble(("error:", "red"), " ", " ".join(e.format_message().split())), highlight=False, soft_wrap=True)
+        err.print(
+            Text.assemble(("error:", "red"), " ", " ".join(e.format_message().split())),
+            highlight=False,
+            soft_wrap=True,
+        )
         return 2
     return 0
 

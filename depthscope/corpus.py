@@ -96,7 +96,11 @@ def _load_path(path: Path) -> Corpus:
     if path.is_file():
         data = _read(path)
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts))
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and not any(s.startswith(".") for s in p.relative_to(path).parts)
+        )
         blobs = [b for b in (_read(p) for p in files) if b"\x00" not in b[:8192]]
         data = b"".join(blobs)
     else:
@@ -155,20 +159,25 @@ def token_windows(
         if tokens.ndim != 2 or tokens.shape[1] > ctx:
             raise DepthscopeError(f"tokens must be [batch, pos] with pos <= {ctx}, got {tuple(tokens.shape)}")
         if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise DepthscopeError(f"token ids must lie in [0, {vocab}), got {int(tokens.min())}..{int(tokens.max())}")
+            raise DepthscopeError(
+                f"token ids must lie in [0, {vocab}), got {int(tokens.min())}..{int(tokens.max())}"
+            )
         return tokens, f"{tokens.numel()} given tokens"
     if n_tokens < ctx:
         raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
     corpus = data if isinstance(data, Corpus) else load_corpus(data)
     if encode is None:
         if vocab < 256:
-            raise DepthscopeError(f"the model has no tokenizer and a vocabulary of {vocab} < 256 bytes: pass token ids")
+            raise DepthscopeError(
+                f"the model has no tokenizer and a vocabulary of {vocab} < 256 bytes: pass token ids"
+            )
         corpus.require(ctx, "one context window")
         return eval_windows(corpus.val, n_tokens, ctx, seed), corpus.name
     ids = encode_prefix(corpus, encode, want=4 * (-(-n_tokens // ctx)) * ctx)
     if len(ids) < ctx:
         raise CorpusError(
-            f"corpus {corpus.name} gives {len(ids)} tokens in its validation split, fewer than one window of {ctx}"
+            f"corpus {corpus.name} gives {len(ids)} tokens in its validation split, fewer than one window "
+            f"of {ctx}"
         )
     return eval_windows(ids, n_tokens, ctx, seed), corpus.name
 

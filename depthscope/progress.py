@@ -29,7 +29,9 @@ class Bar:
 
 
 @contextlib.contextmanager
-def bar(description: str, total: float, *, enabled: bool = True, info: str = "", **fields: float) -> Iterator[Bar]:
+def bar(
+    description: str, total: float, *, enabled: bool = True, info: str = "", **fields: float
+) -> Iterator[Bar]:
     """A rich progress bar on stderr (``enabled=False``: rich's own disabled Progress, drawing nothing).
 
     ``info`` is a rich format string over extra fields whose start values are ``fields``, e.g.
@@ -44,5 +46,7 @@ def bar(description: str, total: float, *, enabled: bool = True, info: str = "",
     ]
     if info:
         columns.append(TextColumn(info))
-    with Progress(*columns, console=Console(file=sys.stderr), transient=False, disable=not enabled) as progress:
+    with Progress(
+        *columns, console=Console(file=sys.stderr), transient=False, disable=not enabled
+    ) as progress:
         yield Bar(progress, progress.add_task(description, total=total, **fields))

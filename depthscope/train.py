@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
-
 from collections.abc import Callable, Collection
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -131,7 +130,14 @@ def train(
     start = time.perf_counter()
     tokens = 0
     info = "loss {task.fields[loss]:.3f}  {task.fields[tps]:.0f} tok/s"
-    with bar(label or f"train {model_cfg.scheme}", cfg.steps, enabled=progress, info=info, loss=float("nan"), tps=0.0) as pb:
+    with bar(
+        label or f"train {model_cfg.scheme}",
+        cfg.steps,
+        enabled=progress,
+        info=info,
+        loss=float("nan"),
+        tps=0.0,
+    ) as pb:
         for step in range(cfg.steps):
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
@@ -146,7 +152,9 @@ def train(
             tokens += x.numel()
             pb.advance(1, loss=losses[-1], tps=tokens / (time.perf_counter() - start))
             if step + 1 in snapshots and on_snapshot is not None:
-                model.training_summary = _summary(model, cfg, corpus, losses, tokens, time.perf_counter() - start)
+                model.training_summary = _summary(
+                    model, cfg, corpus, losses, tokens, time.perf_counter() - start
+                )
                 on_snapshot(model, step + 1)
                 model.train()
     model.training_summary = _summary(model, cfg, corpus, losses, tokens, time.perf_counter() - start)
@@ -154,7 +162,9 @@ def train(
     return model
 
 
-def _summary(model: DepthModel, cfg: TrainConfig, corpus: Corpus, losses: list[float], tokens: int, wall: float) -> dict:
+def _summary(
+    model: DepthModel, cfg: TrainConfig, corpus: Corpus, losses: list[float], tokens: int, wall: float
+) -> dict:
     """The training summary after ``len(losses)`` steps (the checkpoint metadata's ``training``)."""
     tail = losses[-10:]
     return {

@@ -61,5 +61,11 @@ print("row sums:", trace["mixing"].sum("source").values.round(6))
 # uniform 1/T share of a standard pre-norm residual.
 
 # %%
-print(consumer_table(trace).to_dataframe()[["n_sources", "embed_share", "latest_share", "embed_index", "latest_index", "pattern_score"]].round(3))
+print(
+    consumer_table(trace)
+    .to_dataframe()[
+        ["n_sources", "embed_share", "latest_share", "embed_index", "latest_index", "pattern_score"]
+    ]
+    .round(3)
+)
 print(summary(trace))

@@ -45,7 +45,9 @@ def reconstruct(model: DepthModel, tokens: torch.Tensor) -> dict[str, tuple[torc
     return out
 
 
-def perturb(model: DepthModel, scale: float = 0.3, seed: int = 0, match: str = "_mix", others: float = 0.0) -> DepthModel:
+def perturb(
+    model: DepthModel, scale: float = 0.3, seed: int = 0, match: str = "_mix", others: float = 0.0
+) -> DepthModel:
     """Add seeded Gaussian noise to every parameter whose name contains ``match`` (by default the
     depth mixers; ``others`` scales noise on the rest), moving a model off its initialisation."""
     g = torch.Generator().manual_seed(seed)

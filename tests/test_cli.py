@@ -12,7 +12,9 @@ SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--b
 
 def test_train_writes_a_loadable_checkpoint(tmp_path, capsys):
     out = tmp_path / "m.safetensors"
-    rc = main(["train", "--scheme", "attnres", "--set", "blocks=2", "--steps", "5", "--out", str(out), *SMALL])
+    rc = main(
+        ["train", "--scheme", "attnres", "--set", "blocks=2", "--steps", "5", "--out", str(out), *SMALL]
+    )
     assert rc == 0
     model = load(out)
     assert model.cfg.scheme == "attnres" and model.cfg.options.blocks == 2 and model.cfg.n_layers == 2
@@ -52,7 +54,10 @@ def test_train_on_a_corpus_file(tmp_path):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, args, message):
     (tmp_path / "short.txt").write_text("abc")
     (tmp_path / "empty.txt").write_text("")
-    args = [a.replace("SHORT", str(tmp_path / "short.txt")).replace("EMPTY", str(tmp_path / "empty.txt")) for a in args]
+    args = [
+        a.replace("SHORT", str(tmp_path / "short.txt")).replace("EMPTY", str(tmp_path / "empty.txt"))
+        for a in args
+    ]
     out = tmp_path / "m.safetensors"
     rc = main(["train", "--steps", "1", "--out", str(out), *SMALL, *args])
     err = capsys.readouterr().err

@@ -22,7 +22,9 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     monkeypatch.setenv("DEPTHSCOPE_NOTEBOOK_TOKENS", "256")
     nb = jupytext.read(path)
     assert nb.cells and nb.cells[0].cell_type == "markdown"
-    NotebookClient(nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     shown = [o for o in outputs if o.get("output_type") in ("display_data", "execute_result")]

@@ -15,7 +15,16 @@ def test_readme_quickstart_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
     assert (tmp_path / "attnres.png").stat().st_size > 1000
-    assert len([line for line in blocks[0].splitlines() if line.strip() and not line.startswith(("import", "from"))]) <= 5
+    assert (
+        len(
+            [
+                line
+                for line in blocks[0].splitlines()
+                if line.strip() and not line.startswith(("import", "from"))
+            ]
+        )
+        <= 5
+    )
 
 
 def test_readme_documents_the_two_commands():

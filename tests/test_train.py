@@ -34,7 +34,9 @@ def test_same_seed_gives_identical_weights(corpus, label, scheme, options):
     a = train(cfg, tc, corpus, progress=False).state_dict()
     b = train(cfg, tc, corpus, progress=False).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
-    c = train(cfg, TrainConfig(steps=3, batch_size=4, eval_tokens=256, seed=8), corpus, progress=False).state_dict()
+    c = train(
+        cfg, TrainConfig(steps=3, batch_size=4, eval_tokens=256, seed=8), corpus, progress=False
+    ).state_dict()
     assert not torch.equal(a["embed.weight"], c["embed.weight"])
 
 

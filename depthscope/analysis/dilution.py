@@ -101,12 +101,15 @@ def latest_source(trace: xr.Dataset) -> xr.DataArray:
     """Label of the latest available source of each consumer."""
     avail = trace["mixing"].notnull()
     idx = (avail * np.arange(trace.sizes["source"])).max("source")
-    return trace["source"][idx].drop_vars([c for c in trace["source"].coords if c != "source"], errors="ignore")
+    return trace["source"][idx].drop_vars(
+        [c for c in trace["source"].coords if c != "source"], errors="ignore"
+    )
 
 
 def share_of(trace: xr.Dataset, which: str) -> xr.DataArray:
     """Contribution share per consumer of ``embed`` (all embedding sources), the ``first``
-    sublayer source, or the ``latest`` available source."""
+    sublayer source, or the ``latest`` available source.
+    """
     share = trace["contribution_share"]
     avail = share.notnull()
     if which == "embed":
@@ -133,7 +136,9 @@ def retention(trace: xr.Dataset) -> xr.DataArray:
     share = trace["contribution_share"]
     lag = trace["layer_depth"] - trace["source_depth"]
     lags = np.arange(1, int(lag.max()) + 1)
-    out = xr.concat([share.where(lag == g).mean("layer") for g in lags], dim=xr.DataArray(lags, dims="lag", name="lag"))
+    out = xr.concat(
+        [share.where(lag == g).mean("layer") for g in lags], dim=xr.DataArray(lags, dims="lag", name="lag")
+    )
     out = out.transpose("source", "lag", ...)
     out.name = "retention"
     out.attrs.update(long_name="contribution share after a lag (sublayers)", units="fraction")
@@ -148,7 +153,8 @@ def uniform_retention(trace: xr.Dataset) -> xr.DataArray:
 
 def relative_retention(trace: xr.Dataset) -> xr.DataArray:
     """``retention`` over ``uniform_retention``: a source's share at each lag in units of 1/T
-    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag)."""
+    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag).
+    """
     out = retention(trace) / uniform_retention(trace)
     out.name = "relative_retention"
     out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
@@ -157,7 +163,8 @@ def relative_retention(trace: xr.Dataset) -> xr.DataArray:
 
 def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     """Per consumer: available sources, 1/T, shares of embedding, first and latest source, their
-    dilution indices, and the pattern score."""
+    dilution indices, and the pattern score.
+    """
     n = n_available(trace)
     table = xr.Dataset(
         {
@@ -179,12 +186,21 @@ def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
 # The consumer groups a summary reports separately (the papers do: AttnRes Fig. 8 draws
 # pre-attention and pre-MLP inputs apart), "sublayers" being every sublayer input together.
 GROUPS = ("sublayers", ATTN, MLP, SWA, READOUT)
-SUMMARISED = ("pattern_score", "embed_share", "first_share", "latest_share", "embed_index", "first_index", "latest_index")
+SUMMARISED = (
+    "pattern_score",
+    "embed_share",
+    "first_share",
+    "latest_share",
+    "embed_index",
+    "first_index",
+    "latest_index",
+)
 
 
 def per_input(table: xr.Dataset) -> xr.Dataset:
     """One row per sublayer input: rows that share a depth (DCA's q, k and v views of one
-    attention input) are averaged, so a summary weighs that input once, like any other."""
+    attention input) are averaged, so a summary weighs that input once, like any other.
+    """
     depth = table["layer_depth"].values
     if len(np.unique(depth)) == len(depth):
         return table
@@ -217,7 +233,9 @@ def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
         for g in GROUPS:
             m = masks[g] if g == READOUT or name.endswith("_share") else masks[g] & keep
             cols.append(t[name].where(m).mean("layer"))
-        data[name] = xr.concat(cols, dim=xr.DataArray(np.array(GROUPS, dtype=object), dims="group", name="group"))
+        data[name] = xr.concat(
+            cols, dim=xr.DataArray(np.array(GROUPS, dtype=object), dims="group", name="group")
+        )
         data[name].attrs = dict(t[name].attrs)
     out = xr.Dataset(data)
     out["max_residual_error"] = t["residual_error"].max("layer")
@@ -230,4 +248,3 @@ def stack_summaries(summaries: list[xr.Dataset], labels) -> xr.Dataset:
     """Per-model summaries along ``model``."""
     out = xr.concat(summaries, dim=xr.DataArray(np.asarray(labels, dtype=object), dims=STACK, name=STACK))
     return out.assign_attrs(k=summaries[0].attrs.get("k"))
-

@@ -25,7 +25,8 @@ KINDS = ("numerical", "entropy", "participation")
 
 def _check(spectrum: xr.DataArray) -> xr.DataArray:
     """The spectrum, clipped at 0 and divided by its largest value (ranks are scale-free, and
-    this keeps squares of tiny spectra from underflowing)."""
+    this keeps squares of tiny spectra from underflowing).
+    """
     if "component" not in spectrum.dims:
         raise ValueError("expected a spectrum with a 'component' dimension (capture with rank=True)")
     lam = spectrum.clip(min=0.0)
@@ -38,7 +39,12 @@ def numerical_rank(spectrum: xr.DataArray, energy: float = 0.99) -> xr.DataArray
     if not 0.0 < energy <= 1.0:
         raise ValueError(f"energy must be in (0, 1], got {energy}")
     lam = _check(spectrum)
-    lam = xr.apply_ufunc(lambda a: -np.sort(-a, axis=-1), lam, input_core_dims=[["component"]], output_core_dims=[["component"]])
+    lam = xr.apply_ufunc(
+        lambda a: -np.sort(-a, axis=-1),
+        lam,
+        input_core_dims=[["component"]],
+        output_core_dims=[["component"]],
+    )
     total = lam.sum("component")
     cum = lam.cumsum("component")
     # a relative slack of 1e-12 keeps exact planted spectra from missing the threshold by rounding
@@ -51,7 +57,7 @@ def numerical_rank(spectrum: xr.DataArray, energy: float = 0.99) -> xr.DataArray
 
 
 def entropy_rank(spectrum: xr.DataArray) -> xr.DataArray:
-    """exp of the Shannon entropy of the normalised spectrum (1 for rank one, d for a flat one)."""
+    """Exp of the Shannon entropy of the normalised spectrum (1 for rank one, d for a flat one)."""
     lam = _check(spectrum)
     total = lam.sum("component")
     p = lam / total.where(total > 0)
@@ -66,7 +72,11 @@ def participation_ratio(spectrum: xr.DataArray) -> xr.DataArray:
     """(sum lambda)^2 / sum lambda^2."""
     lam = _check(spectrum)
     total = lam.sum("component")
-    out = (total**2 / (lam**2).sum("component").where(total > 0)).fillna(0.0).where(spectrum.notnull().any("component"))
+    out = (
+        (total**2 / (lam**2).sum("component").where(total > 0))
+        .fillna(0.0)
+        .where(spectrum.notnull().any("component"))
+    )
     out.name = "participation_ratio"
     out.attrs.update(long_name="participation ratio (sum l)^2 / sum l^2", units="1")
     return out
@@ -111,9 +121,12 @@ def add_ranks(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
     return trace.assign(**ranks.data_vars).assign_attrs(rank_energy=energy)
 
 
-def rank_summary(trace: xr.Dataset, energy: float = 0.99, kappa: float | None = None, variant: str = "v1") -> dict:
+def rank_summary(
+    trace: xr.Dataset, energy: float = 0.99, kappa: float | None = None, variant: str = "v1"
+) -> dict:
     """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d and, for a
-    task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound."""
+    task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound.
+    """
     from depthscope.analysis.theory import derived_bound, threshold
 
     r = collective_rank(trace, energy)
@@ -135,6 +148,8 @@ def rank_summary(trace: xr.Dataset, energy: float = 0.99, kappa: float | None = 
     if kappa is not None:
         num = threshold(d, kappa, variant)
         bound = derived_bound(kappa, variant, d=d)
-        res.update(kappa=kappa, variant=variant, threshold=num, derived_bound=None if bound is None else float(bound))
+        res.update(
+            kappa=kappa, variant=variant, threshold=num, derived_bound=None if bound is None else float(bound)
+        )
         res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
     return res

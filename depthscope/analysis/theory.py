@@ -111,14 +111,9 @@ def random_task(
     return (s + s.T) / 2  # exactly symmetric, so eigh and the symmetric paths apply
 
 
-def _tasks(
-    d: int, lambda_min: float, lambda_max: float, n_tasks: int, seed: int
-) -> list[np.ndarray]:
+def _tasks(d: int, lambda_min: float, lambda_max: float, n_tasks: int, seed: int) -> list[np.ndarray]:
     """``n_tasks`` seeded uniform-spectrum tasks; task i depends only on (seed, i), not n_tasks."""
-    return [
-        random_task(d, lambda_min, lambda_max, np.random.default_rng([seed, i]))
-        for i in range(n_tasks)
-    ]
+    return [random_task(d, lambda_min, lambda_max, np.random.default_rng([seed, i])) for i in range(n_tasks)]
 
 
 def _is_symmetric(m: np.ndarray) -> bool:
@@ -201,9 +196,7 @@ def grn_v1_risk(delta: np.ndarray, r: int) -> float:
     return min(float(res.fun), tail(grid[i]), tail(0.0))
 
 
-def grn_v2_risk(
-    delta: np.ndarray, r: int, max_iter: int = V2_MAX_ITER, tol: float = V2_TOL
-) -> float:
+def grn_v2_risk(delta: np.ndarray, r: int, max_iter: int = V2_MAX_ITER, tol: float = V2_TOL) -> float:
     """GRN-v2 excess risk at rank r: min over diagonal D' of sum_{i > r} sigma_i(A - I - D')^2.
 
     Computed by alternating minimisation (fix D' -> truncated SVD M; fix M -> D' = diag of
@@ -410,10 +403,7 @@ def gain_lambda_curve(
 ) -> xr.DataArray:
     """Excess-risk gain versus lambda_min at fixed r* and lambda_max (paper Fig. 5 right)."""
     lams = np.asarray(lambda_mins, dtype=float)
-    risks = [
-        _TaskSet(d, float(lam), lambda_max, n_tasks, seed).risks(r_star, variant)
-        for lam in lams
-    ]
+    risks = [_TaskSet(d, float(lam), lambda_max, n_tasks, seed).risks(r_star, variant) for lam in lams]
     attrs = _attrs(d, None, lambda_max, variant, n_tasks, seed)
     attrs["r_star"] = r_star
     return xr.DataArray(
@@ -585,6 +575,4 @@ def derived_bound_curve(kappas, variant: Variant = "v1", d: int | None = None) -
     }
     if d is not None:
         attrs["d"] = d
-    return xr.DataArray(
-        values, dims=("kappa",), coords={"kappa": ks}, name="derived_bound", attrs=attrs
-    )
+    return xr.DataArray(values, dims=("kappa",), coords={"kappa": ks}, name="derived_bound", attrs=attrs)

@@ -29,7 +29,6 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator
 
 from depthscope.analysis import dilution as est
-from depthscope.schemes.names import EMBED
 from depthscope.figures.heatmaps import traces_by_model
 from depthscope.figures.style import (
     SEQUENTIAL_CMAP,
@@ -38,6 +37,7 @@ from depthscope.figures.style import (
     style_axes,
     styled,
 )
+from depthscope.schemes.names import EMBED
 
 SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
     "embed": ("-", "o", "embedding"),
@@ -63,7 +63,7 @@ def _nanmean(v: np.ndarray) -> float:
 
 
 def _set_yscale(ax, values: list[np.ndarray], floor: float, yscale: str) -> None:
-    """log if every plotted value is > 0, else symlog (linear below ``floor``'s decade)."""
+    """Log if every plotted value is > 0, else symlog (linear below ``floor``'s decade)."""
     if yscale == "auto":
         finite = np.concatenate([v[np.isfinite(v)] for v in values]) if values else np.array([])
         yscale = "log" if finite.size == 0 or finite.min() > 0 else "symlog"
@@ -124,7 +124,14 @@ def plot_dilution(traces, ax=None, sources=("embed", "first", "latest"), *, ysca
     ax.set_title("Dilution: shares versus the 1/T baseline", loc="left")
     model_handles = [Line2D([], [], color=colours[label], label=label) for label, _ in items]
     source_handles = [
-        Line2D([], [], color="0.35", linestyle=SOURCE_STYLE[w][0], marker=SOURCE_STYLE[w][1], label=SOURCE_STYLE[w][2])
+        Line2D(
+            [],
+            [],
+            color="0.35",
+            linestyle=SOURCE_STYLE[w][0],
+            marker=SOURCE_STYLE[w][1],
+            label=SOURCE_STYLE[w][2],
+        )
         for w in sources
     ] + [Line2D([], [], label="1/T baseline", **BASELINE_STYLE)]
     ax.add_artist(_outside_legend(ax, model_handles, "model", "upper left", (1.02, 1.0)))
@@ -141,7 +148,9 @@ def plot_dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale
     """
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False
+    )
     for i, (ax, which) in enumerate(zip(axes[0], sources)):
         plot_dilution(traces, ax, sources=(which,), yscale=yscale)
         ax.set_title(f"{SOURCE_STYLE[which][2]}", loc="left")
@@ -211,7 +220,9 @@ def plot_retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share / uniform share (1 = 1/T)")
     if len(items) > 1:
-        ax.legend(handles=handles, title="model", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+        ax.legend(
+            handles=handles, title="model", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0
+        )
     else:
         ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)
     return ax
@@ -242,7 +253,13 @@ def plot_pattern_scores(stacked_or_list, ax=None, k: int = 2):
     _depth_axis(ax)
     ax.set_ylabel(f"pattern score (k = {k})\n> 1: input-and-recent pattern")
     ax.set_title(f"Input-and-recent pattern (|M| on the embedding + last {k} sources)", loc="left")
-    ax.legend(handles=handles, title="model (mean score)", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    ax.legend(
+        handles=handles,
+        title="model (mean score)",
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0.0,
+    )
     return ax
 
 
@@ -270,7 +287,11 @@ def plot_trajectory(trajectory: xr.Dataset, k: int = 2):
     import matplotlib.pyplot as plt
 
     s = est.summary(trajectory, k)
-    x = trajectory["train_tokens"].values if "train_tokens" in trajectory.coords else trajectory["step"].values
+    x = (
+        trajectory["train_tokens"].values
+        if "train_tokens" in trajectory.coords
+        else trajectory["step"].values
+    )
     colour = scheme_colors([str(trajectory["model"].values[0])])
     c = next(iter(colour.values()))
     fig, axes = plt.subplots(1, 3, figsize=(13.0, 3.6))
@@ -281,9 +302,29 @@ def plot_trajectory(trajectory: xr.Dataset, k: int = 2):
     axes[0].axhline(1.0, **BASELINE_STYLE, label="uniform row")
     axes[0].set_ylabel(f"pattern score (k = {k})")
     axes[0].legend()
-    axes[1].plot(x, s["embed_share"].sel(group="readout").values, color=c, marker="o", label="read-out share of the embedding")
-    axes[1].plot(x, s["first_index"].sel(group="sublayers").values, color=c, linestyle=":", marker="s", label="first source: dilution index")
-    axes[1].plot(x, s["latest_index"].sel(group="sublayers").values, color=c, linestyle="-.", marker="^", label="latest source: dilution index")
+    axes[1].plot(
+        x,
+        s["embed_share"].sel(group="readout").values,
+        color=c,
+        marker="o",
+        label="read-out share of the embedding",
+    )
+    axes[1].plot(
+        x,
+        s["first_index"].sel(group="sublayers").values,
+        color=c,
+        linestyle=":",
+        marker="s",
+        label="first source: dilution index",
+    )
+    axes[1].plot(
+        x,
+        s["latest_index"].sel(group="sublayers").values,
+        color=c,
+        linestyle="-.",
+        marker="^",
+        label="latest source: dilution index",
+    )
     axes[1].axhline(1.0, **BASELINE_STYLE, label="uniform 1/T (index 1)")
     axes[1].set_yscale("log")
     axes[1].legend()

@@ -39,7 +39,8 @@ def trace_label(trace: xr.Dataset | xr.DataArray) -> str:
 
 def traces_by_model(data) -> list[tuple[str, xr.Dataset]]:
     """(label, trace) per model from a trace, a trace stacked along ``model`` (padding dropped by
-    ``select_model``) or a list of traces (labels deduplicated as ``stack_traces`` does)."""
+    ``select_model``) or a list of traces (labels deduplicated as ``stack_traces`` does).
+    """
     if isinstance(data, xr.Dataset):
         if STACK not in data.dims:
             return [(trace_label(data), data)]
@@ -113,7 +114,7 @@ def _labels(da: xr.DataArray, dim: str) -> list[str]:
 
 
 def symmetric_vmax(values) -> float:
-    """max |finite value|, or 1 when there is none (or all are 0): the colour range is +-vmax."""
+    """Max |finite value|, or 1 when there is none (or all are 0): the colour range is +-vmax."""
     v = np.asarray(values, dtype=float)
     v = np.abs(v[np.isfinite(v)])
     top = float(v.max()) if v.size else 0.0
@@ -122,7 +123,8 @@ def symmetric_vmax(values) -> float:
 
 def symlog_ticks(vmax: float, linthresh: float = 0.05) -> list[float]:
     """0, +-linthresh and +-e^k above it, up to vmax: the DenseFormer paper's colour-bar ticks
-    (+-1, 0.368, 0.135, 0.05 for vmax = 1)."""
+    (+-1, 0.368, 0.135, 0.05 for vmax = 1).
+    """
     tol = 1 + 1e-9
     mags = [linthresh] if linthresh <= vmax * tol else []
     k = math.floor(math.log(vmax * tol))
@@ -186,7 +188,9 @@ def _annotate(ax, values: np.ndarray, norm: Normalize) -> None:
     for (i, j), v in np.ndenumerate(values):
         if np.isfinite(v):
             dark = abs(float(norm(v)) - 0.5) > 0.3  # the saturated ends of the diverging map
-            ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=size, color="white" if dark else "black")
+            ax.text(
+                j, i, f"{v:.2f}", ha="center", va="center", fontsize=size, color="white" if dark else "black"
+            )
 
 
 # --- plots ----------------------------------------------------------------------------------
@@ -251,7 +255,9 @@ def plot_heatmap(
     return ax
 
 
-def _colorbar(fig, mappable, ax, label: str, *, symlog: bool, vmax: float, linthresh: float, shrink: float = 1.0):
+def _colorbar(
+    fig, mappable, ax, label: str, *, symlog: bool, vmax: float, linthresh: float, shrink: float = 1.0
+):
     cb = fig.colorbar(mappable, ax=ax, shrink=shrink, pad=0.02, aspect=30)
     cb.set_label(textwrap.fill(label, 45))
     if symlog:
@@ -313,7 +319,9 @@ def plot_heatmap_grid(
         raise DepthscopeError("no models to plot")
     ncols = max(1, min(ncols or _default_ncols(n), n))
     nrows = math.ceil(n / ncols)
-    vmax = symmetric_vmax(np.concatenate([p.values.ravel() for _, p in panels])) if vmax is None else float(vmax)
+    vmax = (
+        symmetric_vmax(np.concatenate([p.values.ravel() for _, p in panels])) if vmax is None else float(vmax)
+    )
     grid = [panels[r * ncols : (r + 1) * ncols] for r in range(nrows)]
     heights = [max(p.shape[0] for _, p in row) for row in grid]
     widths = [max(panels[i][1].shape[1] for i in range(c, n, ncols)) for c in range(ncols)]
@@ -326,12 +334,31 @@ def plot_heatmap_grid(
     for i, (label, da) in enumerate(panels):
         r, c = divmod(i, ncols)
         ax = fig.add_subplot(gs[r, c])
-        plot_heatmap(da, ax, symlog=symlog, linthresh=linthresh, vmax=vmax, cmap=cmap, annotate=annotate, title=label, colorbar=False)
+        plot_heatmap(
+            da,
+            ax,
+            symlog=symlog,
+            linthresh=linthresh,
+            vmax=vmax,
+            cmap=cmap,
+            annotate=annotate,
+            title=label,
+            colorbar=False,
+        )
         if c != 0:
             ax.set_ylabel("")
         if i + ncols < n:  # another panel below: its x label suffices
             ax.set_xlabel("")
         axes.append(ax)
     label = colorbar_label(panels[0][1])
-    _colorbar(fig, axes[0].images[0], axes, label, symlog=symlog, vmax=vmax, linthresh=linthresh, shrink=0.6 if nrows == 1 else 0.5)
+    _colorbar(
+        fig,
+        axes[0].images[0],
+        axes,
+        label,
+        symlog=symlog,
+        vmax=vmax,
+        linthresh=linthresh,
+        shrink=0.6 if nrows == 1 else 0.5,
+    )
     return fig

@@ -44,7 +44,8 @@ def plot_rank_profile(data, ax=None, *, kind: str = "numerical", energy: float =
 @styled
 def plot_rank_vs_width(table: xr.Dataset, ax=None, *, kind: str = "numerical"):
     """r*/d of checkpoints of several widths (``table``: dims (scheme, width) with variable
-    ``collective_rank_ratio`` and a ``rank_kind`` dim), one line per scheme."""
+    ``collective_rank_ratio`` and a ``rank_kind`` dim), one line per scheme.
+    """
     import matplotlib.pyplot as plt
 
     if ax is None:

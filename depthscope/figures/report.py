@@ -22,24 +22,6 @@ from markupsafe import Markup
 from depthscope.analysis.dilution import consumer_table, summary
 from depthscope.probes.trace import STACK
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:0 auto;max-width:1180px;padding:24px;color:#222;line-height:1.45}
-h1{margin-bottom:0}h2{margin-top:2.2em;border-bottom:1px solid #ddd;padding-bottom:4px}
-.sub{color:#666;margin-top:4px}figure{margin:1em 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:0.9em}figcaption a{margin-left:0.6em}
-table{border-collapse:collapse;font-size:0.88em;margin:0.6em 0}th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}
-th{background:#f6f6f6}td:first-child,th:first-child{text-align:left}code{background:#f4f4f4;padding:0 3px}
-details{margin:0.6em 0}nav a{margin-right:0.8em}
-"""
-
-SCRIPT = """
-window.addEventListener('load', function () {
-  var imgs = Array.prototype.slice.call(document.images);
-  var ok = imgs.filter(function (i) { return i.complete && i.naturalWidth > 0; }).length;
-  document.body.setAttribute('data-images-loaded', ok + '/' + imgs.length);
-});
-"""
-
 
 @dataclass(frozen=True)
 class FigureSpec:
@@ -62,51 +44,79 @@ def report_figures(
     """(description, matplotlib Figure) for every figure of the report, in page order."""
     import matplotlib.pyplot as plt
 
-    from depthscope.figures.curves import plot_dilution_panels, plot_pattern_scores, plot_retention, plot_trajectory
+    from depthscope.figures.curves import (
+        plot_dilution_panels,
+        plot_pattern_scores,
+        plot_retention,
+        plot_trajectory,
+    )
     from depthscope.figures.heatmaps import plot_heatmap, plot_heatmap_grid
     from depthscope.figures.rank import plot_rank_profile
 
     signed = any(_is_signed(t) for t in traces)
     out = [
         (
-            FigureSpec("grid-weights", "Depth-mixing weights of every model (row-normalised)",
-                       "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's "
-                       "input (rows), token mean, in the delta basis (embedding + sublayer outputs). Every consumer of a "
-                       "pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual reads "
-                       "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. Shared "
-                       "colour scale. The raw weights M are one click below."),
+            FigureSpec(
+                "grid-weights",
+                "Depth-mixing weights of every model (row-normalised)",
+                "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each "
+                "consumer's "
+                "input (rows), token mean, in the delta basis (embedding + sublayer outputs). Every "
+                "consumer of a "
+                "pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual "
+                "reads "
+                "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. "
+                "Shared "
+                "colour scale. The raw weights M are one click below.",
+            ),
             plot_heatmap_grid(stacked),
         ),
         (
-            FigureSpec("grid-share", "Contribution shares of every model",
-                       "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 "
-                       "(each row sums to 1; a ratio of sums over tokens, so high-norm tokens weigh more). "
-                       "The uniform 1/T share is 1/(number of sources)."),
+            FigureSpec(
+                "grid-share",
+                "Contribution shares of every model",
+                "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 "
+                "(each row sums to 1; a ratio of sums over tokens, so high-norm tokens weigh more). "
+                "The uniform 1/T share is 1/(number of sources).",
+            ),
             plot_heatmap_grid(stacked, "contribution_share"),
         ),
         (
-            FigureSpec("dilution", "Dilution against the 1/T baseline",
-                       "Contribution share of the embedding, the first sublayer and the latest source at each "
-                       "consumer depth; the dashed line is the uniform share 1/T."),
+            FigureSpec(
+                "dilution",
+                "Dilution against the 1/T baseline",
+                "Contribution share of the embedding, the first sublayer and the latest source at each "
+                "consumer depth; the dashed line is the uniform share 1/T.",
+            ),
             plot_dilution_panels(stacked),
         ),
         (
-            FigureSpec("grid-mixing", "Raw depth-mixing weights M of every model",
-                       "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual is 1 "
-                       "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale"
-                       + (", symmetric-log (weights are signed)." if signed else ".")),
+            FigureSpec(
+                "grid-mixing",
+                "Raw depth-mixing weights M of every model",
+                "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual "
+                "is 1 "
+                "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale"
+                + (", symmetric-log (weights are signed)." if signed else "."),
+            ),
             plot_heatmap_grid(stacked, "mixing", symlog=signed),
         ),
         (
-            FigureSpec("pattern", "Input-and-recent pattern scores",
-                       f"Mass of |M| on the embedding and the last {k} sources over what a uniform row "
-                       "puts there: 1 is uniform (a standard residual), above 1 is the pattern the papers report."),
+            FigureSpec(
+                "pattern",
+                "Input-and-recent pattern scores",
+                f"Mass of |M| on the embedding and the last {k} sources over what a uniform row "
+                "puts there: 1 is uniform (a standard residual), above 1 is the pattern the papers report.",
+            ),
             plot_pattern_scores(stacked, k=k).figure,
         ),
         (
-            FigureSpec("retention", "Retention of sources",
-                       "Contribution share of each source at the consumers after it, by lag in sublayers, in units "
-                       "of the uniform 1/T share."),
+            FigureSpec(
+                "retention",
+                "Retention of sources",
+                "Contribution share of each source at the consumers after it, by lag in sublayers, in units "
+                "of the uniform 1/T share.",
+            ),
             plot_retention(stacked).figure,
         ),
     ]
@@ -114,26 +124,36 @@ def report_figures(
         label = trajectory_label(tr)
         out.append(
             (
-                FigureSpec(f"trajectory-{slug(label)}", f"{label}: the pattern over training",
-                           "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the read-out's "
-                           "share of the embedding, the dilution index of the first and latest sources, and the "
-                           "validation loss, against the training tokens seen."),
+                FigureSpec(
+                    f"trajectory-{slug(label)}",
+                    f"{label}: the pattern over training",
+                    "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the "
+                    "read-out's "
+                    "share of the embedding, the dilution index of the first and latest sources, and the "
+                    "validation loss, against the training tokens seen.",
+                ),
                 plot_trajectory(tr, k=k),
             )
         )
         out.append(
             (
-                FigureSpec(f"trajectory-{slug(label)}-weights", f"{label}: weights at each step",
-                           "Row-normalised weights at each captured step, on one colour scale."),
+                FigureSpec(
+                    f"trajectory-{slug(label)}-weights",
+                    f"{label}: weights at each step",
+                    "Row-normalised weights at each captured step, on one colour scale.",
+                ),
                 plot_heatmap_grid(tr, ncols=tr.sizes[STACK]),
             )
         )
     if "source_spectrum" in stacked:
         out.append(
             (
-                FigureSpec("rank", "Effective rank of each sublayer's outputs",
-                           "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum "
-                           "is the collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4)."),
+                FigureSpec(
+                    "rank",
+                    "Effective rank of each sublayer's outputs",
+                    "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum "
+                    "is the collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
+                ),
                 plot_rank_profile(stacked).figure,
             )
         )
@@ -143,7 +163,14 @@ def report_figures(
         plot_heatmap(t, axes[0], var="mixing", symlog=_is_signed(t), title="mixing weights M")
         plot_heatmap(t, axes[1], var="contribution_share", title="contribution shares")
         fig.suptitle(label)
-        out.append((FigureSpec(f"model-{slug(label)}", label, "Mixing weights (left) and contribution shares (right)."), fig))
+        out.append(
+            (
+                FigureSpec(
+                    f"model-{slug(label)}", label, "Mixing weights (left) and contribution shares (right)."
+                ),
+                fig,
+            )
+        )
     return out
 
 
@@ -158,7 +185,8 @@ def figure_html(spec: FigureSpec, png: bytes) -> Markup:
     data = base64.b64encode(png).decode("ascii")
     return Markup(
         '<figure id="{id}"><img src="data:image/png;base64,{data}" alt="{title}">'
-        '<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a href="{id}.svg">SVG</a></figcaption></figure>'
+        '<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a '
+        'href="{id}.svg">SVG</a></figcaption></figure>'
     ).format(id=spec.name, data=data, title=spec.title, caption=spec.caption)
 
 
@@ -194,10 +222,17 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
             {
                 "layer": str(r["layer"].item()),
                 "n": int(r["n_sources"]),
-                **{key: _f(r[var]) for key, var in (
-                    ("baseline", "baseline"), ("embed_share", "embed_share"), ("latest_share", "latest_share"),
-                    ("embed_index", "embed_index"), ("latest_index", "latest_index"), ("pattern", "pattern_score"),
-                )},
+                **{
+                    key: _f(r[var])
+                    for key, var in (
+                        ("baseline", "baseline"),
+                        ("embed_share", "embed_share"),
+                        ("latest_share", "latest_share"),
+                        ("embed_index", "embed_index"),
+                        ("latest_index", "latest_index"),
+                        ("pattern", "pattern_score"),
+                    )
+                },
             }
             for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
         ],
@@ -225,8 +260,11 @@ def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
             }
         )
     return {
-        "label": label, "slug": slug(label), "rows": rows,
-        "figure": f"trajectory-{slug(label)}", "heatmaps": f"trajectory-{slug(label)}-weights",
+        "label": label,
+        "slug": slug(label),
+        "rows": rows,
+        "figure": f"trajectory-{slug(label)}",
+        "heatmaps": f"trajectory-{slug(label)}-weights",
     }
 
 
@@ -240,7 +278,10 @@ def _rank_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
                 "label": str(t.attrs.get("label", "")),
                 "d": t.sizes["component"],
                 "ranks": [
-                    (_f(t["collective_rank"].sel(rank_kind=kind)), _f(t["collective_rank_ratio"].sel(rank_kind=kind)))
+                    (
+                        _f(t["collective_rank"].sel(rank_kind=kind)),
+                        _f(t["collective_rank_ratio"].sel(rank_kind=kind)),
+                    )
                     for kind in ("numerical", "entropy", "participation")
                 ],
             }
@@ -260,7 +301,7 @@ def render_page(
     """The report's index.html: tables from the estimators, the figures as given."""
     import jinja2
 
-    from depthscope import __version__
+    from depthscope._version import __version__
 
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("depthscope.figures", "templates"),
@@ -268,8 +309,6 @@ def render_page(
         undefined=jinja2.StrictUndefined,
     )
     return env.get_template("report.html").render(
-        css=Markup(CSS),
-        script=Markup(SCRIPT),
         models=[_model_row(t, k) for t in traces],
         trajectories=[_trajectory_rows(tr, k) for tr in trajectories],
         ranks=_rank_rows(traces),

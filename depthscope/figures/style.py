@@ -36,7 +36,18 @@ PALETTE = (
 )
 
 # seaborn's "dark" palette: the overflow when one figure needs more colours than PALETTE has
-EXTRA = ("#001c7f", "#b1400d", "#12711c", "#8c0800", "#591e71", "#592f0d", "#a23582", "#3c3c3c", "#b8850a", "#006374")
+EXTRA = (
+    "#001c7f",
+    "#b1400d",
+    "#12711c",
+    "#8c0800",
+    "#591e71",
+    "#592f0d",
+    "#a23582",
+    "#3c3c3c",
+    "#b8850a",
+    "#006374",
+)
 
 DIVERGING_CMAP = "RdBu_r"  # weights and shares: blue negative, white 0, red positive
 SEQUENTIAL_CMAP = "viridis"  # ordered quantities such as source depth
@@ -121,7 +132,8 @@ def _family(label: str) -> str:
 
 def scheme_color(label: str) -> str:
     """The stable colour of a model label: its scheme's colour (``Scheme.color``, found by variant
-    label or scheme family); unknown labels hash into PALETTE."""
+    label or scheme family); unknown labels hash into PALETTE.
+    """
     label = str(label)
     colors = _scheme_colors()
     for key in (label, label.split("#", 1)[0].split("@", 1)[0], _family(label)):
@@ -132,7 +144,8 @@ def scheme_color(label: str) -> str:
 
 def scheme_colors(labels: Iterable[str]) -> dict[str, str]:
     """Colours for the labels of one figure: ``scheme_color`` each, and where two labels would
-    share a colour (``attnres`` and ``attnres-block4``) the later one takes the next free one."""
+    share a colour (``attnres`` and ``attnres-block4``) the later one takes the next free one.
+    """
     out: dict[str, str] = {}
     for label in labels:
         colour = scheme_color(label)
@@ -164,7 +177,9 @@ def save(fig, path: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi:
     supported = fig.canvas.get_supported_filetypes()
     unknown = [f for f in formats if f not in supported]
     if unknown:
-        raise DepthscopeError(f"unknown figure format {unknown[0]!r} (supported: {', '.join(sorted(supported))})")
+        raise DepthscopeError(
+            f"unknown figure format {unknown[0]!r} (supported: {', '.join(sorted(supported))})"
+        )
     targets = [stem.with_name(f"{stem.name}.{f}") for f in dict.fromkeys(formats)]
     try:
         with contextlib.ExitStack() as stack:  # renames happen on exit, after every render

@@ -12,7 +12,7 @@ from depthscope.atomic import atomic_path
 
 
 def json_default(o: Any) -> Any:
-    """numpy arrays and scalars as JSON lists and numbers."""
+    """Numpy arrays and scalars as JSON lists and numbers."""
     if isinstance(o, np.ndarray):
         return o.tolist()
     if isinstance(o, (np.floating, np.integer)):

@@ -143,9 +143,7 @@ def init_factors(settings: IdentitySettings) -> tuple[Tensor, Tensor]:
 class LowRankStack(nn.Module):
     """Rank-limited linear layers with a ResNet or a GRN-v1 (learned scalar) depth mixing."""
 
-    def __init__(
-        self, p: Tensor, q: Tensor, mixing: ModelKind, bias: bool = True, weight_init: float = 1.0
-    ):
+    def __init__(self, p: Tensor, q: Tensor, mixing: ModelKind, bias: bool = True, weight_init: float = 1.0):
         super().__init__()
         n_layers, d, _ = p.shape
         self.mixing = mixing
@@ -155,8 +153,7 @@ class LowRankStack(nn.Module):
         if mixing == "grn_v1":
             # Consumer t (layers 0..T-1, then the read-out T) weighs the t + 1 stack entries.
             self.w = nn.ParameterList(
-                nn.Parameter(torch.full((t + 1,), weight_init, dtype=p.dtype))
-                for t in range(n_layers + 1)
+                nn.Parameter(torch.full((t + 1,), weight_init, dtype=p.dtype)) for t in range(n_layers + 1)
             )
         elif mixing != "resnet":
             raise ValueError(f"unknown mixing {mixing!r}; expected 'resnet' or 'grn_v1'")
@@ -227,9 +224,7 @@ def population_mse(net: nn.Module, a: Tensor, b: Tensor) -> float:
 # Training
 
 
-def train(
-    settings: IdentitySettings, task: Task, model: ModelKind, lr: float | None = None
-) -> np.ndarray:
+def train(settings: IdentitySettings, task: Task, model: ModelKind, lr: float | None = None) -> np.ndarray:
     """Population MSE after 0, 1, ..., steps SGD steps (NaN after a divergence).
 
     ``lr`` overrides ``settings.lr(task)`` (used by ``tune_learning_rate``).
@@ -328,7 +323,8 @@ def tune_learning_rate(
     """The largest ``grid`` learning rate at which both models are stable on ``task``.
 
     Stable: every population MSE is finite and at most ``MAX_RISE`` times the lowest value
-    reached so far, and the last one is below the first. Returns (chosen lr, {lr: {model: final MSE, NaN if unstable}}); the chosen lr is
+    reached so far, and the last one is below the first. Returns (chosen lr,
+    {lr: {model: final MSE, NaN if unstable}}); the chosen lr is
     NaN if no grid value suits both models.
     """
     settings = IdentitySettings() if settings is None else settings
@@ -357,8 +353,12 @@ def identity_document(results: dict, sweep: dict | None = None) -> dict:
         "summary": {
             task: {
                 "final": {m: float(results[task][m][-1]) for m in models},
-                "grn_v1_steps_to_resnet_final": steps_to_reach(results[task]["grn_v1"], float(results[task]["resnet"][-1])),
-                "resnet_steps_to_grn_v1_final": steps_to_reach(results[task]["resnet"], float(results[task]["grn_v1"][-1])),
+                "grn_v1_steps_to_resnet_final": steps_to_reach(
+                    results[task]["grn_v1"], float(results[task]["resnet"][-1])
+                ),
+                "resnet_steps_to_grn_v1_final": steps_to_reach(
+                    results[task]["resnet"], float(results[task]["grn_v1"][-1])
+                ),
             }
             for task in tasks
         },
@@ -367,9 +367,14 @@ def identity_document(results: dict, sweep: dict | None = None) -> dict:
         doc["sweep"] = {
             "d": [int(x) for x in sweep["d"]],
             "r_star": int(sweep["r_star"]),
-            **{task: {m: [float(v) for v in sweep[task][m]] for m in models} for task in tasks if task in sweep},
+            **{
+                task: {m: [float(v) for v in sweep[task][m]] for m in models}
+                for task in tasks
+                if task in sweep
+            },
             "steps_to_reach": {
-                task: [None if v is None or v < 0 else int(v) for v in vals] for task, vals in sweep["steps_to_reach"].items()
+                task: [None if v is None or v < 0 else int(v) for v in vals]
+                for task, vals in sweep["steps_to_reach"].items()
             },
         }
     return doc

@@ -42,16 +42,31 @@ def rank_sweep(
     loss = np.full((len(schemes), len(widths)), np.nan)
     for i, scheme in enumerate(schemes):
         for j, width in enumerate(widths):
-            cfg = ModelConfig(scheme=scheme, n_layers=n_layers, d_model=width, n_heads=max(2, width // 16), ctx=128)
-            model = train(cfg, TrainConfig(steps=steps, seed=seed), corpus, progress=progress, label=f"sweep {scheme} d={width}")
+            cfg = ModelConfig(
+                scheme=scheme, n_layers=n_layers, d_model=width, n_heads=max(2, width // 16), ctx=128
+            )
+            model = train(
+                cfg,
+                TrainConfig(steps=steps, seed=seed),
+                corpus,
+                progress=progress,
+                label=f"sweep {scheme} d={width}",
+            )
             ranks = collective_rank(capture(model, corpus, n_tokens=tokens, seed=seed, rank=True), energy)
             r[i, j] = ranks["collective_rank"].values
             loss[i, j] = model.training_summary["val_loss"]
-    coords = {"scheme": np.array(schemes, dtype=object), "width": np.array(widths), "rank_kind": np.array(KINDS, dtype=object)}
+    coords = {
+        "scheme": np.array(schemes, dtype=object),
+        "width": np.array(widths),
+        "rank_kind": np.array(KINDS, dtype=object),
+    }
     out = xr.Dataset(
         {
             "collective_rank": (("scheme", "width", "rank_kind"), r),
-            "collective_rank_ratio": (("scheme", "width", "rank_kind"), r / np.asarray(widths)[None, :, None]),
+            "collective_rank_ratio": (
+                ("scheme", "width", "rank_kind"),
+                r / np.asarray(widths)[None, :, None],
+            ),
             "val_loss": (("scheme", "width"), loss),
         },
         coords=coords,
@@ -64,7 +79,11 @@ def rank_sweep(
 
 
 def run_sweep(out_dir: Path, widths: list[int], schemes: tuple[str, ...], **kwargs) -> dict:
-    """``rank_sweep``, then ``sweep.nc``, ``sweep.json`` and the r*/d figure in ``out_dir``; returns the record."""
+    """``rank_sweep``, then ``sweep.nc``, ``sweep.json`` and the r*/d figure in ``out_dir``.
+
+    Returns:
+        The JSON record.
+    """
     from depthscope.figures.rank import plot_rank_vs_width
 
     table = rank_sweep(widths, schemes, **kwargs)
@@ -73,8 +92,14 @@ def run_sweep(out_dir: Path, widths: list[int], schemes: tuple[str, ...], **kwar
     doc = {
         "widths": list(widths),
         "schemes": list(schemes),
-        "r_star": {s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in KINDS} for s in schemes},
-        "ratio": {s: table["collective_rank_ratio"].sel(scheme=s, rank_kind="numerical").values.tolist() for s in schemes},
+        "r_star": {
+            s: {k: table["collective_rank"].sel(scheme=s, rank_kind=k).values.tolist() for k in KINDS}
+            for s in schemes
+        },
+        "ratio": {
+            s: table["collective_rank_ratio"].sel(scheme=s, rank_kind="numerical").values.tolist()
+            for s in schemes
+        },
         "val_loss": {s: table["val_loss"].sel(scheme=s).values.tolist() for s in schemes},
         "settings": dict(table.attrs),
     }

@@ -70,12 +70,17 @@ def _run_info(model, path: Path) -> dict:
     return info
 
 
-def collect(paths: list[Path], settings: ReportSettings, steps: list[int] | None = None, *, progress: bool = True):
+def collect(
+    paths: list[Path], settings: ReportSettings, steps: list[int] | None = None, *, progress: bool = True
+):
     """(model traces, trajectory stacks) of the inputs: one trace per checkpoint (a stacked trace
-    file contributes each of its models; a trace file of one run's steps is a trajectory)."""
+    file contributes each of its models; a trace file of one run's steps is a trajectory).
+    """
     kinds = [input_kind(p) for p in paths]  # check every input before the slow work starts
     if steps is not None and len(steps) != sum(k != "trace" for k in kinds):
-        raise DepthscopeError(f"--steps gives {len(steps)} steps for {sum(k != 'trace' for k in kinds)} checkpoints")
+        raise DepthscopeError(
+            f"--steps gives {len(steps)} steps for {sum(k != 'trace' for k in kinds)} checkpoints"
+        )
     traces: list[xr.Dataset] = []
     trajectories: list[xr.Dataset] = []
     runs: dict[str, list[int]] = {}
@@ -96,8 +101,15 @@ def collect(paths: list[Path], settings: ReportSettings, steps: list[int] | None
                 if settings.trajectory:
                     info["run"] = "given"
                 t = capture(
-                    model, settings.corpus, n_tokens=settings.tokens, batch_size=settings.batch_size, seed=settings.seed,
-                    ctx=settings.ctx, skip_positions=settings.skip_positions, checkpoint=str(path), rank=True,
+                    model,
+                    settings.corpus,
+                    n_tokens=settings.tokens,
+                    batch_size=settings.batch_size,
+                    seed=settings.seed,
+                    ctx=settings.ctx,
+                    skip_positions=settings.skip_positions,
+                    checkpoint=str(path),
+                    rank=True,
                 )
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:
@@ -129,7 +141,8 @@ def build_report(
     progress: bool = True,
 ) -> Path:
     """Write the report of ``inputs`` (checkpoints, traces, model dirs; none = the bundled zoo
-    and its trajectories)."""
+    and its trajectories).
+    """
     import matplotlib.pyplot as plt
 
     from depthscope import zoo
@@ -165,7 +178,12 @@ def build_report(
         for tr in trajectories:
             save_trace(tr, tmp / f"trajectory-{_first_label(tr)}.nc")
         page = render_page(
-            traces, figures, asdict(settings), k=settings.k, elapsed=time.perf_counter() - start, trajectories=trajectories
+            traces,
+            figures,
+            asdict(settings),
+            k=settings.k,
+            elapsed=time.perf_counter() - start,
+            trajectories=trajectories,
         )
         (tmp / "index.html").write_text(page, encoding="utf-8")
         out_dir.mkdir(exist_ok=True)
@@ -185,4 +203,3 @@ def _first_label(trajectory: xr.Dataset) -> str:
     from depthscope.figures.report import slug, trajectory_label
 
     return slug(trajectory_label(trajectory))
-

@@ -24,7 +24,9 @@ def figure_5(variants=("v1", "v2"), n_tasks: int = 2, seed: int = 0) -> dict:
     """
     r_values, lambdas, kappas = np.arange(1, 100, 3), np.linspace(2, 10, 9), np.linspace(0.05, 1.0, 12)
     return {
-        "gains": [gain_curve(d, r_values, 5.0, 10.0, v, n_tasks, seed) for v in variants for d in (100, 200, 300)],
+        "gains": [
+            gain_curve(d, r_values, 5.0, 10.0, v, n_tasks, seed) for v in variants for d in (100, 200, 300)
+        ],
         "lambda": [gain_lambda_curve(100, 50, lambdas, 10.0, v, n_tasks, seed) for v in variants],
         "threshold": [threshold_curve(kappas, 100, v, 10.0, n_tasks, seed) for v in variants],
         "bound": [derived_bound_curve(kappas, v, d=100) for v in variants],
@@ -34,24 +36,51 @@ def figure_5(variants=("v1", "v2"), n_tasks: int = 2, seed: int = 0) -> dict:
 def figure_5_document(curves: dict, n_tasks: int, seed: int) -> dict:
     """JSON-ready record of ``figure_5``'s curves."""
     return {
-        "settings": {"variants": sorted({c.attrs["variant"] for c in curves["gains"]}), "tasks": n_tasks, "seed": seed, "lambda_min": 5.0, "lambda_max": 10.0},
+        "settings": {
+            "variants": sorted({c.attrs["variant"] for c in curves["gains"]}),
+            "tasks": n_tasks,
+            "seed": seed,
+            "lambda_min": 5.0,
+            "lambda_max": 10.0,
+        },
         "gain_vs_r_star": [
-            {"variant": g.attrs["variant"], "d": g.attrs["d"], "r_star": g["r_star"].values.tolist(), "gain": g.values.tolist()}
+            {
+                "variant": g.attrs["variant"],
+                "d": g.attrs["d"],
+                "r_star": g["r_star"].values.tolist(),
+                "gain": g.values.tolist(),
+            }
             for g in curves["gains"]
         ],
         "gain_vs_lambda_min": [
-            {"variant": g.attrs["variant"], "d": 100, "r_star": 50, "lambda_min": g["lambda_min"].values.tolist(), "gain": g.values.tolist()}
+            {
+                "variant": g.attrs["variant"],
+                "d": 100,
+                "r_star": 50,
+                "lambda_min": g["lambda_min"].values.tolist(),
+                "gain": g.values.tolist(),
+            }
             for g in curves["lambda"]
         ],
         "threshold_vs_kappa": [
-            {"variant": t.attrs["variant"], "d": 100, "kappa": t["kappa"].values.tolist(), "threshold": t.values.tolist(), "derived_bound": b.values.tolist()}
+            {
+                "variant": t.attrs["variant"],
+                "d": 100,
+                "kappa": t["kappa"].values.tolist(),
+                "threshold": t.values.tolist(),
+                "derived_bound": b.values.tolist(),
+            }
             for t, b in zip(curves["threshold"], curves["bound"])
         ],
     }
 
 
 def run(out_dir: Path, variants=("v1", "v2"), n_tasks: int = 2, seed: int = 0) -> dict:
-    """Compute the curves, write ``theory.json`` and the three figures into ``out_dir``; returns the record."""
+    """Compute the curves, write ``theory.json`` and the three figures into ``out_dir``.
+
+    Returns:
+        The JSON record.
+    """
     from depthscope.figures.theory import plot_gain_vs_lambda_min, plot_gain_vs_rank, plot_threshold_vs_kappa
 
     curves = figure_5(variants, n_tasks, seed)

@@ -8,10 +8,12 @@ import xarray as xr
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture, stack_traces
-from depthscope.schemes.checkpoint import load
+from depthscope.schemes import load_checkpoint as load
 
 
-def capture_trajectory(paths: list[Path], *, n_tokens: int = 8192, seed: int = 0, progress: bool = False) -> xr.Dataset:
+def capture_trajectory(
+    paths: list[Path], *, n_tokens: int = 8192, seed: int = 0, progress: bool = False
+) -> xr.Dataset:
     """Capture every checkpoint of one run and stack the traces in step order (labels ``variant@step``).
 
     Each checkpoint's metadata gives its ``step``, ``train_tokens`` and ``val_loss``, which become

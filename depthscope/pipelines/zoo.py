@@ -36,7 +36,14 @@ def _spec(name: str, scheme: str, options: dict, steps: int) -> dict[str, Any]:
 
     cfg = ModelConfig(scheme=scheme, options=options, **zoo.SIZE)
     tcfg = TrainConfig(steps=steps, batch_size=zoo.BATCH, lr=zoo.LR, seed=zoo.SEED)
-    return {"name": name, "scheme": scheme, "config": cfg.to_dict(), "train": asdict(tcfg), "steps": steps, "seed": zoo.SEED}
+    return {
+        "name": name,
+        "scheme": scheme,
+        "config": cfg.to_dict(),
+        "train": asdict(tcfg),
+        "steps": steps,
+        "seed": zoo.SEED,
+    }
 
 
 def up_to_date(out: Path, entry: dict[str, Any] | None, spec: dict[str, Any]) -> bool:
@@ -102,8 +109,13 @@ def build(
                 model.save(step_path(out, name, step), dtype=torch.bfloat16)
 
             model = train(
-                _config(want), TrainConfig(**want["train"]), corpus,
-                progress=progress, label=f"zoo {name}", snapshots=snapshots, on_snapshot=save_snapshot,
+                _config(want),
+                TrainConfig(**want["train"]),
+                corpus,
+                progress=progress,
+                label=f"zoo {name}",
+                snapshots=snapshots,
+                on_snapshot=save_snapshot,
             )
             path = model.save(out / f"{name}.safetensors", dtype=torch.bfloat16)
             s = model.training_summary
@@ -132,14 +144,19 @@ def _config(spec: dict[str, Any]):
     return ModelConfig.from_dict(spec["config"])
 
 
-def _trajectory(out: Path, entry: dict[str, Any], snapshots: list[int], capture_now: bool, log) -> dict[str, Any]:
+def _trajectory(
+    out: Path, entry: dict[str, Any], snapshots: list[int], capture_now: bool, log
+) -> dict[str, Any]:
     """Capture the entry's trajectory (step checkpoints + final) into one trace file, if asked."""
     if not capture_now:
         return entry
     paths = [step_path(out, entry["name"], s) for s in snapshots]
     missing = [p for p in paths if not p.is_file()]
     if missing:
-        log(f"zoo {entry['name']}: no trajectory (missing {missing[0].name}; rebuild the model to keep its steps)")
+        log(
+            f"zoo {entry['name']}: no trajectory (missing {missing[0].name}; rebuild the model to keep its "
+            "steps)"
+        )
         return entry
     trace = capture_trajectory([*paths, out / entry["file"]], n_tokens=TRAJECTORY_TOKENS, progress=False)
     target = save_trace(trace, out / zoo.TRAJECTORY_DIR / f"{entry['name']}.nc")
@@ -158,7 +175,7 @@ def _trajectory(out: Path, entry: dict[str, Any], snapshots: list[int], capture_
 def _write_manifest(out: Path, entries: list[dict[str, Any]]) -> None:
     import json
 
-    from depthscope import __version__
+    from depthscope._version import __version__
     from depthscope.atomic import atomic_path
 
     with atomic_path(out / zoo.MANIFEST) as tmp:

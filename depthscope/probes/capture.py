@@ -67,13 +67,23 @@ def capture(
         raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
     window = ad.ctx if ctx is None else int(ctx)
     if not 1 <= window <= ad.ctx:
-        raise DepthscopeError(f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}")
+        raise DepthscopeError(
+            f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
+        )
     windows, corpus_name = token_windows(data, window, n_tokens, seed, encode=ad.encode, vocab=ad.vocab)
     if not 0 <= skip_positions < windows.shape[1]:
-        raise DepthscopeError(f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), got {skip_positions}")
+        raise DepthscopeError(
+            f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
+            f"got {skip_positions}"
+        )
     acc = Accumulator(ad.layout(), covariance=rank)
     taps = Taps(ad, acc, skip_positions)
-    with evaluating(model), torch.no_grad(), ad.attach(model, taps.callbacks()), bar("capture", len(windows), enabled=progress) as pb:
+    with (
+        evaluating(model),
+        torch.no_grad(),
+        ad.attach(model, taps.callbacks()),
+        bar("capture", len(windows), enabled=progress) as pb,
+    ):
         for b, chunk in enumerate(windows.split(batch_size)):
             acc.start_batch()
             taps.new_batch()
@@ -81,7 +91,7 @@ def capture(
             taps.end_batch(b)
             acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - skip_positions))
             pb.advance(len(chunk))
-    from depthscope import __version__
+    from depthscope._version import __version__
 
     ds = acc.dataset(
         {
@@ -144,7 +154,9 @@ class Taps:
         if not self.fired.all():
             j = int(np.flatnonzero(~self.fired)[0])
             s = self.ad.sources[j]
-            raise TraceError(f"source {s.label} ({s.tap}) did not fire in batch {b}: the model never wrote it")
+            raise TraceError(
+                f"source {s.label} ({s.tap}) did not fire in batch {b}: the model never wrote it"
+            )
         folded = self.acc.batch_folded()
         if not folded.all():
             c = self.ad.consumers[int(np.flatnonzero(~folded)[0])]
@@ -153,8 +165,10 @@ class Taps:
         if not np.all(err <= TOLERANCE):
             worst = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
             raise TraceError(
-                f"{self.ad.family} model is not additive: its input at {self.ad.consumers[worst].label} is not the sum "
-                f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance {TOLERANCE:g}){self.ad.hint}"
+                f"{self.ad.family} model is not additive: its input at {self.ad.consumers[worst].label} is "
+                "not the sum "
+                f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance "
+                f"{TOLERANCE:g}){self.ad.hint}"
             )
 
     def _cut(self, t: Tensor) -> Tensor:
@@ -169,7 +183,9 @@ class Taps:
                     self.values = t.new_empty(shape)
                     self.norms = t.new_empty(shape[:-1])
             elif self.values.shape != shape:
-                raise TraceError(f"source {self.ad.sources[j].label} has shape {tuple(t.shape)}, the others {tuple(shape)}")
+                raise TraceError(
+                    f"source {self.ad.sources[j].label} has shape {tuple(t.shape)}, the others {tuple(shape)}"
+                )
             self.values[:, :, j] = t
             self.norms[:, :, j] = self.acc.source(j, t)
             self.fired[j] = True
@@ -188,7 +204,8 @@ class Taps:
                 if not self.fired[:n].all():
                     j = int(np.flatnonzero(~self.fired[:n])[0])
                     raise TraceError(
-                        f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not fired before it"
+                        f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not "
+                        "fired before it"
                     )
                 h = got["h"]
                 w = got.get("w")

@@ -33,12 +33,14 @@ def input_kind(path: str | Path) -> str:
             return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
     elif not path.exists():
         raise DepthscopeError(f"{path}: no such file or directory")
-    raise DepthscopeError(f"{path}: neither a checkpoint (.safetensors), a trace (.nc) nor a Hugging Face model directory")
+    raise DepthscopeError(
+        f"{path}: neither a checkpoint (.safetensors), a trace (.nc) nor a Hugging Face model directory"
+    )
 
 
 def load_model(path: str | Path) -> Any:
     """A depthscope checkpoint (.safetensors file) or a local Hugging Face model directory."""
-    from depthscope.schemes.checkpoint import load
+    from depthscope.schemes import load_checkpoint as load
 
     path = Path(path)
     return load_bridge(path) if path.is_dir() else load(path)
@@ -56,4 +58,7 @@ def load_bridge(directory: str | Path) -> Any:
     try:
         return TransformerBridge.boot_transformers(str(path))
     except Exception as err:  # transformers raises many types for unsupported or broken models
-        raise DepthscopeError(f"{path}: cannot load as a TransformerBridge ({type(err).__name__}: {str(err).splitlines()[0][:200]})") from None
+        raise DepthscopeError(
+            f"{path}: cannot load as a TransformerBridge ({type(err).__name__}: "
+            f"{str(err).splitlines()[0][:200]})"
+        ) from None

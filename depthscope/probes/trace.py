@@ -61,7 +61,15 @@ VARIABLE_ATTRS = {
     "residual_error": ("relative error of rebuilding the input from its sources", "1"),
 }
 # every trace holds these (load_trace checks them)
-REQUIRED = ("mixing", "mixing_std", "contribution_share", "norm_share", "source_rms", "input_rms", "residual_error")
+REQUIRED = (
+    "mixing",
+    "mixing_std",
+    "contribution_share",
+    "norm_share",
+    "source_rms",
+    "input_rms",
+    "residual_error",
+)
 
 
 @dataclass(frozen=True)
@@ -109,14 +117,20 @@ class Accumulator:
 
     def start_batch(self) -> None:
         """Remember the sums so far: ``batch_error`` and ``batch_folded`` describe what comes next."""
-        self._mark = {"err": self.sums["err"].copy(), "in_sq": self.sums["in_sq"].copy(), "seen": self.seen.copy()}
+        self._mark = {
+            "err": self.sums["err"].copy(),
+            "in_sq": self.sums["in_sq"].copy(),
+            "seen": self.seen.copy(),
+        }
 
     def batch_error(self) -> np.ndarray:
         """Relative residual error of each consumer over the tokens folded since ``start_batch``."""
         err = self.sums["err"] - self._mark["err"]
         in_sq = self.sums["in_sq"] - self._mark["in_sq"]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.sqrt(np.where(in_sq > 0, err / np.where(in_sq > 0, in_sq, 1.0), np.where(err > 0, np.inf, 0.0)))
+            return np.sqrt(
+                np.where(in_sq > 0, err / np.where(in_sq > 0, in_sq, 1.0), np.where(err > 0, np.inf, 0.0))
+            )
 
     def batch_folded(self) -> np.ndarray:
         """Boolean per consumer: folded since ``start_batch``."""
@@ -156,7 +170,8 @@ class Accumulator:
     @torch.no_grad()
     def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor, norms: Tensor) -> None:
         """Consumer i now: input h [b, p, d], weights [b, p, n(, d)], source values [b, p, S, d]
-        and their per-token norms [b, p, S] (only the first n sources are used)."""
+        and their per-token norms [b, p, S] (only the first n sources are used).
+        """
         n = weights.shape[2]
         v = values[:, :, :n]
         if weights.ndim == 3:
@@ -182,7 +197,9 @@ class Accumulator:
         self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
 
     @torch.no_grad()
-    def consumers(self, items: list[tuple[int, Tensor, Tensor]], values: Tensor, norms: Tensor, chunk: int = 256) -> None:
+    def consumers(
+        self, items: list[tuple[int, Tensor, Tensor]], values: Tensor, norms: Tensor, chunk: int = 256
+    ) -> None:
         """Consumers with per-token scalar weights, all at once at the end of a batch.
 
         ``items`` holds (i, h [b, p, d], weights [b, p, n]). Tokens are walked in chunks small
@@ -217,7 +234,8 @@ class Accumulator:
 
     def _fold_weights(self, i: int, per_token: Tensor, per_token_abs: Tensor) -> None:
         """Merge this batch's per-token weights (and magnitudes) into the running means and the
-        spread (Chan et al.), so the spread has no E[w^2] - E[w]^2 cancellation."""
+        spread (Chan et al.), so the spread has no E[w^2] - E[w]^2 cancellation.
+        """
         s = self.sums
         w64 = per_token.double().flatten(0, -2)  # [tokens, source]
         n = w64.shape[-1]
@@ -259,7 +277,9 @@ class Accumulator:
         with np.errstate(invalid="ignore", divide="ignore"):
             share = s["dot"] / s["hh"][:, None]
             nshare = s["cnorm"] / s["ctotal"][:, None]
-            err = np.where(s["in_sq"] > 0, np.sqrt(s["err"] / s["in_sq"]), np.where(s["err"] > 0, np.inf, 0.0))
+            err = np.where(
+                s["in_sq"] > 0, np.sqrt(s["err"] / s["in_sq"]), np.where(s["err"] > 0, np.inf, 0.0)
+            )
         d = max(self.d_model, 1)
         data = {
             "mixing": (("layer", "source"), mix * nan),
@@ -279,7 +299,9 @@ class Accumulator:
             "source_depth": ("source", np.array(lay.source_depth, dtype=np.int64)),
             "source_kind": ("source", np.array(lay.source_kind, dtype=object)),
         }
-        ds = xr.Dataset(data, coords=coords, attrs={**attrs, "trace_format": TRACE_FORMAT, "tokens": int(self.tokens)})
+        ds = xr.Dataset(
+            data, coords=coords, attrs={**attrs, "trace_format": TRACE_FORMAT, "tokens": int(self.tokens)}
+        )
         for name, (long_name, units) in VARIABLE_ATTRS.items():
             ds[name].attrs.update(long_name=long_name, units=units)
         if self.covariance:
@@ -357,7 +379,9 @@ def from_format_1(trace: xr.Dataset) -> xr.Dataset:
             trace = trace.rename({"scheme_scheme": "scheme"})
     if "mixing_abs" not in trace:  # format 1 kept signed means only: the best magnitude it allows
         trace["mixing_abs"] = abs(trace["mixing"])
-        trace["mixing_abs"].attrs.update(long_name=VARIABLE_ATTRS["mixing_abs"][0] + " (from |mixing|, format 1)", units="1")
+        trace["mixing_abs"].attrs.update(
+            long_name=VARIABLE_ATTRS["mixing_abs"][0] + " (from |mixing|, format 1)", units="1"
+        )
     return trace.assign_attrs(trace_format=TRACE_FORMAT, converted_from_format=1)
 
 
@@ -418,7 +442,9 @@ def _attr_array(values: list) -> np.ndarray:
     present = [v for v in values if v is not None]
     if present and all(isinstance(v, (bool, int, np.integer)) and not isinstance(v, bool) for v in present):
         return np.array([-1 if v is None else int(v) for v in values], dtype=np.int64)
-    if present and all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in present):
+    if present and all(
+        isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in present
+    ):
         return np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
     return np.array(["" if v is None else str(v) for v in values], dtype=object)
 
@@ -456,18 +482,25 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
                 shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
                 t[name] = (var.dims, np.full(shape, np.nan))
         aligned.append(t.drop_attrs())
-    out = xr.concat(aligned, dim=STACK, join="outer", combine_attrs="drop", coords="minimal", compat="override")
-    keys = [k for k in dict.fromkeys(k for t in traces for k in t.attrs) if k not in GLOBAL_ATTRS and k != "label"]
+    out = xr.concat(
+        aligned, dim=STACK, join="outer", combine_attrs="drop", coords="minimal", compat="override"
+    )
+    keys = [
+        k for k in dict.fromkeys(k for t in traces for k in t.attrs) if k not in GLOBAL_ATTRS and k != "label"
+    ]
     per_model = {k: (STACK, _attr_array([t.attrs.get(k) for t in traces])) for k in keys}
     out = out.assign_coords({STACK: np.array(labels, dtype=object), **coords, **per_model})
     for name in variables:
         out[name].attrs = dict(variables[name].attrs)
-    return out.assign_attrs(trace_format=TRACE_FORMAT, depthscope_version=traces[0].attrs.get("depthscope_version", ""))
+    return out.assign_attrs(
+        trace_format=TRACE_FORMAT, depthscope_version=traces[0].attrs.get("depthscope_version", "")
+    )
 
 
 def _attr_value(v):
     """A coordinate value back as an attr (the numeric missing markers of ``_attr_array``, -1 and
-    NaN, dropped; text comes back as it is, "" included)."""
+    NaN, dropped; text comes back as it is, "" included).
+    """
     v = v.item() if hasattr(v, "item") else v
     return None if (isinstance(v, int) and v == -1) or (isinstance(v, float) and v != v) else v
 
@@ -477,14 +510,18 @@ def select_model(stacked: xr.Dataset, label: str) -> xr.Dataset:
     if STACK not in stacked.dims:
         raise TraceError("not a stack of traces (no 'model' dimension)")
     if label not in set(str(m) for m in stacked[STACK].values):
-        raise TraceError(f"no model {label!r} in the stack (models: {', '.join(map(str, stacked[STACK].values))})")
+        raise TraceError(
+            f"no model {label!r} in the stack (models: {', '.join(map(str, stacked[STACK].values))})"
+        )
     t = stacked.sel({STACK: label})
     rows, cols = t["layer_depth"].values >= 0, t["source_depth"].values >= 0  # present in this trace
     t = t.isel(layer=np.flatnonzero(rows), source=np.flatnonzero(cols))
     per_model = [c for c, v in t.coords.items() if v.dims == () and c != STACK]
     attrs = {c: _attr_value(t[c].values) for c in per_model}
     t = t.drop_vars([STACK, *per_model])
-    return t.assign_attrs({**stacked.attrs, **{k: v for k, v in attrs.items() if v is not None}, "label": label})
+    return t.assign_attrs(
+        {**stacked.attrs, **{k: v for k, v in attrs.items() if v is not None}, "label": label}
+    )
 
 
 def split_models(trace: xr.Dataset) -> list[xr.Dataset]:

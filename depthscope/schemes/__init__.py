@@ -22,7 +22,7 @@ from depthscope.schemes.base import (
     sources,
     variants,
 )
-from depthscope.schemes.model import DepthModel
+from depthscope.schemes.model import DepthModel, load_checkpoint
 
 __all__ = [
     "Consumer",
@@ -34,6 +34,7 @@ __all__ = [
     "Source",
     "consumers",
     "get_scheme",
+    "load_checkpoint",
     "scheme_names",
     "sources",
     "variants",

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
-from depthscope.schemes._common import rms_norm
 from depthscope.schemes import names
+from depthscope.schemes._common import rms_norm
 from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 
 

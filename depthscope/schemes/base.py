@@ -67,9 +67,7 @@ class ModelConfig:
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be positive, got {getattr(self, key)}")
         if self.d_model % self.n_heads or (self.d_model // self.n_heads) % 2:
-            raise ConfigError(
-                f"d_model {self.d_model} must split into {self.n_heads} heads of even size"
-            )
+            raise ConfigError(f"d_model {self.d_model} must split into {self.n_heads} heads of even size")
         scheme.validate(self)
 
     def to_dict(self) -> dict[str, Any]:
@@ -272,7 +270,8 @@ class Scheme(abc.ABC):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
-        """Raise ConfigError if the options do not fit the model size."""
+        """Raise ConfigError if the options do not fit the model size (most schemes fit any)."""
+        return None
 
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
@@ -319,7 +318,6 @@ def register(cls: type[Scheme]) -> type[Scheme]:
 
 def variants() -> list[tuple[str, str, dict[str, Any]]]:
     """Every (label, scheme name, options) variant of every registered scheme."""
-    _load_builtin()
     out = []
     for name, cls in _REGISTRY.items():
         out += [(label, name, dict(opts)) for label, opts in (cls.variants or {name: {}}).items()]
@@ -328,7 +326,8 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
 
 def zoo_variants() -> list[tuple[str, str, dict[str, Any], bool]]:
     """(label, scheme name, options, keeps a trajectory) of every variant the zoo bundles, in
-    registration order."""
+    registration order.
+    """
     return [
         (label, name, opts, label in get_scheme(name).trajectories)
         for label, name, opts in variants()
@@ -337,21 +336,15 @@ def zoo_variants() -> list[tuple[str, str, dict[str, Any], bool]]:
 
 
 def scheme_names() -> list[str]:
-    _load_builtin()
     return list(_REGISTRY)
 
 
 def get_scheme(name: str) -> type[Scheme]:
     """The scheme class registered under ``name``."""
-    _load_builtin()
     try:
         return _REGISTRY[name]
     except KeyError:
         raise ConfigError(f"unknown scheme {name!r}; known: {', '.join(_REGISTRY)}") from None
-
-
-def _load_builtin() -> None:
-    import depthscope.schemes  # noqa: F401  (registers the built-in schemes)
 
 
 def _convert(value: str, kind: Any, key: str) -> Any:

@@ -64,8 +64,8 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
-from depthscope.schemes._common import inv_rms
 from depthscope.schemes import names
+from depthscope.schemes._common import inv_rms
 from depthscope.schemes.base import Mixer, ModelConfig, Port, Scheme, Site, ViewsMixer, register
 
 Variant = Literal["v1", "v2", "v3", "dca"]
@@ -92,7 +92,7 @@ def entry_of_source(cfg: ModelConfig, block: int) -> list[int]:
 
 
 def entry_inv_rms(x: Tensor) -> Tensor:
-    """1 / RMS over d_model, [batch, pos]: N(g) = g * entry_inv_rms(g), stored once per entry."""
+    """The inverse RMS over d_model of a stack entry, [batch, pos]: N(g) = g times it; kept once per entry."""
     return inv_rms(x).squeeze(-1)
 
 
@@ -126,7 +126,10 @@ class DCAState:
 
 
 def gates(w: Tensor, stack: Tensor, inv: Tensor) -> Tensor:
-    """relu(w . N(g_i)) for every stack entry: [entry, batch, pos(, view)] for w [d_model(, view)]."""
+    """The gates relu(w . N(g_i)) of every stack entry: [entry, batch, pos(, view)] for w [d_model(, view)].
+
+    Computed once for all three views of a DCA attention (w [d_model, view]).
+    """
     logits = stack @ w * (inv if w.ndim == 1 else inv[..., None])
     return logits.clamp(min=0)  # relu with gradient 1 at 0, so that w can leave its zero init
 
@@ -178,7 +181,9 @@ class GRNMixer(GRN, Mixer):
 
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
-        self.init_grn("v3" if gated(cfg) else cfg.options.grn, len(stack_layout(cfg, site.block)), cfg.d_model)
+        self.init_grn(
+            "v3" if gated(cfg) else cfg.options.grn, len(stack_layout(cfg, site.block)), cfg.d_model
+        )
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
@@ -214,7 +219,7 @@ class DCAAttentionMixer(ViewsMixer):
         out, mixed = [], []
         for i, view in enumerate(views):
             x, coef = view.mix(stack, inv, gate[..., i])
-            view.emit(lambda: delta_weights(coef, self.index, x))
+            view.emit(lambda coef=coef, x=x: delta_weights(coef, self.index, x))
             out.append(view.hook_in(x))
             mixed.append((x, coef))
         x, coef = mixed[0]  # the query input is the MLP's skip

@@ -58,7 +58,7 @@ from depthscope.schemes.standard import SumMixer, SumState
 
 
 def delta_increment(x: Tensor, k: Tensor, v: Tensor | float, beta: Tensor | float) -> Tensor:
-    """beta k (v - k^T x): the change the delta rule makes to x ([..., d_model]; v, beta [...])."""
+    """Beta k (v - k^T x): the change the delta rule makes to x ([..., d_model]; v, beta [...])."""
     coef = beta * (v - (k * x).sum(-1))  # [...]
     return coef.unsqueeze(-1) * k
 
@@ -143,4 +143,7 @@ class DDL(Scheme):
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
         """Token mean of each sublayer's gate, kept on that sublayer's row as ``ddl_beta``."""
-        return [NativeHook("ddl_beta", f"blocks.{s.block}.{s.kind}.hook_beta", s.label) for s in sublayer_sites(cfg)]
+        return [
+            NativeHook("ddl_beta", f"blocks.{s.block}.{s.kind}.hook_beta", s.label)
+            for s in sublayer_sites(cfg)
+        ]

@@ -122,7 +122,8 @@ class DenseFormer(Scheme):
 
     name = "denseformer"
     paper = (
-        "arXiv 2402.02622: DenseFormer: Enhancing Information Flow in Transformers via Depth Weighted Averaging"
+        "arXiv 2402.02622: DenseFormer: Enhancing Information Flow in Transformers via "
+        "Depth Weighted Averaging"
     )
     Options = DenseFormerOptions
     # 2 x 2 rather than the paper's recommended 4 x 5: at the zoo's 8 blocks a 4 x 5 model has a

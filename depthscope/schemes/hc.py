@@ -101,7 +101,7 @@ class Streams:
 
 
 def expand_streams(x0: Tensor, n: int, track: bool) -> Streams:
-    """n copies of the embedding; with ``track``, coefficients of ones on the embedding column."""
+    """N copies of the embedding; with ``track``, coefficients of ones on the embedding column."""
     # a real copy: batched products over a stride-0 stream dim fall back to loops over tokens
     h = x0.unsqueeze(-2).expand(*x0.shape[:-1], n, x0.shape[-1]).contiguous()
     coef = x0.new_ones(*x0.shape[:-1], n, 1) if track else None
@@ -109,7 +109,7 @@ def expand_streams(x0: Tensor, n: int, track: bool) -> Streams:
 
 
 def thin_matmul(w: Tensor, x: Tensor) -> Tensor:
-    """w x^T for a thin w [k, feature] and x [..., feature]: [k, token] (tokens = x's leading dims).
+    """W x^T for a thin w [k, feature] and x [..., feature]: [k, token] (tokens = x's leading dims).
 
     With k a handful of rows, this orientation (and its backward) runs several times faster on
     CPU than x @ w^T.
@@ -132,7 +132,7 @@ def update_coef(coef: Tensor | None, res: Tensor, post: Tensor) -> Tensor | None
 
 
 class StreamMixer(Mixer):
-    """Reads sum_s pre_s h_s and writes h'_t = sum_s res[s, t] h_s + post_t f; subclasses give the matrices."""
+    """Reads sum_s pre_s h_s, writes h'_t = sum_s res[s, t] h_s + post_t f; subclasses give the matrices."""
 
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
@@ -238,7 +238,8 @@ def stream_native_hooks(cfg: ModelConfig) -> list[NativeHook]:
 
 class StreamScheme(Scheme):
     """What hc and mhc share: n streams from the embedding, one connection module per sublayer
-    (``connection``), the summed read-out, and the stream matrices kept in traces."""
+    (``connection``), the summed read-out, and the stream matrices kept in traces.
+    """
 
     connection: type[Mixer]
 
@@ -270,6 +271,7 @@ class HC(StreamScheme):
     @classmethod
     def is_static(cls, options: HCOptions) -> bool:
         return options.mode == "static"
+
     connection = HyperConnection
 
     @classmethod

@@ -54,12 +54,12 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
+from depthscope.schemes._common import inv_rms
 from depthscope.schemes.base import (
     ModelConfig,
     Site,
     register,
 )
-from depthscope.schemes._common import inv_rms
 from depthscope.schemes.hc import StreamMixer, StreamScheme, thin_matmul
 
 
@@ -71,7 +71,8 @@ class MHCOptions:
 
 def sinkhorn(logits: Tensor, iters: int) -> Tensor:
     """Sinkhorn-Knopp over the last two dims: M = exp(logits - max), then ``iters`` rounds of
-    normalising rows, then columns, to sum 1."""
+    normalising rows, then columns, to sum 1.
+    """
     n = logits.shape[-1]
     token_last = logits.reshape(-1, n, n).permute(1, 2, 0)
     return _Sinkhorn.apply(token_last, iters).permute(2, 0, 1).reshape(logits.shape)
@@ -145,7 +146,9 @@ class ManifoldHyperConnection(StreamMixer):
         m, alpha = m.to(dtype), self.alpha.to(dtype)
         pre = torch.sigmoid(alpha[0] * m[:n] + self.b_pre.unsqueeze(-1))  # [stream, token]
         post = 2 * torch.sigmoid(alpha[1] * m[n : 2 * n] + self.b_post.unsqueeze(-1))  # [stream, token]
-        res = _Sinkhorn.apply(alpha[2] * m[2 * n :].unflatten(0, (n, n)) + self.b_res.unsqueeze(-1), self.iters)
+        res = _Sinkhorn.apply(
+            alpha[2] * m[2 * n :].unflatten(0, (n, n)) + self.b_res.unsqueeze(-1), self.iters
+        )
         mix = torch.cat([pre.unsqueeze(1), res], dim=1).to(h.dtype)  # [stream, 1 + stream, token]
         mix = mix.permute(2, 0, 1).unflatten(0, lead)
         return mix, post.to(h.dtype).t().unflatten(0, lead)
@@ -172,5 +175,3 @@ class MHC(StreamScheme):
             )
         if cfg.options.sinkhorn_iters < 1:
             raise ConfigError(f"mhc sinkhorn_iters must be at least 1, got {cfg.options.sinkhorn_iters}")
-
-

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from depthscope.errors import CheckpointError, DepthscopeError
+from depthscope.schemes import checkpoint
 from depthscope.schemes._common import RMSNorm, init_sublayer, listening
 from depthscope.schemes.base import VOCAB, ModelConfig, Site, get_scheme, readout_site
 
@@ -96,6 +99,47 @@ class DepthModel(HookedRootModule):
 
     def save(self, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:
         """Write a .safetensors checkpoint with the config in its metadata (atomic)."""
-        from depthscope.schemes.checkpoint import save
+        meta = {"model": self.cfg.to_dict(), "training": self.training_summary}
+        return checkpoint.write(path, self.state_dict(), meta, dtype=dtype)
 
-        return save(self, path, dtype=dtype)
+
+def load_checkpoint(path: str | Path) -> DepthModel:
+    """Load a depthscope checkpoint; returns the model in eval mode (float32).
+
+    Raises CheckpointError naming the file and the problem for a missing file, a file that is
+    not safetensors or is truncated, missing/invalid config, an unknown scheme, missing or
+    misshapen tensors, and NaN or Inf weights.
+    """
+    path = Path(path)
+    meta = checkpoint.read_meta(path)
+    try:
+        cfg = ModelConfig.from_dict(meta["model"])
+    except DepthscopeError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    except TypeError as err:
+        raise CheckpointError(f"{path}: invalid model config ({err})") from None
+    try:
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for corrupt data
+        raise CheckpointError(f"{path}: unreadable tensors ({err})") from None
+    model = DepthModel(cfg, training=meta.get("training"))
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(
+            f"{path}: missing tensors: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(extra[:5])}")
+    for key, ref in expected.items():
+        t = tensors[key]
+        if tuple(t.shape) != tuple(ref.shape):
+            raise CheckpointError(
+                f"{path}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
+            )
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise CheckpointError(f"{path}: tensor {key} holds NaN or Inf values")
+        tensors[key] = t.to(ref.dtype)
+    model.load_state_dict(tensors)
+    return model.eval()

@@ -49,8 +49,8 @@ from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
-from depthscope.schemes._common import Attention, listening, rms_norm
 from depthscope.schemes import names
+from depthscope.schemes._common import Attention, listening, rms_norm
 from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 from depthscope.schemes.standard import SumMixer, SumState, ones_weights
 
@@ -64,7 +64,8 @@ class ShortSWAOptions:
 @dataclass
 class WindowState(SumState):
     """The running sum x = h^(l), plus the last K depth states, their RMS norms, and the last
-    K - 1 sublayer outputs, oldest first."""
+    K - 1 sublayer outputs, oldest first.
+    """
 
     states: list[Tensor] = field(default_factory=list)  # [batch, pos, d_model] each
     normed: list[Tensor] = field(default_factory=list)
@@ -153,14 +154,17 @@ class ShortSWA(Scheme):
         if window < 1:
             raise ConfigError(f"shortswa window must be at least 1, got {window}")
         if cfg.options.axis == "sequence" and window > cfg.ctx:
-            raise ConfigError(f"shortswa window over the sequence must be at most ctx {cfg.ctx}, got {window}")
+            raise ConfigError(
+                f"shortswa window over the sequence must be at most ctx {cfg.ctx}, got {window}"
+            )
 
     @classmethod
     def trace_attrs(cls, cfg: ModelConfig) -> dict[str, str]:
         if cfg.options.axis == "sequence":
             return {}
         return {
-            "consumer_input": "each sublayer row is hook_in, the depth-mixed state u = sum_j alpha_j h^(j) (an exact "
+            "consumer_input": "each sublayer row is hook_in, the depth-mixed state u = sum_j alpha_j h^(j) "
+            "(an exact "
             "per-token combination of the sources); the sublayer itself receives u W_V"
         }
 

@@ -56,7 +56,9 @@ def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:
 
 def trajectories(directory: str | Path = ZOO_DIR) -> list[Path]:
     """Paths of the zoo's bundled trajectory traces, in manifest order."""
-    return [Path(directory) / m["trajectory"]["file"] for m in read_manifest(directory) if m.get("trajectory")]
+    return [
+        Path(directory) / m["trajectory"]["file"] for m in read_manifest(directory) if m.get("trajectory")
+    ]
 
 
 def sha256(path: Path) -> str:
@@ -66,7 +68,8 @@ def sha256(path: Path) -> str:
 
 def weights_sha256(path: Path) -> str:
     """Digest of the tensors alone (names, dtypes, shapes, bytes): equal for a reproduced build,
-    whose file differs only in the wall-clock throughput recorded in its metadata."""
+    whose file differs only in the wall-clock throughput recorded in its metadata.
+    """
     import torch
     from safetensors.torch import load_file
 

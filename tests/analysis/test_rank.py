@@ -76,7 +76,11 @@ def test_energy_threshold_counts_leading_eigenvalues():
     assert numerical_rank(spec, energy=0.71).item() == 3
     assert numerical_rank(spec, energy=1.0).item() == 4
     zero = xr.DataArray([[0.0, 0.0]], dims=("source", "component"))
-    assert numerical_rank(zero).item() == 0 and entropy_rank(zero).item() == 0 and participation_ratio(zero).item() == 0
+    assert (
+        numerical_rank(zero).item() == 0
+        and entropy_rank(zero).item() == 0
+        and participation_ratio(zero).item() == 0
+    )
     with pytest.raises(ValueError):
         numerical_rank(spec, energy=0.0)
 
@@ -91,7 +95,9 @@ def test_capture_spectrum_matches_cached_outputs():
     for j, s in enumerate(sources(cfg)):
         x = cache[s.hook].flatten(0, 1).double().numpy()
         ref = np.linalg.eigvalsh(np.cov(x, rowvar=False))[::-1].clip(min=0)
-        np.testing.assert_allclose(trace["source_spectrum"].values[j], ref, rtol=1e-4, atol=1e-5 * ref[0])  # float32 capture
+        np.testing.assert_allclose(
+            trace["source_spectrum"].values[j], ref, rtol=1e-4, atol=1e-5 * ref[0]
+        )  # float32 capture
 
 
 def test_collective_rank_sums_sublayers_and_round_trips(tmp_path):

@@ -44,7 +44,9 @@ def test_threshold_json(capsys):
     assert main(["rank", "threshold", "--d", "40", "--kappa", "0.3", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert set(res) == {"d", "kappa", "variant", "threshold", "derived_bound"}
-    assert res["threshold"] == threshold(40, 0.3, "v1") and res["derived_bound"] == pytest.approx(derived_bound(0.3))
+    assert res["threshold"] == threshold(40, 0.3, "v1") and res["derived_bound"] == pytest.approx(
+        derived_bound(0.3)
+    )
     assert main(["rank", "threshold", "--d", "40", "--kappa", "0.3", "--variant", "v2", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["variant"] == "v2" and res["derived_bound"] == pytest.approx(derived_bound(0.3, "v2", d=40))
@@ -58,19 +60,43 @@ def test_identity_writes_json_and_figures(tmp_path, capsys):
     for task in ("identity", "random"):
         for model in ("resnet", "grn_v1"):
             assert len(doc["curves"][task][model]) == 31
-        assert doc["curves"][task]["resnet"][0] == pytest.approx(doc["curves"][task]["grn_v1"][0])  # same start
+        assert doc["curves"][task]["resnet"][0] == pytest.approx(
+            doc["curves"][task]["grn_v1"][0]
+        )  # same start
     assert (out / "identity.png").is_file() and (out / "identity.svg").is_file()
     assert "GRN-v1 reaches" in capsys.readouterr().out
 
 
 def test_sweep_writes_table_and_figure(tmp_path, capsys):
     out = tmp_path / "sw"
-    rc = main(["rank", "sweep", "--width", "32", "--width", "48", "--layers", "1", "--steps", "2", "--tokens", "256", "--out", str(out), "--quiet", "--json"])
+    rc = main(
+        [
+            "rank",
+            "sweep",
+            "--width",
+            "32",
+            "--width",
+            "48",
+            "--layers",
+            "1",
+            "--steps",
+            "2",
+            "--tokens",
+            "256",
+            "--out",
+            str(out),
+            "--quiet",
+            "--json",
+        ]
+    )
     assert rc == 0
     doc = json.loads(capsys.readouterr().out)
     table = xr.open_dataset(out / "sweep.nc").load()
     assert table.sizes["width"] == 2 and table.sizes["scheme"] == 2
-    np.testing.assert_allclose(table["collective_rank_ratio"].sel(rank_kind="numerical").values, [doc["ratio"]["standard"], doc["ratio"]["dca"]])
+    np.testing.assert_allclose(
+        table["collective_rank_ratio"].sel(rank_kind="numerical").values,
+        [doc["ratio"]["standard"], doc["ratio"]["dca"]],
+    )
     assert (out / "rank-vs-width.png").is_file()
 
 
@@ -109,7 +135,9 @@ def test_theory_figures_and_json(tmp_path, capsys):
     gains = doc["gain_vs_r_star"][0]["gain"]
     assert gains[0] > gains[-1] > 0  # the gain shrinks as r* grows
     t = doc["threshold_vs_kappa"][0]
-    np.testing.assert_allclose(t["threshold"], threshold_curve(np.array(t["kappa"]), 100, "v1", n_tasks=1).values)
+    np.testing.assert_allclose(
+        t["threshold"], threshold_curve(np.array(t["kappa"]), 100, "v1", n_tasks=1).values
+    )
     assert all(b < n for b, n in zip(t["derived_bound"], t["threshold"]))  # the derived bound is sufficient
     for name in ("gain-vs-rank", "gain-vs-lambda", "threshold-vs-kappa"):
         assert (out / f"{name}.png").is_file() and (out / f"{name}.svg").is_file()

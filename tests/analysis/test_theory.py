@@ -48,7 +48,7 @@ def test_resnet_risk_is_the_eckart_young_tail(r):
 
 
 def test_grn_v1_never_above_resnet_and_below_the_theorem_4_2_bound():
-    for i, s in enumerate(_tasks(12, 25, 0.5, 6.0, seed=1)):
+    for s in _tasks(12, 25, 0.5, 6.0, seed=1):
         for r in (0, 3, 8, 15, 24):
             v1 = th.grn_v1_risk(s, r)
             assert 0.0 <= v1 <= th.resnet_risk(s, r) + 1e-9

@@ -90,7 +90,11 @@ def test_dilution_panels_one_source_per_panel(traces, stacked):
     for ax, which in zip(panels, ("embed", "first", "latest")):
         for s in SCHEMES:
             assert_line_is(line(ax, f"{s}: {which}"), per_depth(est.share_of(traces[s], which)))
-        assert not [ln for ln in ax.lines if ln.get_label().endswith(("embed", "first", "latest")) and which not in ln.get_label()]
+        assert not [
+            ln
+            for ln in ax.lines
+            if ln.get_label().endswith(("embed", "first", "latest")) and which not in ln.get_label()
+        ]
     assert panels[0].get_shared_y_axes().joined(panels[0], panels[2])
 
 

@@ -164,7 +164,10 @@ def test_deep_model_labels_are_thinned_but_recoverable():
     da = planted(48)  # 97 sources, 97 consumers
     n = da.sizes["source"]
     ax = plot_heatmap(da)
-    for axis, dim, ticklabels in ((ax.xaxis, "source", ax.get_xticklabels()), (ax.yaxis, "layer", ax.get_yticklabels())):
+    for axis, dim, ticklabels in (
+        (ax.xaxis, "source", ax.get_xticklabels()),
+        (ax.yaxis, "layer", ax.get_yticklabels()),
+    ):
         visible = shown(ticklabels)
         assert 10 <= len(visible) <= 40
         assert visible[-1] == da[dim].values[-1]  # the read-out / last source always shown
@@ -241,5 +244,8 @@ def test_grid_defaults_to_row_normalised_weights(traces):
     for ax, t in zip(fig.axes[: len(ts)], ts):
         assert_image_is(ax, row_normalized(t).values)
     std = traces["standard"]
-    np.testing.assert_allclose(image(fig.axes[0]).filled(np.nan), (1.0 / n_available(std)).broadcast_like(std["mixing"]).where(std["mixing"].notnull()).values)
+    np.testing.assert_allclose(
+        image(fig.axes[0]).filled(np.nan),
+        (1.0 / n_available(std)).broadcast_like(std["mixing"]).where(std["mixing"].notnull()).values,
+    )
     assert "row-normalised" in " ".join(fig.axes[-1].get_ylabel().split())

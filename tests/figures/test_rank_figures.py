@@ -30,7 +30,11 @@ def test_rank_vs_width_lines():
     ratio = np.array([[[0.5, 0.4, 0.3], [0.25, 0.2, 0.1]], [[0.6, 0.5, 0.4], [0.3, 0.3, 0.2]]])
     table = xr.Dataset(
         {"collective_rank_ratio": (("scheme", "width", "rank_kind"), ratio)},
-        coords={"scheme": ["standard", "dca"], "width": [32, 64], "rank_kind": ["numerical", "entropy", "participation"]},
+        coords={
+            "scheme": ["standard", "dca"],
+            "width": [32, 64],
+            "rank_kind": ["numerical", "entropy", "participation"],
+        },
     )
     ax = plot_rank_vs_width(table)
     np.testing.assert_allclose(ax.lines[0].get_ydata(), [0.5, 0.25])

@@ -20,9 +20,34 @@ SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--ctx", "32", "--b
 def report(tmp_path_factory):
     d = tmp_path_factory.mktemp("report")
     for scheme in ("standard", "attnres"):
-        assert main(["train", "--scheme", scheme, "--steps", "5", "--out", str(d / f"{scheme}.safetensors"), *SMALL]) == 0
+        assert (
+            main(
+                [
+                    "train",
+                    "--scheme",
+                    scheme,
+                    "--steps",
+                    "5",
+                    "--out",
+                    str(d / f"{scheme}.safetensors"),
+                    *SMALL,
+                ]
+            )
+            == 0
+        )
     out = d / "out"
-    rc = main(["report", str(d / "standard.safetensors"), str(d / "attnres.safetensors"), "--out", str(out), "--tokens", "256", "--quiet"])
+    rc = main(
+        [
+            "report",
+            str(d / "standard.safetensors"),
+            str(d / "attnres.safetensors"),
+            "--out",
+            str(out),
+            "--tokens",
+            "256",
+            "--quiet",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -30,7 +55,15 @@ def report(tmp_path_factory):
 def test_report_files_and_references(report):
     html = (report / "index.html").read_text()
     figures = sorted(p.name for p in report.iterdir() if p.suffix in (".png", ".svg"))
-    assert {"grid-weights.png", "grid-mixing.png", "grid-share.png", "dilution.png", "pattern.png", "retention.png", "rank.png"} <= set(figures)
+    assert {
+        "grid-weights.png",
+        "grid-mixing.png",
+        "grid-share.png",
+        "dilution.png",
+        "pattern.png",
+        "retention.png",
+        "rank.png",
+    } <= set(figures)
     assert "model-standard.png" in figures and "model-attnres.svg" in figures
     for name in figures:
         assert f'href="{name}"' in html, name
@@ -50,7 +83,9 @@ def test_traces_file_and_tables_match_analysis(report):
         row = re.search(rf'<tr data-model="{label}">(.*?)</tr>', html, re.S).group(1)
         value = float(re.search(r'class="pattern" data-value="([^"]+)"', row).group(1))
         assert value == pytest.approx(expected, rel=1e-12)
-    std = float(re.search(r'<tr data-model="standard">.*?class="pattern" data-value="([^"]+)"', html, re.S).group(1))
+    std = float(
+        re.search(r'<tr data-model="standard">.*?class="pattern" data-value="([^"]+)"', html, re.S).group(1)
+    )
     assert std == 1.0  # a standard residual is exactly uniform
     assert 'id="rank"' in html and "collective_rank" in stacked
 
@@ -59,7 +94,9 @@ def test_report_reads_traces_too(report, tmp_path):
     one = select_model(load_trace(report / "traces.nc"), "attnres")
     save_trace(one, tmp_path / "a.nc")
     out = tmp_path / "again"
-    assert main(["report", str(tmp_path / "a.nc"), str(report / "traces.nc"), "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(["report", str(tmp_path / "a.nc"), str(report / "traces.nc"), "--out", str(out), "--quiet"]) == 0
+    )
     again = load_trace(out / "traces.nc")
     assert list(again["model"].values) == ["attnres", "standard", "attnres#2"]
 
@@ -89,8 +126,13 @@ def test_unwritable_output_directory(report, tmp_path, capsys):
 
 
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 
 
@@ -101,13 +143,20 @@ def test_report_renders_in_a_browser(report, tmp_path):
     assert browser, "chromium is needed for this test: apt-get install chromium (.ci/run and make test do)"
     url = (report / "index.html").resolve().as_uri()
     common = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run([*common, "--virtual-time-budget=5000", "--dump-dom", url], capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [*common, "--virtual-time-budget=5000", "--dump-dom", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
     loaded = re.search(r'data-images-loaded="(\d+)/(\d+)"', dom)
     assert loaded, "the page's load script did not run"
     ok, total = map(int, loaded.groups())
     assert total >= 8 and ok == total
     shot = tmp_path / "shot.png"
-    subprocess.run([*common, f"--screenshot={shot}", "--window-size=1280,1600", url], capture_output=True, timeout=120)
+    subprocess.run(
+        [*common, f"--screenshot={shot}", "--window-size=1280,1600", url], capture_output=True, timeout=120
+    )
     from matplotlib.image import imread
 
     pixels = imread(shot)[..., :3]

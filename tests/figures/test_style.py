@@ -55,7 +55,12 @@ def test_scheme_colours_are_stable_and_family_wide():
 
     assert scheme_color("denseformer") == get_scheme("denseformer").color
     assert scheme_color("attnres-block4") == scheme_color("attnres") == scheme_color("attnres#2")
-    assert scheme_color("dca(k=2)") == scheme_color("grn-v1") == scheme_color("dca@250") == get_scheme("dca").color
+    assert (
+        scheme_color("dca(k=2)")
+        == scheme_color("grn-v1")
+        == scheme_color("dca@250")
+        == get_scheme("dca").color
+    )
     unknown = scheme_color("my-new-scheme")
     assert unknown in PALETTE
     assert unknown == PALETTE[zlib.crc32(b"my-new-scheme") % len(PALETTE)]  # not the salted hash()
@@ -76,7 +81,10 @@ def test_save_writes_each_format_atomically(tmp_path):
     assert paths == [tmp_path / "sub" / "curve.png", tmp_path / "sub" / "curve.svg"]
     assert paths[0].read_bytes().startswith(PNG_MAGIC)
     assert b"<svg" in paths[1].read_bytes()[:1000]
-    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == ["curve.png", "curve.svg"]  # no temporaries
+    assert sorted(p.name for p in (tmp_path / "sub").iterdir()) == [
+        "curve.png",
+        "curve.svg",
+    ]  # no temporaries
     mask = os.umask(0o022)
     os.umask(mask)
     assert all(p.stat().st_mode & 0o777 == 0o666 & ~mask for p in paths)  # not mkstemp's 0600

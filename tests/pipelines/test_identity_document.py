@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import json
 
-from depthscope.pipelines.identity import IdentitySettings, identity_document, run_identity, steps_to_reach, width_sweep
+from depthscope.pipelines.identity import (
+    IdentitySettings,
+    identity_document,
+    run_identity,
+    steps_to_reach,
+    width_sweep,
+)
 
 
 def test_document_summarises_the_curves():
@@ -16,7 +22,9 @@ def test_document_summarises_the_curves():
     for task in ("identity", "random"):
         s = doc["summary"][task]
         assert s["final"]["resnet"] == doc["curves"][task]["resnet"][-1]
-        assert s["grn_v1_steps_to_resnet_final"] == steps_to_reach(res[task]["grn_v1"], res[task]["resnet"][-1])
+        assert s["grn_v1_steps_to_resnet_final"] == steps_to_reach(
+            res[task]["grn_v1"], res[task]["resnet"][-1]
+        )
     assert doc["sweep"]["d"] == [40, 60] and doc["sweep"]["r_star"] == 30
     assert doc["sweep"]["identity"]["resnet"] == [float(v) for v in sweep["identity"]["resnet"]]
     reach = doc["sweep"]["steps_to_reach"]["identity"]

@@ -20,7 +20,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def gpt2_like():
     from transformer_lens import TransformerBridge, TransformerBridgeConfig
 
-    cfg = TransformerBridgeConfig(d_model=32, d_head=8, n_heads=4, n_layers=3, n_ctx=32, d_vocab=256, d_mlp=128, act_fn="gelu", seed=0)
+    cfg = TransformerBridgeConfig(
+        d_model=32, d_head=8, n_heads=4, n_layers=3, n_ctx=32, d_vocab=256, d_mlp=128, act_fn="gelu", seed=0
+    )
     return TransformerBridge.boot_native(cfg)
 
 
@@ -44,7 +46,14 @@ def post_ln_dir(tmp_path_factory):
     return model_dir(
         tmp_path_factory.mktemp("bert"),
         lambda v: BertForMaskedLM(
-            BertConfig(vocab_size=v, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+            BertConfig(
+                vocab_size=v,
+                hidden_size=32,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            )
         ),
     )
 
@@ -102,7 +111,10 @@ def test_local_gpt2_directory_from_the_cli(gpt2_dir, tmp_path, capsys):
     from depthscope.probes import load_trace
 
     out = tmp_path / "g.nc"
-    assert main(["capture", str(gpt2_dir), "--out", str(out), "--tokens", "256", "--batch-size", "2", "--quiet"]) == 0
+    assert (
+        main(["capture", str(gpt2_dir), "--out", str(out), "--tokens", "256", "--batch-size", "2", "--quiet"])
+        == 0
+    )
     trace = load_trace(out)
     assert list(trace["source"].values) == ["embed", "pos_embed", "0.attn", "0.mlp", "1.attn", "1.mlp"]
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)

@@ -63,11 +63,17 @@ def test_attnres_block_rows_are_constant_within_a_block(tokens):
         np.testing.assert_allclose(vals, vals[0], rtol=1e-6)
     # the read-out sees embedding + 2 block sums: one weight per entry, and those sum to 1
     r = m.sel(layer="readout")
-    np.testing.assert_allclose(r.sel(source="embed") + r.sel(source="0.attn") + r.sel(source="1.mlp"), 1.0, atol=1e-6)
+    np.testing.assert_allclose(
+        r.sel(source="embed") + r.sel(source="0.attn") + r.sel(source="1.mlp"), 1.0, atol=1e-6
+    )
     np.testing.assert_allclose(r.sel(source=second).values, r.sel(source="1.mlp").item(), rtol=1e-6)
 
 
-@pytest.mark.parametrize("label, scheme, options", [v for v in VARIANTS if v[0] in ("standard", "attnres", "dca", "hc", "mhc")] or VARIANTS[:1], ids=lambda v: str(v))
+@pytest.mark.parametrize(
+    "label, scheme, options",
+    [v for v in VARIANTS if v[0] in ("standard", "attnres", "dca", "hc", "mhc")] or VARIANTS[:1],
+    ids=lambda v: str(v),
+)
 def test_streaming_equals_in_memory(tokens, label, scheme, options):
     model = perturbed(tiny(scheme, options))
     one = capture(model, tokens, batch_size=len(tokens))

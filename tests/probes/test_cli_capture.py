@@ -22,7 +22,10 @@ def ckpt(tmp_path_factory):
 
 def test_train_capture_dilution(ckpt, tmp_path, capsys):
     out = tmp_path / "t.nc"
-    assert main(["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--batch-size", "3", "--quiet"]) == 0
+    assert (
+        main(["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--batch-size", "3", "--quiet"])
+        == 0
+    )
     trace = load_trace(out)
     assert trace.attrs["scheme"] == "attnres" and trace.attrs["checkpoint"] == str(ckpt)
     assert trace.attrs["tokens"] == 256 and trace.attrs["ctx"] == 32 and "source_spectrum" not in trace
@@ -39,7 +42,20 @@ def test_train_capture_dilution(ckpt, tmp_path, capsys):
 
 def test_capture_rank_ctx_and_skip_positions(ckpt, tmp_path):
     out = tmp_path / "r.nc"
-    args = ["capture", str(ckpt), "--out", str(out), "--tokens", "256", "--ctx", "16", "--skip-positions", "2", "--rank", "--quiet"]
+    args = [
+        "capture",
+        str(ckpt),
+        "--out",
+        str(out),
+        "--tokens",
+        "256",
+        "--ctx",
+        "16",
+        "--skip-positions",
+        "2",
+        "--rank",
+        "--quiet",
+    ]
     assert main(args) == 0
     trace = load_trace(out)
     assert trace.attrs["ctx"] == 16 and trace.attrs["skip_positions"] == 2
@@ -67,7 +83,10 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
     "make, message",
     [
         (lambda d, c: ["capture", str(d / "missing.safetensors")], "no such file"),
-        (lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))], "not a safetensors file"),
+        (
+            lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))],
+            "not a safetensors file",
+        ),
         (lambda d, c: ["capture", str(c), "--tokens", "16"], "fewer than one context window"),
         (lambda d, c: ["capture", str(c), "--corpus", str(_write(d / "s.txt", b"tiny"))], "too short"),
         (lambda d, c: ["capture", str(c), "--batch-size", "0"], "Invalid value for '--batch-size'"),
@@ -75,7 +94,10 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
         (lambda d, c: ["capture", str(c), "--ctx", "0"], "Invalid value for '--ctx'"),
         (lambda d, c: ["capture", str(c), "--ctx", "33"], "between 1 and the model's context 32"),
         (lambda d, c: ["capture", str(c), "--skip-positions", "-1"], "Invalid value for '--skip-positions'"),
-        (lambda d, c: ["capture", str(c), "--skip-positions", "32"], "skip_positions must be between 0 and 31"),
+        (
+            lambda d, c: ["capture", str(c), "--skip-positions", "32"],
+            "skip_positions must be between 0 and 31",
+        ),
         (lambda d, c: ["capture", str(d)], "not a Hugging Face model directory"),
     ],
 )

@@ -26,8 +26,15 @@ def llama_dir(tmp_path_factory):
     return model_dir(
         tmp_path_factory.mktemp("llama"),
         lambda v: LlamaForCausalLM(
-            LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, max_position_embeddings=128)
+            LlamaConfig(
+                vocab_size=v,
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=128,
+            )
         ),
     )
 
@@ -61,13 +68,17 @@ def test_rotary_bridge_agrees_with_hidden_states(llama, llama_dir):
     trace = capture(llama, tokens, batch_size=2)
     hf = AutoModelForCausalLM.from_pretrained(llama_dir).eval()
     with torch.no_grad():
-        hs = hf(tokens, output_hidden_states=True).hidden_states  # embed, after block 0, after block 1 (normed)
+        hs = hf(
+            tokens, output_hidden_states=True
+        ).hidden_states  # embed, after block 0, after block 1 (normed)
     # the input of block 1's attention is hidden_states[1]; its parts: embed and block 0's two outputs
     h = hs[1].double()
     share = trace["contribution_share"].sel(layer="1.attn").dropna("source")
     rebuilt_norm = float((h * h).sum())
     emb = hs[0].double()
-    np.testing.assert_allclose(float(share.sel(source="embed")), float((emb * h).sum()) / rebuilt_norm, rtol=1e-4)
+    np.testing.assert_allclose(
+        float(share.sel(source="embed")), float((emb * h).sum()) / rebuilt_norm, rtol=1e-4
+    )
 
 
 def _with_ghost(position: int):

@@ -44,7 +44,9 @@ def unroll_by_hand(alphas: dict[int, list[float]], n_blocks: int, dilation: int)
 @pytest.mark.parametrize("options", [{}, {"dilation": 2}])
 def test_denseformer_trace_equals_hand_unrolling_after_training(options):
     cfg = tiny("denseformer", options)
-    model = train(cfg, TrainConfig(steps=25, batch_size=4, lr=3e-2, eval_tokens=256), load_corpus(), progress=False)
+    model = train(
+        cfg, TrainConfig(steps=25, batch_size=4, lr=3e-2, eval_tokens=256), load_corpus(), progress=False
+    )
     alphas = {}
     for b in range(1, cfg.n_layers + 1):
         mixer = model.readout_mix if b == cfg.n_layers else model.blocks[b].attn_mix
@@ -71,7 +73,9 @@ def test_stream_matrices_are_token_means_of_the_hooks(scheme):
         for i in range(cfg.n_layers):
             for kind in ("attn", "mlp"):
                 ref = cache[f"blocks.{i}.{kind}_mix.{hook}"].double().mean((0, 1)).numpy()
-                np.testing.assert_allclose(trace[name].sel(layer=f"{i}.{kind}").values, ref, rtol=1e-5, atol=1e-7)
+                np.testing.assert_allclose(
+                    trace[name].sel(layer=f"{i}.{kind}").values, ref, rtol=1e-5, atol=1e-7
+                )
     assert np.isnan(trace["hc_res"].sel(layer="readout")).all()
     if scheme == "mhc":  # token means of doubly stochastic matrices are doubly stochastic
         res = trace["hc_res"].drop_sel(layer="readout")
@@ -89,7 +93,12 @@ def test_ddl_gate_means_and_stacking_with_other_schemes():
     trace = capture(model, tokens)
     _, cache = model.run_with_cache(tokens)
     for i in range(cfg.n_layers):
-        assert trace["ddl_beta"].sel(layer=f"{i}.mlp").item() == pytest.approx(cache[f"blocks.{i}.mlp.hook_beta"].double().mean().item(), rel=1e-6)
+        assert trace["ddl_beta"].sel(layer=f"{i}.mlp").item() == pytest.approx(
+            cache[f"blocks.{i}.mlp.hook_beta"].double().mean().item(), rel=1e-6
+        )
     stacked = stack_traces([trace, capture(build(tiny("hc")), tokens), capture(build(tiny()), tokens)])
-    assert stacked["ddl_beta"].sel(scheme="hc").isnull().all() and stacked["hc_res"].sel(scheme="ddl").isnull().all()
+    assert (
+        stacked["ddl_beta"].sel(scheme="hc").isnull().all()
+        and stacked["hc_res"].sel(scheme="ddl").isnull().all()
+    )
     assert stacked["hc_res"].sizes["stream_from"] == 4

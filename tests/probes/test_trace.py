@@ -18,7 +18,10 @@ def test_stack_and_select_round_trip():
     stacked = stack_traces([small, big, small])
     assert list(stacked["model"].values) == ["standard", "attnres", "standard#2"]
     assert list(stacked["scheme"].values) == ["standard", "attnres", "standard"]  # attrs became coordinates
-    assert stacked["tokens"].dtype == np.int64 and stacked.attrs == {"trace_format": 2, "depthscope_version": small.attrs["depthscope_version"]}
+    assert stacked["tokens"].dtype == np.int64 and stacked.attrs == {
+        "trace_format": 2,
+        "depthscope_version": small.attrs["depthscope_version"],
+    }
     assert stacked.sizes["layer"] == big.sizes["layer"] and stacked.sizes["source"] == big.sizes["source"]
     assert list(stacked["layer"].values) == list(big["layer"].values)  # depth order, not alphabetical
     back = select_model(stacked, "standard")
@@ -83,7 +86,9 @@ def test_stacking_schemes_with_different_sublayers_keeps_each_order():
         xr.testing.assert_allclose(back.drop_attrs(), t.drop_attrs())
         # available cells are exactly the sources written before the consumer
         avail = back["mixing"].notnull().values
-        assert np.array_equal(avail, back["source_depth"].values[None, :] < back["layer_depth"].values[:, None])
+        assert np.array_equal(
+            avail, back["source_depth"].values[None, :] < back["layer_depth"].values[:, None]
+        )
 
 
 def test_format_1_files_are_read_and_converted():
@@ -98,7 +103,11 @@ def test_format_1_files_are_read_and_converted():
     assert one.attrs["scheme"] == "attnres" and "model" not in one.dims
     np.testing.assert_allclose(one["mixing_abs"], abs(one["mixing"]))
     stacked = load_trace(here / "format1-stacked.nc")
-    assert "scheme" not in stacked.dims and list(stacked["model"].values) == ["attnres", "dca", "shortswa(axis=sequence)"]
+    assert "scheme" not in stacked.dims and list(stacked["model"].values) == [
+        "attnres",
+        "dca",
+        "shortswa(axis=sequence)",
+    ]
     assert list(stacked["scheme"].values) == ["attnres", "dca", "shortswa"]  # was scheme_scheme
     models = split_models(stacked)
     assert [m.attrs["checkpoint"] for m in models[:2]] == ["attnres-tiny.safetensors", "dca-tiny.safetensors"]

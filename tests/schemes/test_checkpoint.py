@@ -63,17 +63,28 @@ def _edit_meta(path, fn):
 
 BAD = {
     "missing file": (lambda p: p.with_name("nope.safetensors"), "no such file"),
-    "not safetensors": (lambda p: _write(p, b"hello, this is text, not tensors" * 4), "not a safetensors file"),
+    "not safetensors": (
+        lambda p: _write(p, b"hello, this is text, not tensors" * 4),
+        "not a safetensors file",
+    ),
     "tiny file": (lambda p: _write(p, b"abc"), "not a safetensors file"),
     "truncated": (lambda p: _write(p, p.read_bytes()[:-1000]), "truncated"),
     "no config": (lambda p: _rewrite(p, meta={"other": "x"}), "no depthscope_config"),
     "invalid json": (lambda p: _rewrite(p, meta={META_KEY: "{not json"}), "invalid depthscope_config JSON"),
     "no model config": (lambda p: _rewrite(p, meta={META_KEY: json.dumps({"format": 1})}), "no model config"),
     "other format": (lambda p: _edit_meta(p, lambda m: m.update(format=99)), "format 99"),
-    "unknown scheme": (lambda p: _edit_meta(p, lambda m: m["model"].update(scheme="resnext")), "unknown scheme 'resnext'"),
-    "bad option": (lambda p: _edit_meta(p, lambda m: m["model"]["options"].update(colour="red")), "unknown option"),
+    "unknown scheme": (
+        lambda p: _edit_meta(p, lambda m: m["model"].update(scheme="resnext")),
+        "unknown scheme 'resnext'",
+    ),
+    "bad option": (
+        lambda p: _edit_meta(p, lambda m: m["model"]["options"].update(colour="red")),
+        "unknown option",
+    ),
     "missing tensor": (
-        lambda p: _rewrite(p, {k: v for k, v in load_file(str(p)).items() if k != "unembed.weight"}, _meta(p)),
+        lambda p: _rewrite(
+            p, {k: v for k, v in load_file(str(p)).items() if k != "unembed.weight"}, _meta(p)
+        ),
         "missing tensors: unembed.weight",
     ),
     "wrong shape": (
@@ -81,11 +92,15 @@ BAD = {
         r"unembed.weight has shape \(3, 3\)",
     ),
     "nan weights": (
-        lambda p: _rewrite(p, {**load_file(str(p)), "embed.weight": torch.full((256, 16), float("nan"))}, _meta(p)),
+        lambda p: _rewrite(
+            p, {**load_file(str(p)), "embed.weight": torch.full((256, 16), float("nan"))}, _meta(p)
+        ),
         "embed.weight holds NaN or Inf",
     ),
     "inf weights": (
-        lambda p: _rewrite(p, {**load_file(str(p)), "blocks.0.attn_mix.query": torch.full((16,), float("inf"))}, _meta(p)),
+        lambda p: _rewrite(
+            p, {**load_file(str(p)), "blocks.0.attn_mix.query": torch.full((16,), float("inf"))}, _meta(p)
+        ),
         "attn_mix.query holds NaN or Inf",
     ),
     "unexpected tensor": (

@@ -84,7 +84,9 @@ def test_k_is_unit_along_the_branch_output():
         for kind in ("attn", "mlp"):
             o, k = cache[f"blocks.{i}.{kind}.hook_branch"], cache[f"blocks.{i}.{kind}.hook_k"]
             assert (o.norm(dim=-1) > 1e-4).all()
-            torch.testing.assert_close(k.norm(dim=-1), torch.ones(k.shape[:-1], dtype=k.dtype), rtol=0, atol=1e-12)
+            torch.testing.assert_close(
+                k.norm(dim=-1), torch.ones(k.shape[:-1], dtype=k.dtype), rtol=0, atol=1e-12
+            )
             torch.testing.assert_close(k * o.norm(dim=-1, keepdim=True), o, rtol=0, atol=1e-14)
 
 
@@ -118,7 +120,10 @@ def test_naive_forward_matches_the_model():
             beta = 2 / (1 + torch.exp(-gate))
             k = o / o.norm(dim=-1, keepdim=True)
             # (I - beta k k^T) x + beta k |o|, as explicit per-token matrices
-            a = torch.eye(CFG.d_model, dtype=x.dtype) - beta[..., None, None] * k[..., :, None] * k[..., None, :]
+            a = (
+                torch.eye(CFG.d_model, dtype=x.dtype)
+                - beta[..., None, None] * k[..., :, None] * k[..., None, :]
+            )
             x = (a @ x[..., None]).squeeze(-1) + beta[..., None] * k * o.norm(dim=-1, keepdim=True)
     expected = model.unembed(model.ln_final(x))
     torch.testing.assert_close(model(tokens), expected, rtol=1e-10, atol=1e-12)

@@ -81,7 +81,8 @@ def hc_reference(model, tokens):
             h_in = sum(a_m[..., s, None] * streams[s] for s in range(n))
             out = getattr(block, kind)(h_in)
             streams = [
-                sum(a_r[..., s, t, None] * streams[s] for s in range(n)) + b[..., t, None] * out for t in range(n)
+                sum(a_r[..., s, t, None] * streams[s] for s in range(n)) + b[..., t, None] * out
+                for t in range(n)
             ]
             mats.append((a_m, a_r, b))
     return model.unembed(model.ln_final(sum(streams))), mats

@@ -106,7 +106,7 @@ def test_init_is_the_standard_residual(n):
 
 
 def test_init_matrices():
-    """H_pre = (n+1)/(2n) on stream k mod n and 1/(2n) elsewhere; H_post = 1; H_res = (eI + 1 - I)/(e + n - 1)."""
+    """H_pre = (n+1)/(2n) on stream k mod n, 1/(2n) elsewhere; H_post = 1; H_res = (eI + 1 - I)/(e+n-1)."""
     n = 4
     cfg = tiny("mhc", {"streams": n})
     _, cache = build(cfg, dtype=torch.float64).run_with_cache(random_tokens(cfg, pos=8))
@@ -117,15 +117,21 @@ def test_init_matrices():
         want_pre = torch.full((n,), 1 / (2 * n), dtype=torch.float64)
         want_pre[k % n] = (n + 1) / (2 * n)
         torch.testing.assert_close(pre, want_pre.expand_as(pre), rtol=1e-6, atol=1e-7)
-        torch.testing.assert_close(cache[mixer_hook(c, "hook_h_post")], torch.ones_like(pre), rtol=0, atol=1e-12)
+        torch.testing.assert_close(
+            cache[mixer_hook(c, "hook_h_post")], torch.ones_like(pre), rtol=0, atol=1e-12
+        )
         res = cache[mixer_hook(c, "hook_h_res")]
         torch.testing.assert_close(res, want_res.expand_as(res), rtol=1e-10, atol=1e-12)
-        torch.testing.assert_close(cache[c.hook_weights], torch.ones_like(cache[c.hook_weights]), rtol=1e-6, atol=1e-6)
-    torch.testing.assert_close(cache["readout_mix.hook_weights"], torch.full_like(cache["readout_mix.hook_weights"], n))
+        torch.testing.assert_close(
+            cache[c.hook_weights], torch.ones_like(cache[c.hook_weights]), rtol=1e-6, atol=1e-6
+        )
+    torch.testing.assert_close(
+        cache["readout_mix.hook_weights"], torch.full_like(cache["readout_mix.hook_weights"], n)
+    )
 
 
 def test_init_breaks_stream_symmetry():
-    """One backward pass at init gives the streams' pre logits different gradients (uniform b_pre would not)."""
+    """One backward pass at init gives the streams' pre logits different gradients (uniform b_pre: not)."""
     model = build(tiny("mhc"), dtype=torch.float64).train()
     model(random_tokens(model.cfg, pos=8)).logsumexp(-1).mean().backward()
     grad = model.blocks[1].mlp_mix.phi.grad[:4]  # phi_pre, one row per stream
@@ -133,7 +139,7 @@ def test_init_breaks_stream_symmetry():
 
 
 def test_perturbed_matrices_satisfy_the_constraints():
-    """Every H_res seen by the hooks is doubly stochastic (1e-3) and non-negative; H_pre in (0, 1), H_post in (0, 2)."""
+    """Every H_res seen is doubly stochastic (1e-3) and non-negative; H_pre in (0, 1), H_post in (0, 2)."""
     model = perturbed_mhc()
     _, cache = model.run_with_cache(random_tokens(model.cfg, pos=16))
     for c in sublayer_sites(model.cfg):

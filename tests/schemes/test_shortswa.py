@@ -113,7 +113,9 @@ def test_sublayer_receives_the_value_projection_of_the_mix():
         block = model.blocks[site.block]
         mix, sub = getattr(block, f"{site.kind}_mix"), getattr(block, site.kind)
         out = sub(cache[f"blocks.{site.block}.{site.kind}_mix.hook_in"] @ mix.W_V)
-        torch.testing.assert_close(out, cache[f"blocks.{site.block}.hook_{site.kind}_out"], rtol=0, atol=1e-14)
+        torch.testing.assert_close(
+            out, cache[f"blocks.{site.block}.hook_{site.kind}_out"], rtol=0, atol=1e-14
+        )
     assert "readout_mix.W_V" not in dict(model.named_parameters())
     assert torch.equal(cache["readout_mix.hook_in"], depth_states(cfg, cache)[-1])
 

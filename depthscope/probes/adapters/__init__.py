@@ -28,7 +28,8 @@ def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
         if family.detect(model):
             return family.build(model)
     raise DepthscopeError(
-        f"cannot capture a {type(model).__name__}: no adapter knows it (known families: {', '.join(FAMILIES)})"
+        f"cannot capture a {type(model).__name__}: no adapter knows it (known families: "
+        f"{', '.join(FAMILIES)})"
     )
 
 

@@ -58,7 +58,8 @@ class ConsumerSpec:
 @dataclass(frozen=True)
 class NativeSpec:
     """A per-token native quantity [batch, pos, *dims] whose token mean a trace keeps as ``name``
-    (dims (layer, *dims)), on the row of consumer ``layer``."""
+    (dims (layer, *dims)), on the row of consumer ``layer``.
+    """
 
     name: str
     tap: str
@@ -68,7 +69,8 @@ class NativeSpec:
 
 def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.AbstractContextManager:
     """Callbacks on TransformerLens hook points (HookedRootModule, TransformerBridge): the
-    ``hooks()`` context manager removes every handle in its ``finally``."""
+    ``hooks()`` context manager removes every handle in its ``finally``.
+    """
 
     def wrap(fn: Callback):
         return lambda tensor, hook: fn(tensor)

@@ -41,22 +41,38 @@ def build(model: Any) -> Adapter:
         srcs.append(SourceSpec("pos_embed", names.HOOK_POS_EMBED, names.EMBED, 0))
     cons = []
     for i in range(n):
-        cons.append(ConsumerSpec(names.label(i, names.ATTN), names.resid_pre(i), names.ATTN, 2 * i + 1, len(srcs)))
-        srcs.append(SourceSpec(names.label(i, names.ATTN), names.source_out(i, names.ATTN), names.ATTN, 2 * i + 1))
-        cons.append(ConsumerSpec(names.label(i, names.MLP), names.resid_mid(i), names.MLP, 2 * i + 2, len(srcs)))
-        srcs.append(SourceSpec(names.label(i, names.MLP), names.source_out(i, names.MLP), names.MLP, 2 * i + 2))
+        cons.append(
+            ConsumerSpec(names.label(i, names.ATTN), names.resid_pre(i), names.ATTN, 2 * i + 1, len(srcs))
+        )
+        srcs.append(
+            SourceSpec(names.label(i, names.ATTN), names.source_out(i, names.ATTN), names.ATTN, 2 * i + 1)
+        )
+        cons.append(
+            ConsumerSpec(names.label(i, names.MLP), names.resid_mid(i), names.MLP, 2 * i + 2, len(srcs))
+        )
+        srcs.append(
+            SourceSpec(names.label(i, names.MLP), names.source_out(i, names.MLP), names.MLP, 2 * i + 2)
+        )
     cons.append(ConsumerSpec(names.READOUT, names.resid_post(n - 1), names.READOUT, 2 * n + 1, len(srcs)))
     available = set(model.hook_dict)
     missing = [t for t in [s.tap for s in srcs] + [c.tap for c in cons] if t not in available]
     if missing:
-        raise TraceError(f"model has no hook {missing[0]}: not a standard residual stream depthscope can decompose")
+        raise TraceError(
+            f"model has no hook {missing[0]}: not a standard residual stream depthscope can decompose"
+        )
     name = getattr(cfg, "model_name", None) or type(model).__name__
     tokenizer = getattr(model, "tokenizer", None)
     return Adapter(
         family=FAMILY,
         sources=srcs,
         consumers=cons,
-        attrs={"scheme": "standard", "variant": str(name), "label": f"bridge:{name}", "config": _config(cfg), "family": FAMILY},
+        attrs={
+            "scheme": "standard",
+            "variant": str(name),
+            "label": f"bridge:{name}",
+            "config": _config(cfg),
+            "family": FAMILY,
+        },
         ctx=int(cfg.n_ctx),
         vocab=int(cfg.d_vocab),
         encode=None if tokenizer is None else encoder(tokenizer),
@@ -65,7 +81,7 @@ def build(model: Any) -> Adapter:
 
 
 def encoder(tokenizer: Any):
-    """text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
+    """Text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
@@ -74,5 +90,15 @@ def encoder(tokenizer: Any):
 
 
 def _config(cfg: Any) -> str:
-    keep = ("model_name", "n_layers", "d_model", "n_heads", "d_mlp", "n_ctx", "d_vocab", "normalization_type", "positional_embedding_type")
+    keep = (
+        "model_name",
+        "n_layers",
+        "d_model",
+        "n_heads",
+        "d_mlp",
+        "n_ctx",
+        "d_vocab",
+        "normalization_type",
+        "positional_embedding_type",
+    )
     return json.dumps({k: getattr(cfg, k, None) for k in keep}, default=str, sort_keys=True)

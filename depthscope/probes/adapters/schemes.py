@@ -26,17 +26,30 @@ def detect(model: Any) -> bool:
 def build(model: DepthModel) -> Adapter:
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
-    cons = [ConsumerSpec(c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights) for c in consumers(cfg)]
+    cons = [
+        ConsumerSpec(c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights)
+        for c in consumers(cfg)
+    ]
     native = [NativeSpec(n.name, n.hook, n.layer, n.dims) for n in model.scheme.native_hooks(cfg)]
     label = variant_label(cfg)
-    training = {k: model.training_summary[k] for k in TRAINING_ATTRS if model.training_summary.get(k) is not None}
+    training = {
+        k: model.training_summary[k] for k in TRAINING_ATTRS if model.training_summary.get(k) is not None
+    }
     if "step" not in training and "steps" in model.training_summary:  # checkpoints from before snapshots
         training["step"] = model.training_summary["steps"]
     return Adapter(
         family=FAMILY,
         sources=srcs,
         consumers=cons,
-        attrs={"scheme": cfg.scheme, "variant": label, "label": label, "config": cfg.to_json(), "family": FAMILY, **training, **model.scheme.trace_attrs(cfg)},
+        attrs={
+            "scheme": cfg.scheme,
+            "variant": label,
+            "label": label,
+            "config": cfg.to_json(),
+            "family": FAMILY,
+            **training,
+            **model.scheme.trace_attrs(cfg),
+        },
         ctx=cfg.ctx,
         vocab=VOCAB,
         native=native,
