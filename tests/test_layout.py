@@ -48,7 +48,11 @@ def imports(path: Path) -> set[str]:
             for a in node.names:  # `from depthscope.probes import trace` may name a submodule
                 sub = f"{node.module}.{a.name}"
                 base = PACKAGE.parent / sub.replace(".", "/")
-                out.add(sub if base.with_suffix(".py").exists() or (base / "__init__.py").exists() else node.module)
+                out.add(
+                    sub
+                    if base.with_suffix(".py").exists() or (base / "__init__.py").exists()
+                    else node.module
+                )
     return out
 
 

@@ -61,3 +61,28 @@ def test_schedule_warms_up_then_decays_to_a_tenth():
 def test_initial_loss_is_near_uniform(corpus):
     """An untrained model predicts bytes almost uniformly: loss close to ln 256."""
     assert abs(evaluate(build(tiny()), corpus, n_tokens=1024) - torch.log(torch.tensor(256.0)).item()) < 0.05
+
+
+def test_weight_decay_follows_each_paper():
+    """Matrices of embedding, sublayers and unembedding, and each scheme's dynamic projections are
+    decayed; static depth-mixing parameters and gains are not (HC paper: "static parts get no weight
+    decay; dynamic parts do")."""
+    from depthscope.train import decayed_parameters
+
+    def mixing(scheme, options=None):
+        model = build(tiny(scheme, options, n_layers=1))
+        decayed = decayed_parameters(model)
+        names = {n for n, _ in model.named_parameters() if "_mix" in n or ".gate." in n}
+        return {n.split(".")[-1] for n in names & decayed}, {n.split(".")[-1] for n in names - decayed}
+
+    assert mixing("hc") == ({"w_dyn"}, {"a_m", "a_r", "b", "norm_gain", "s_alpha", "s_beta"})
+    assert mixing("hc", {"mode": "static"}) == (set(), {"a_m", "a_r", "b"})
+    assert mixing("mhc") == ({"phi"}, {"alpha", "b_pre", "b_post", "b_res"})
+    assert mixing("dca", {"grn": "v3"}) == ({"w"}, {"b"})
+    assert mixing("dca", {"grn": "v1"}) == (set(), {"b"})
+    assert mixing("ddl") == ({"weight"}, {"bias"})
+    assert mixing("shortswa") == ({"W_Q", "W_K"}, {"W_V"})
+    assert mixing("attnres") == (set(), {"query", "key_gain"})
+    assert mixing("denseformer") == (set(), {"alpha"})
+    std = build(tiny())
+    assert decayed_parameters(std) == {n for n, p in std.named_parameters() if p.ndim >= 2}

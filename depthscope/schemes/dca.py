@@ -60,6 +60,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
@@ -161,7 +162,7 @@ class GRN:
         if self.variant == "v2":
             return (self.b[:, None, None, :] * stack).sum(0), self.b
         gate = gates(self.w, stack, inv) if gate is None else gate  # [entry, batch, pos]
-        self.hook_gate(gate.permute(1, 2, 0))
+        self.hook_gate(rearrange(gate, "entry batch pos -> batch pos entry"))
         coef = self.b[:, None, None, :] + gate[..., None]
         return (coef * stack).sum(0), coef
 
@@ -173,7 +174,8 @@ def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
         return coef[index].expand(*batch_pos, -1)
     if coef.ndim == 2:  # v2
         return coef[index].expand(*batch_pos, -1, -1)
-    return coef.permute(1, 2, 0, 3)[:, :, index]  # v3: [batch, pos, source, d_model], contiguous
+    # v3: [batch, pos, source, d_model], contiguous (the index gathers a copy)
+    return rearrange(coef, "entry batch pos d_model -> batch pos entry d_model")[:, :, index]
 
 
 class GRNMixer(GRN, Mixer):

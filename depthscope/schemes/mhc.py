@@ -51,6 +51,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+from einops import rearrange
 from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
@@ -74,8 +75,9 @@ def sinkhorn(logits: Tensor, iters: int) -> Tensor:
     normalising rows, then columns, to sum 1.
     """
     n = logits.shape[-1]
-    token_last = logits.reshape(-1, n, n).permute(1, 2, 0)
-    return _Sinkhorn.apply(token_last, iters).permute(2, 0, 1).reshape(logits.shape)
+    token_last = rearrange(logits.reshape(-1, n, n), "token source target -> source target token")
+    out = _Sinkhorn.apply(token_last, iters)
+    return rearrange(out, "source target token -> token source target").reshape(logits.shape)
 
 
 class _Sinkhorn(torch.autograd.Function):
@@ -150,7 +152,7 @@ class ManifoldHyperConnection(StreamMixer):
             alpha[2] * m[2 * n :].unflatten(0, (n, n)) + self.b_res.unsqueeze(-1), self.iters
         )
         mix = torch.cat([pre.unsqueeze(1), res], dim=1).to(h.dtype)  # [stream, 1 + stream, token]
-        mix = mix.permute(2, 0, 1).unflatten(0, lead)
+        mix = rearrange(mix, "stream column token -> token stream column").unflatten(0, lead)
         return mix, post.to(h.dtype).t().unflatten(0, lead)
 
 

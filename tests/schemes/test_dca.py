@@ -222,3 +222,34 @@ def test_options_parse_from_strings():
     opts = build_options(get_scheme("dca"), {"grn": "v2", "k": "3"})
     assert (opts.grn, opts.k) == ("v2", 3)
     assert build_options(get_scheme("dca"), {"k": "none"}).k is None
+
+
+@pytest.mark.parametrize(
+    "options, keys",
+    [
+        (
+            {},
+            [f"blocks.{b}.attn_mix.{v}.{p}" for b in (0, 1) for v in "kqv" for p in "bw"]
+            + ["readout_mix.b", "readout_mix.w"],
+        ),
+        ({"grn": "v1"}, ["blocks.0.attn_mix.b", "blocks.1.attn_mix.b", "readout_mix.b"]),
+        (
+            {"grn": "v3", "k": 1},
+            [f"blocks.{b}.attn_mix.{p}" for b in (0, 1) for p in "bw"] + ["readout_mix.b", "readout_mix.w"],
+        ),
+    ],
+)
+def test_parameter_names_are_those_of_existing_checkpoints(options, keys):
+    """The names written by the DCA module before it went through the protocol (ports and views), so
+    checkpoints saved then still load (listed from that code)."""
+    model = build(dca(options, n_layers=2))
+    assert sorted(k for k in model.state_dict() if "_mix" in k) == sorted(keys)
+
+
+def test_dca_attention_is_a_views_mixer_with_one_port_per_view():
+    from depthscope.schemes.base import Port, ViewsMixer
+
+    mixer = build(dca({})).blocks[1].attn_mix
+    assert isinstance(mixer, ViewsMixer) and not isinstance(mixer, Port)
+    assert all(isinstance(getattr(mixer, v), Port) for v in "qkv")
+    assert not hasattr(mixer, "hook_in") and not hasattr(mixer, "hook_weights")

@@ -168,3 +168,13 @@ def test_invalid_windows_are_refused(options):
     with pytest.raises(ConfigError, match="window"):
         tiny("shortswa", options)
     tiny("shortswa", {"window": 100})  # over depth, a window past the depth is the full-memory variant
+
+
+def test_trace_says_what_a_depth_row_describes():
+    """hook_in is u = sum_j alpha_j h^(j) (exact over the sources); the sublayer receives u W_V."""
+    from depthscope.probes import capture
+
+    depth = capture(build(tiny("shortswa")), random_tokens(tiny()))
+    assert "u W_V" in depth.attrs["consumer_input"] and float(depth["residual_error"].max()) < 1e-5
+    seq = capture(build(tiny("shortswa", {"axis": "sequence"})), random_tokens(tiny()))
+    assert "consumer_input" not in seq.attrs

@@ -1,0 +1,165 @@
+"""The dilution estimators on planted traces whose every value is known by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import xarray as xr
+
+from depthscope.analysis import dilution as est
+from depthscope.probes import stack_traces
+
+NAN = np.nan
+
+
+def planted(
+    mixing, share, layers, sources, layer_kinds=None, source_kinds=None, label="planted", mixing_abs=None
+):
+    """A trace with the given (layer, source) mixing and contribution shares."""
+    mixing = np.asarray(mixing, dtype=float)
+    share = np.asarray(share, dtype=float)
+    n_l = len(layers)
+    layer_kinds = layer_kinds or ["attn" if i % 2 == 0 else "mlp" for i in range(n_l - 1)] + ["readout"]
+    source_kinds = source_kinds or ["embed"] + [
+        "attn" if i % 2 == 0 else "mlp" for i in range(len(sources) - 1)
+    ]
+    layer_depth = [
+        next(j for j in range(len(sources), 0, -1) if np.isfinite(mixing[i, j - 1])) for i in range(n_l)
+    ]
+    data = {
+        "mixing": (("layer", "source"), mixing),
+        "mixing_abs": (
+            ("layer", "source"),
+            np.abs(mixing) if mixing_abs is None else np.asarray(mixing_abs, float),
+        ),
+        "mixing_std": (("layer", "source"), np.where(np.isfinite(mixing), 0.0, NAN)),
+        "contribution_share": (("layer", "source"), share),
+        "norm_share": (("layer", "source"), share),
+        "source_rms": (("source",), np.ones(len(sources))),
+        "input_rms": (("layer",), np.ones(n_l)),
+        "residual_error": (("layer",), np.zeros(n_l)),
+    }
+    coords = {
+        "layer": np.array(layers, dtype=object),
+        "source": np.array(sources, dtype=object),
+        "layer_depth": ("layer", np.array(layer_depth)),
+        "layer_kind": ("layer", np.array(layer_kinds, dtype=object)),
+        "source_depth": ("source", np.arange(len(sources))),
+        "source_kind": ("source", np.array(source_kinds, dtype=object)),
+    }
+    return xr.Dataset(data, coords=coords, attrs={"label": label, "trace_format": 2})
+
+
+# A 4-source model: embed, 0.attn, 0.mlp, 1.attn; consumers 0.attn, 0.mlp, 1.attn, 1.mlp (readout-like last)
+LAYERS = ["0.attn", "0.mlp", "1.attn", "readout"]
+SOURCES = ["embed", "0.attn", "0.mlp", "1.attn"]
+MIX = [
+    [1.0, NAN, NAN, NAN],
+    [2.0, 1.0, NAN, NAN],
+    [1.0, -1.0, 2.0, NAN],
+    [3.0, 1.0, 1.0, 3.0],
+]
+SHARE = [
+    [1.0, NAN, NAN, NAN],
+    [0.25, 0.75, NAN, NAN],
+    [0.1, 0.3, 0.6, NAN],
+    [0.4, 0.1, 0.2, 0.3],
+]
+
+
+@pytest.fixture
+def trace():
+    return planted(MIX, SHARE, LAYERS, SOURCES)
+
+
+def test_baseline_and_dilution_index(trace):
+    np.testing.assert_allclose(est.n_available(trace), [1, 2, 3, 4])
+    np.testing.assert_allclose(est.baseline(trace), [1.0, 0.5, 1 / 3, 0.25])
+    di = est.dilution_index(trace)
+    np.testing.assert_allclose(di.sel(layer="0.mlp").dropna("source"), [0.5, 1.5])
+    np.testing.assert_allclose(di.sel(layer="readout"), [1.6, 0.4, 0.8, 1.2])
+    # a share equal to 1/n is an index of exactly 1
+    uniform = planted(
+        MIX, [[1, NAN, NAN, NAN], [0.5, 0.5, NAN, NAN], [1 / 3] * 3 + [NAN], [0.25] * 4], LAYERS, SOURCES
+    )
+    np.testing.assert_allclose(est.dilution_index(uniform).values[np.isfinite(MIX)], 1.0)
+
+
+def test_row_normalized_is_magnitude_over_row_sum(trace):
+    rn = est.row_normalized(trace)
+    np.testing.assert_allclose(rn.sel(layer="1.attn").dropna("source"), [0.25, 0.25, 0.5])  # |-1| counts as 1
+    np.testing.assert_allclose(rn.sel(layer="readout"), [3 / 8, 1 / 8, 1 / 8, 3 / 8])
+    np.testing.assert_allclose(rn.sum("source"), 1.0)
+
+
+def test_shares_of_embed_first_and_latest(trace):
+    np.testing.assert_allclose(est.share_of(trace, "embed"), [1.0, 0.25, 0.1, 0.4])
+    np.testing.assert_allclose(est.share_of(trace, "latest"), [1.0, 0.75, 0.6, 0.3])
+    first = est.share_of(trace, "first")
+    assert np.isnan(first.values[0])  # no sublayer source yet
+    np.testing.assert_allclose(first.values[1:], [0.75, 0.3, 0.1])
+    with pytest.raises(ValueError):
+        est.share_of(trace, "middle")
+
+
+def test_pattern_score_by_hand(trace):
+    # k = 1: I = embedding + the last source. readout: |M| = 3, 1, 1, 3 -> mass 6/8 over |I|/n = 2/4
+    ps = est.pattern_score(trace, k=1)
+    assert np.isnan(ps.values[:2]).all()  # n <= |I|: nothing to compare
+    np.testing.assert_allclose(ps.sel(layer="1.attn"), (1 + 2) / 4 / (2 / 3))
+    np.testing.assert_allclose(ps.sel(layer="readout"), (6 / 8) / (2 / 4))
+    # magnitude comes from mixing_abs: per-feature signs that cancel in the mean do not hide the weight
+    cancel = planted(MIX, SHARE, LAYERS, SOURCES, mixing_abs=np.where(np.isfinite(MIX), 1.0, NAN))
+    np.testing.assert_allclose(est.pattern_score(cancel, k=1).sel(layer="readout"), 1.0)
+    with pytest.raises(ValueError):
+        est.pattern_score(trace, k=-1)
+
+
+def test_retention_by_lag(trace):
+    r = est.retention(trace)
+    # source 0.attn (depth 1): lag 1 is 0.mlp (0.75), lag 2 is 1.attn (0.3), lag 3 is the read-out (0.1)
+    np.testing.assert_allclose(r.sel(source="0.attn").dropna("lag"), [0.75, 0.3, 0.1])
+    np.testing.assert_allclose(r.sel(source="embed").dropna("lag"), [1.0, 0.25, 0.1, 0.4])
+    rel = est.relative_retention(trace)
+    np.testing.assert_allclose(rel.sel(source="0.attn").dropna("lag"), [0.75 / 0.5, 0.3 * 3, 0.1 * 4])
+
+
+def test_summary_groups_and_views():
+    """DCA's three q/k/v rows of one attention input count once: averaged before the group mean."""
+    layers = ["0.attn", "0.mlp", "1.attn.q", "1.attn.k", "1.attn.v", "1.mlp", "readout"]
+    sources = ["embed", "0.attn", "0.mlp", "1.attn", "1.mlp"]
+    mix = np.full((7, 5), NAN)
+    share = np.full((7, 5), NAN)
+    for i, n in enumerate([1, 2, 3, 3, 3, 4, 5]):
+        mix[i, :n] = 1.0
+        share[i, :n] = 1.0 / n
+    share[2, :3] = [0.6, 0.2, 0.2]  # q
+    share[3, :3] = [0.0, 0.5, 0.5]  # k
+    share[4, :3] = [0.3, 0.3, 0.4]  # v
+    kinds = ["attn", "mlp", "attn", "attn", "attn", "mlp", "readout"]
+    t = planted(mix, share, layers, sources, layer_kinds=kinds)
+    s = est.summary(t, k=1)
+    # attention inputs: 0.attn (embed share 1) and 1.attn (the views' mean: 0.3) -> 0.65, not (1 + 0.9) / 4
+    np.testing.assert_allclose(s["embed_share"].sel(group="attn"), (1.0 + 0.3) / 2)
+    np.testing.assert_allclose(s["embed_share"].sel(group="mlp"), (0.5 + 0.25) / 2)
+    np.testing.assert_allclose(s["embed_share"].sel(group="sublayers"), (1.0 + 0.5 + 0.3 + 0.25) / 4)
+    np.testing.assert_allclose(s["embed_share"].sel(group="readout"), 0.2)
+    # a uniform |M| has pattern score 1 wherever it is defined
+    np.testing.assert_allclose(s["pattern_score"].sel(group=["sublayers", "attn", "mlp", "readout"]), 1.0)
+    assert np.isnan(s["pattern_score"].sel(group="swa"))  # no such inputs
+    # a stack is summarised model by model
+    other = t.assign_attrs(label="other")
+    both = est.summary(stack_traces([t, other]), k=1)
+    assert list(both["model"].values) == ["planted", "other"]
+    xr.testing.assert_allclose(both.sel(model="other").drop_vars("model"), s)
+
+
+def test_estimators_keep_the_model_dimension(trace):
+    other = planted(np.where(np.isfinite(MIX), 1.0, NAN), SHARE, LAYERS, SOURCES, label="uniform")
+    stacked = stack_traces([trace, other])
+    ps = est.pattern_score(stacked, k=1)
+    assert set(ps.dims) == {"model", "layer"}
+    np.testing.assert_allclose(ps.sel(model="uniform").sel(layer="readout"), 1.0)
+    np.testing.assert_allclose(
+        est.share_of(stacked, "first").sel(model="planted").values[1:], [0.75, 0.3, 0.1]
+    )
