@@ -12,7 +12,11 @@ For each scheme variant (8 blocks, d_model 256, ctx 128 by default):
 And on a standard (GPT-2 style TransformerBridge) model: depthscope's capture versus
 TransformerLens ``run_with_cache`` + ``decompose_resid`` computing the same contribution shares.
 
-    .venv/bin/python benchmarks/capture_overhead.py [--tokens 65536] [--variants standard,attnres]
+``--baseline DIR`` (a checkout of another depthscope version, e.g. ``git worktree add /tmp/before
+<commit>``) adds a column: this version's capture time over that version's, each measured in its
+own fresh process, alternating three times per variant (median).
+
+    .venv/bin/python benchmarks/capture_overhead.py [--tokens 65536] [--variant standard --variant attnres]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -27,7 +32,25 @@ import time
 import torch
 
 TARGET_TIME = {"static": 1.15, "dynamic": 1.3}
-STATIC = {"standard", "denseformer", "denseformer-4x5", "grn-v1", "grn-v2", "ddl", "shortswa-seq"}
+
+
+def is_static(label: str) -> bool:
+    """Whether a variant's weights are input-independent (declared by its scheme)."""
+    from depthscope.schemes import get_scheme, variants
+    from depthscope.schemes.base import build_options
+
+    for lab, scheme, options in variants():
+        if lab == label:
+            cls = get_scheme(scheme)
+            return cls.is_static(build_options(cls, options))
+    raise SystemExit(f"unknown variant {label}")
+
+
+def dwa_count(model) -> str:
+    """For DenseFormer variants: how many DWA modules the model has (a real average, not a pass-through)."""
+    mixers = [b.attn_mix for b in getattr(model, "blocks", [])] + [getattr(model, "readout_mix", None)]
+    n = sum(1 for m in mixers if getattr(m, "states", None))
+    return f" ({n} DWA)" if model.cfg.scheme == "denseformer" else ""
 
 
 def rss_kb(field: str) -> int:
@@ -125,10 +148,12 @@ def worker(mode: str, label: str, n_tokens: int, args) -> dict:
     return {"peak_mb": (rss_kb("VmHWM") - base) / 1024, "seconds": seconds}
 
 
-def spawn(mode: str, label: str, n_tokens: int, args) -> dict:
+def spawn(mode: str, label: str, n_tokens: int, args, tree: str | None = None) -> dict:
     # A fixed mmap threshold makes glibc return freed tensors to the OS, so the peak RSS measures
     # live memory rather than the allocator's retention (the same for every mode).
     env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    if tree:  # another depthscope checkout first on the path
+        env["PYTHONPATH"] = tree
     cmd = [
         sys.executable,
         __file__,
@@ -183,7 +208,9 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--variants", default="", help="comma-separated variant labels (default: all)")
+    ap.add_argument("--variant", action="append", default=[], help="variant label (repeatable; default: all)")
+    ap.add_argument("--baseline", default=None, help="a depthscope checkout to compare capture times with")
+    ap.add_argument("--no-bridge", action="store_true", help="skip the TransformerLens comparison")
     args = ap.parse_args()
     if args.worker:
         mode, label, n = args.worker
@@ -191,29 +218,39 @@ def main() -> None:
         return
     from depthscope.schemes import variants
 
-    labels = [v for v in args.variants.split(",") if v] or [lab for lab, _, _ in variants()]
+    labels = args.variant or [lab for lab, _, _ in variants()]
     print(
         f"{args.layers} blocks, d_model {args.d_model}, ctx {args.ctx}, batch {args.batch}, {args.tokens} "
         f"tokens, {args.threads} thread(s)"
     )
+    extra = " capture time / baseline's |" if args.baseline else ""
     print(
         "| variant | capture / forward time | capture / forward peak memory | peak at 8x / 1x tokens | "
-        "time target |"
+        f"time target |{extra}"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|" + ("---|" if args.baseline else ""))
     for label in labels:
         t_fwd, t_cap = interleaved_time(label, args)
         fwd = spawn("forward", label, args.tokens, args)
         cap = spawn("capture", label, args.tokens, args)
         small = spawn("capture", label, args.tokens // 8, args)
-        target = TARGET_TIME["static" if label in STATIC else "dynamic"]
+        target = TARGET_TIME["static" if is_static(label) else "dynamic"]
         ok = "ok" if t_cap / t_fwd <= target else "MISSED"
-        print(
-            f"| {label} | {t_cap / t_fwd:.2f} | {cap['peak_mb'] / max(fwd['peak_mb'], 1e-9):.2f} "
+        row = (
+            f"| {label}{dwa_count(build(label, args))} | {t_cap / t_fwd:.2f} | "
+            f"{cap['peak_mb'] / max(fwd['peak_mb'], 1e-9):.2f} "
             f"({cap['peak_mb']:.0f} / {fwd['peak_mb']:.0f} MB) "
-            f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |",
-            flush=True,
+            f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |"
         )
+        if args.baseline:
+            ours, theirs = [], []
+            for _ in range(3):
+                theirs.append(spawn("capture", label, args.tokens, args, tree=args.baseline)["seconds"])
+                ours.append(spawn("capture", label, args.tokens, args)["seconds"])
+            row += f" {statistics.median(ours) / statistics.median(theirs):.2f} |"
+        print(row, flush=True)
+    if args.no_bridge:
+        return
     ds = spawn("capture", "bridge", args.tokens, args)
     tl = spawn("tl", "bridge", args.tokens, args)
     print()

@@ -20,7 +20,7 @@ from depthscope.schemes import DepthModel, ModelConfig, variants
 
 TARGETS = {
     "denseformer": 0.85,
-    "denseformer-4x5": 0.85,
+    "denseformer-2x2": 0.85,
     "attnres-block4": 0.85,
     "attnres": 0.7,
     "dca": 0.5,
