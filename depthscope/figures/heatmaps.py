@@ -21,12 +21,12 @@ import textwrap
 import numpy as np
 import xarray as xr
 from matplotlib import colormaps
-from matplotlib.colors import Colormap, Normalize, SymLogNorm
+from matplotlib.colors import Colormap, LogNorm, Normalize, SymLogNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from depthscope.analysis.dilution import row_normalized
 from depthscope.errors import DepthscopeError
-from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, styled
+from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, SEQUENTIAL_CMAP, styled
 from depthscope.probes.trace import STACK, select_model
 
 # --- data in --------------------------------------------------------------------------------
@@ -142,6 +142,16 @@ def make_norm(vmax: float, *, symlog: bool = False, linthresh: float = 0.05) -> 
     return Normalize(vmin=-vmax, vmax=vmax)
 
 
+def log_range(values) -> tuple[float, float]:
+    """(vmin, vmax) of a log colour scale: the smallest positive and the largest finite value
+    (vmin at least vmax / 1e4, so that a few tiny cells do not wash out the rest).
+    """
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v) & (v > 0)]
+    top = float(v.max()) if v.size else 1.0
+    return max(float(v.min()) if v.size else top / 10, top * 1e-4), top
+
+
 def _cmap(cmap: str | Colormap) -> Colormap:
     base = colormaps[cmap] if isinstance(cmap, str) else cmap
     return base.with_extremes(bad=(0.0, 0.0, 0.0, 0.0))  # NaN (unavailable) cells stay blank
@@ -203,9 +213,11 @@ def plot_heatmap(
     *,
     var: str = "mixing",
     symlog: bool = False,
+    log: bool | None = None,
     linthresh: float = 0.05,
     vmax: float | None = None,
-    cmap: str | Colormap = DIVERGING_CMAP,
+    vmin: float | None = None,
+    cmap: str | Colormap | None = None,
     annotate: bool = False,
     title: str | None = None,
     colorbar: bool = True,
@@ -216,7 +228,11 @@ def plot_heatmap(
         data: a trace (``var`` is drawn; a one-model stack is unpadded), or a DataArray with
             dims (layer, source) (any other 2-D array: rows = its first dim).
         symlog: SymLogNorm (base e, linear within +-linthresh), the DenseFormer paper's scale.
-        vmax: colour range +-vmax; default max |value| (1 for an all-zero or all-NaN array).
+        log: a sequential colour map on a log scale from ``vmin`` to ``vmax`` (non-negative
+            quantities; zeros get the lowest colour); default: for ``row_normalized`` only, whose
+            rows fall as 1/n_l with depth.
+        vmax: colour range +-vmax (log: up to vmax); default max |value| (1 for an all-zero or
+            all-NaN array).
         annotate: write each value in its cell.
         title: default the trace's label (none for a bare DataArray).
         colorbar: draw the colour bar (``ax.images[0].colorbar``), labelled ``long_name [units]``.
@@ -227,8 +243,17 @@ def plot_heatmap(
     da = _matrix(data, var)
     rows, cols = da.dims
     values = np.asarray(da.values, dtype=float)
-    vmax = symmetric_vmax(values) if vmax is None else float(vmax)
-    norm = make_norm(vmax, symlog=symlog, linthresh=linthresh)
+    log = da.name == "row_normalized" if log is None else log
+    if log:
+        lo, hi = log_range(values)
+        vmin, vmax = (lo if vmin is None else float(vmin)), (hi if vmax is None else float(vmax))
+        norm = LogNorm(vmin=vmin, vmax=vmax)
+        values = np.where(np.isfinite(values), np.maximum(values, vmin), np.nan)
+        cmap = SEQUENTIAL_CMAP if cmap is None else cmap
+    else:
+        vmax = symmetric_vmax(values) if vmax is None else float(vmax)
+        norm = make_norm(vmax, symlog=symlog, linthresh=linthresh)
+        cmap = DIVERGING_CMAP if cmap is None else cmap
     if ax is None:
         import matplotlib.pyplot as plt
 
@@ -295,16 +320,18 @@ def plot_heatmap_grid(
     linthresh: float = 0.05,
     ncols: int | None = None,
     vmax: float | None = None,
-    cmap: str | Colormap = DIVERGING_CMAP,
+    cmap: str | Colormap | None = None,
     annotate: bool = False,
+    log: bool | None = None,
 ):
     """One heatmap panel per model on one shared colour scale (one colour bar for the figure).
 
     ``data``: a trace stacked along ``model`` (each panel without the padding rows/columns of
     models with fewer consumers), a list of traces, or a list of 2-D DataArrays. ``var`` is the
     row-normalised weight by default (``analysis.row_normalized``: each row of |M| over its sum,
-    so a standard residual reads 1/n_l whatever the scheme's read-out scale); ``"mixing"`` is the
-    raw M. Panels are ``fig.axes[:n]`` in model order, titled by the model labels;
+    so a standard residual reads 1/n_l whatever the scheme's read-out scale), drawn on a log
+    scale (``log``, as in ``plot_heatmap``); ``"mixing"`` is the raw M. Panels are
+    ``fig.axes[:n]`` in model order, titled by the model labels;
     ``fig.axes[-1]`` is the colour bar. Column widths and row heights follow the panels' source
     and consumer counts.
 
@@ -319,9 +346,14 @@ def plot_heatmap_grid(
         raise DepthscopeError("no models to plot")
     ncols = max(1, min(ncols or _default_ncols(n), n))
     nrows = math.ceil(n / ncols)
-    vmax = (
-        symmetric_vmax(np.concatenate([p.values.ravel() for _, p in panels])) if vmax is None else float(vmax)
-    )
+    every = np.concatenate([p.values.ravel() for _, p in panels])
+    log = panels[0][1].name == "row_normalized" if log is None else log
+    vmin = None
+    if log:
+        vmin, top = log_range(every)
+        vmax = top if vmax is None else float(vmax)
+    elif vmax is None:
+        vmax = symmetric_vmax(every)
     grid = [panels[r * ncols : (r + 1) * ncols] for r in range(nrows)]
     heights = [max(p.shape[0] for _, p in row) for row in grid]
     widths = [max(panels[i][1].shape[1] for i in range(c, n, ncols)) for c in range(ncols)]
@@ -338,8 +370,10 @@ def plot_heatmap_grid(
             da,
             ax,
             symlog=symlog,
+            log=log,
             linthresh=linthresh,
             vmax=vmax,
+            vmin=vmin,
             cmap=cmap,
             annotate=annotate,
             title=label,
