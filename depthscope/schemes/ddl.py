@@ -44,6 +44,7 @@ import torch
 from torch import Tensor, nn
 from transformer_lens.hook_points import HookPoint
 
+from depthscope.schemes import names
 from depthscope.schemes._common import rms_norm
 from depthscope.schemes.base import (
     Mixer,
@@ -144,6 +145,6 @@ class DDL(Scheme):
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
         """Token mean of each sublayer's gate, kept on that sublayer's row as ``ddl_beta``."""
         return [
-            NativeHook("ddl_beta", f"blocks.{s.block}.{s.kind}.hook_beta", s.label)
+            NativeHook("ddl_beta", names.sublayer_hook(s.block, s.kind, "hook_beta"), s.label)
             for s in sublayer_sites(cfg)
         ]

@@ -225,15 +225,16 @@ class HyperConnection(StreamMixer):
 
 def stream_native_hooks(cfg: ModelConfig) -> list[NativeHook]:
     """Token means of the stream matrices kept in a trace: hc_pre, hc_res, hc_post per consumer."""
-    out = []
-    for site in sublayer_sites(cfg):
-        mixer = names.mixer(site.block, site.kind)
-        out += [
-            NativeHook("hc_pre", f"{mixer}.hook_h_pre", site.label, ("stream",)),
-            NativeHook("hc_res", f"{mixer}.hook_h_res", site.label, ("stream_from", "stream_to")),
-            NativeHook("hc_post", f"{mixer}.hook_h_post", site.label, ("stream",)),
-        ]
-    return out
+    kept = (
+        ("hc_pre", "hook_h_pre", ("stream",)),
+        ("hc_res", "hook_h_res", ("stream_from", "stream_to")),
+        ("hc_post", "hook_h_post", ("stream",)),
+    )
+    return [
+        NativeHook(name, names.mixer_hook(site.block, site.kind, hook), site.label, dims)
+        for site in sublayer_sites(cfg)
+        for name, hook, dims in kept
+    ]
 
 
 class StreamScheme(Scheme):

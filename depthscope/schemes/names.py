@@ -56,6 +56,16 @@ def mix_weights(block: int, kind: str, view: str | None = None) -> str:
     return f"{mixer(block, kind, view)}.hook_weights"
 
 
+def sublayer_hook(block: int, kind: str, name: str) -> str:
+    """Hook name of a native quantity on a sublayer, e.g. ``blocks.3.attn.hook_beta`` (DDL's gate)."""
+    return f"blocks.{block}.{kind}.{name}"
+
+
+def mixer_hook(block: int, kind: str, name: str) -> str:
+    """Hook name of a native quantity on a consumer's mixer, e.g. ``blocks.3.attn_mix.hook_h_res``."""
+    return f"{mixer(block, kind)}.{name}"
+
+
 def label(block: int, kind: str) -> str:
     """Trace label of a sublayer (a source or consumer): ``3.attn``; the read-out is ``readout``."""
     return READOUT if kind == READOUT else f"{block}.{kind}"
