@@ -1,0 +1,140 @@
+"""Trajectories: a run's checkpoints over time, in a report, and in the zoo build."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from depthscope import zoo
+from depthscope.analysis.dilution import summary
+from depthscope.cli import main
+from depthscope.probes import load_trace, select_model
+
+SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = tmp_path_factory.mktemp("run")
+    assert (
+        main(
+            [
+                "train",
+                "--scheme",
+                "attnres",
+                "--steps",
+                "9",
+                "--save-every",
+                "3",
+                "--out",
+                str(d / "a.safetensors"),
+                *SMALL,
+            ]
+        )
+        == 0
+    )
+    return d
+
+
+def test_report_on_three_checkpoints_of_a_run_has_a_trajectory(run, tmp_path):
+    paths = [run / "a.safetensors", run / "a.step-000003.safetensors", run / "a.step-000006.safetensors"]
+    out = tmp_path / "rep"
+    assert main(["report", *map(str, paths), "--out", str(out), "--tokens", "128", "--quiet"]) == 0
+    html = (out / "index.html").read_text()
+    assert 'id="trajectory"' in html and (out / "trajectory-attnres.png").is_file()
+    steps = [int(s) for s in re.findall(r'<tr data-step="(\d+)">', html)]
+    assert steps == [3, 6, 9]  # in step order, whatever the order given
+    stacked = load_trace(out / "traces.nc")
+    assert list(stacked["model"].values) == ["attnres@9", "attnres@3", "attnres@6"]
+    traj = load_trace(out / "trajectory-attnres.nc")
+    assert list(traj["step"].values) == [3, 6, 9] and list(traj["train_tokens"].values) == [384, 768, 1152]
+    for step in steps:
+        row = re.search(rf'<tr data-step="{step}">(.*?)</tr>', html, re.S).group(1)
+        values = [float(v) for v in re.findall(r'data-value="([^"]+)"', row)]
+        s = summary(select_model(stacked, f"attnres@{step}"))
+        expected = [s["pattern_score"].sel(group=g).item() for g in ("sublayers", "attn", "mlp", "readout")]
+        np.testing.assert_allclose(values[1:5], expected, rtol=1e-12)  # after the validation loss
+        np.testing.assert_allclose(values[5], s["embed_share"].sel(group="readout").item(), rtol=1e-12)
+
+
+def test_explicit_steps_and_the_trajectory_flag(run, tmp_path):
+    a, b = run / "a.step-000003.safetensors", run / "a.safetensors"
+    out = tmp_path / "rep"
+    assert (
+        main(
+            [
+                "report",
+                str(b),
+                str(a),
+                "--step",
+                "90",
+                "--step",
+                "30",
+                "--out",
+                str(out),
+                "--tokens",
+                "64",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
+    html = (out / "index.html").read_text()
+    assert [int(s) for s in re.findall(r'<tr data-step="(\d+)">', html)] == [30, 90]
+    assert (
+        main(["report", str(a), "--step", "1", "--step", "2", "--out", str(tmp_path / "x"), "--quiet"]) == 2
+    )
+
+
+def test_zoo_build_skips_an_up_to_date_model_and_rebuilds_a_changed_one(tmp_path, capsys):
+    out = tmp_path / "zoo"
+    assert main(["zoo", "build", "--out", str(out), "--steps", "4", "--only", "hc", "--quiet"]) == 0
+    first = capsys.readouterr().out
+    assert "zoo hc: trained" in first and "trajectory captured at steps [1, 2, 4]" in first
+    [entry] = zoo.read_manifest(out)
+    traj = load_trace(out / entry["trajectory"]["file"])
+    assert list(traj["step"].values) == [1, 2, 4] == entry["trajectory"]["steps"]
+    assert zoo.sha256(out / entry["trajectory"]["file"]) == entry["trajectory"]["sha256"]
+    digest = entry["sha256"]
+    assert main(["zoo", "build", "--out", str(out), "--steps", "4", "--only", "hc", "--quiet"]) == 0
+    assert "zoo hc: up to date, skipped" in capsys.readouterr().out
+    assert zoo.read_manifest(out)[0]["sha256"] == digest
+    (out / entry["file"]).write_bytes((out / entry["file"]).read_bytes()[:-8] + b"\0" * 8)  # a changed file
+    assert main(["zoo", "build", "--out", str(out), "--steps", "4", "--only", "hc", "--quiet"]) == 0
+    assert "zoo hc: trained" in capsys.readouterr().out
+    [again] = zoo.read_manifest(out)
+    assert again["weights_sha256"] == entry["weights_sha256"]  # reproducible: the same weights again
+    assert (
+        main(["zoo", "build", "--out", str(out), "--steps", "5", "--only", "hc", "--quiet"]) == 0
+    )  # new spec
+    assert "zoo hc: trained" in capsys.readouterr().out and zoo.read_manifest(out)[0]["steps"] == 5
+
+
+@pytest.mark.parametrize(
+    "entry", [m for m in zoo.read_manifest() if m.get("trajectory")], ids=lambda m: m["name"]
+)
+def test_bundled_trajectories_match_the_manifest(entry):
+    path = zoo.ZOO_DIR / entry["trajectory"]["file"]
+    assert zoo.sha256(path) == entry["trajectory"]["sha256"]
+    traj = load_trace(path)
+    assert (
+        list(traj["step"].values) == entry["trajectory"]["steps"]
+        and traj["step"].values[-1] == entry["steps"]
+    )
+    assert np.all(np.diff(traj["train_tokens"].values) > 0) and np.all(np.isfinite(traj["val_loss"].values))
+    assert float(traj["val_loss"].values[-1]) == pytest.approx(entry["val_loss"])
+    assert set(traj["variant"].values) == {entry["name"]}
+    np.testing.assert_allclose(
+        traj["contribution_share"].sum("source").where(traj["mixing"].notnull().any("source")), 1.0, atol=1e-5
+    )
+
+
+def test_the_zoo_bundles_a_trajectory_per_family():
+    """DenseFormer, AttnRes, Block AttnRes, DCA, HC and mHC keep captures at 250 ... 4000 steps."""
+    kept = {m["name"]: m["trajectory"]["steps"] for m in zoo.read_manifest() if m.get("trajectory")}
+    assert kept == {
+        name: [250, 500, 1000, 2000, 4000]
+        for name in ("denseformer", "dca", "attnres", "attnres-block4", "hc", "mhc")
+    }
