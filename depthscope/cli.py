@@ -74,9 +74,11 @@ CtxOpt = Annotated[
     ),
 ]
 SkipOpt = Annotated[
-    int,
+    int | None,
     typer.Option(
-        min=0, help="Leave the first K positions of every window out of every statistic (attention sinks)."
+        min=0,
+        help="Leave the first K positions of every window out of every statistic (default: 1 for pretrained "
+        "causal LMs, whose first position holds an attention sink; 0 for depthscope's own models).",
     ),
 ]
 
@@ -179,7 +181,7 @@ def report(
     seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
     k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
     ctx: CtxOpt = None,
-    skip_positions: SkipOpt = 0,
+    skip_positions: SkipOpt = None,
     trajectory: Annotated[
         bool,
         typer.Option(help="The checkpoints are steps of one run (default: detected from their metadata)."),
@@ -214,7 +216,10 @@ def report(
 @app.command()
 def capture(
     checkpoint: Annotated[
-        Path, typer.Argument(help="A .safetensors checkpoint or a local Hugging Face model directory.")
+        Path,
+        typer.Argument(
+            help="A .safetensors checkpoint, a Hugging Face model directory, a .gguf file, or smollm2/minilm."
+        ),
     ],
     out_path: Annotated[Path, typer.Option("--out", help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
@@ -222,7 +227,7 @@ def capture(
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
     seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
     ctx: CtxOpt = None,
-    skip_positions: SkipOpt = 0,
+    skip_positions: SkipOpt = None,
     rank: Annotated[
         bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")
     ] = False,

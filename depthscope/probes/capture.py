@@ -26,10 +26,15 @@ from torch import Tensor
 from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters import Adapter, resolve
+from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.trace import Accumulator
 from depthscope.progress import bar
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
+# Default window length: the model's context, at most this. Long-context models (SmolLM2: 8192)
+# would otherwise cost minutes and gigabytes per window on a CPU, and shares depend on the window
+# length, so a fixed, stated default keeps traces of different models comparable.
+DEFAULT_WINDOW = 1024
 FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
 
 
@@ -41,36 +46,44 @@ def capture(
     batch_size: int = 16,
     seed: int = 0,
     ctx: int | None = None,
-    skip_positions: int = 0,
+    skip_positions: int | None = None,
     progress: bool = False,
     checkpoint: str = "",
     rank: bool = False,
     adapter: str | Adapter | None = None,
+    tokenizer: Any = None,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
     Args:
         model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
-        ctx: window length (at most the model's context; default the model's context).
+        ctx: window length (at most the model's context; default the model's context, at most
+            ``DEFAULT_WINDOW`` = 1024 tokens).
         skip_positions: leave the first K positions of every window out of every statistic
-            (attention sinks); they still run through the model.
+            (attention sinks); they still run through the model. Default: the family's (1 for
+            pretrained causal LMs, whose first position holds an attention sink; 0 otherwise).
         rank: also stream each source's covariance over tokens (d x d per source) and store its
             spectrum as ``source_spectrum`` (source, component) for ``depthscope.analysis.rank``.
         adapter: an adapter family name (or an Adapter) instead of detection.
+        tokenizer: a Hugging Face tokenizer for reading a corpus (default: the model's own, if
+            it carries one as ``model.tokenizer``).
 
     Raises:
         DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
         TraceError for a model whose inputs cannot be rebuilt from its sources.
     """
     ad = resolve(model, adapter)
+    if tokenizer is not None:
+        ad.encode = encoder(tokenizer)
     if batch_size < 1:
         raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
-    window = ad.ctx if ctx is None else int(ctx)
+    window = min(ad.ctx, DEFAULT_WINDOW) if ctx is None else int(ctx)
     if not 1 <= window <= ad.ctx:
         raise DepthscopeError(
             f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
         )
     windows, corpus_name = token_windows(data, window, n_tokens, seed, encode=ad.encode, vocab=ad.vocab)
+    skip_positions = ad.skip_positions if skip_positions is None else skip_positions
     if not 0 <= skip_positions < windows.shape[1]:
         raise DepthscopeError(
             f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
@@ -177,15 +190,17 @@ class Taps:
     def _on_source(self, j: int):
         def hook(t: Tensor) -> None:
             t = self._cut(t)
-            shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
             if not self.fired.any():  # first source of a batch: (re)use one buffer of all source outputs
+                shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
                 if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
                     self.values = t.new_empty(shape)
                     self.norms = t.new_empty(shape[:-1])
-            elif self.values.shape != shape:
-                raise TraceError(
-                    f"source {self.ad.sources[j].label} has shape {tuple(t.shape)}, the others {tuple(shape)}"
-                )
+            want = (*self.values.shape[:2], self.values.shape[-1])
+            if t.shape[0] == 1 and want[0] > 1:  # shared over the batch (GPT-2's position embedding)
+                t = t.expand(want[0], *t.shape[1:])
+            if tuple(t.shape) != want:
+                label = self.ad.sources[j].label
+                raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
             self.values[:, :, j] = t
             self.norms[:, :, j] = self.acc.source(j, t)
             self.fired[j] = True
@@ -195,9 +210,11 @@ class Taps:
     def _on_consumer(self, i: int, key: str):
         spec = self.ad.consumers[i]
 
-        def hook(t: Tensor) -> None:
+        def hook(t) -> None:
             got = self.pending.setdefault(i, {})
-            got[key] = self._cut(t)
+            if key == "h":
+                self.acc.positions(i, t)
+            got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
             if "h" in got and ("w" in got or spec.weights is None):
                 del self.pending[i]
                 n = spec.n_sources
@@ -209,6 +226,9 @@ class Taps:
                     )
                 h = got["h"]
                 w = got.get("w")
+                if spec.terms:
+                    self.acc.consumer_terms(i, h, *w)
+                    return
                 if w is None:
                     w = h.new_ones(*h.shape[:-1], n)
                 if w.ndim == 3:  # scalar weights: fold a few together, cache-friendly

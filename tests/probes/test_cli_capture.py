@@ -85,7 +85,7 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
         (lambda d, c: ["capture", str(d / "missing.safetensors")], "no such file"),
         (
             lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))],
-            "not a safetensors file",
+            "neither a checkpoint",
         ),
         (lambda d, c: ["capture", str(c), "--tokens", "16"], "fewer than one context window"),
         (lambda d, c: ["capture", str(c), "--corpus", str(_write(d / "s.txt", b"tiny"))], "too short"),
@@ -98,7 +98,7 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
             lambda d, c: ["capture", str(c), "--skip-positions", "32"],
             "skip_positions must be between 0 and 31",
         ),
-        (lambda d, c: ["capture", str(d)], "not a Hugging Face model directory"),
+        (lambda d, c: ["capture", str(d)], "nor a Hugging Face model directory"),
     ],
 )
 def test_capture_bad_input(ckpt, tmp_path, capsys, make, message):

@@ -10,10 +10,10 @@ from types import ModuleType
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters import bridge, schemes
+from depthscope.probes.adapters import bert, bridge, huggingface, schemes
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
 
-FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in (schemes, bridge)}
+FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in (schemes, bridge, huggingface, bert)}
 
 
 def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:

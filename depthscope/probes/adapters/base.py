@@ -53,6 +53,9 @@ class ConsumerSpec:
     depth: int
     n_sources: int  # sources written before it (the first n of the adapter's sources)
     weights: str | None = None  # tap of per-token weights [batch, pos, n(, d_model)]; None = all ones
+    terms: bool = (
+        False  # the ``weights`` tap delivers (terms [batch, pos, n, d_model], mixing [batch, pos, n])
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,52 @@ def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.Abstra
     return model.hooks(fwd_hooks=[(name, wrap(fn)) for name, fn in taps])
 
 
+@contextlib.contextmanager
+def module_attach(model: Any, taps: list[tuple[str, Callback]]):
+    """Callbacks on plain ``nn.Module``s. A tap is ``"path:out"`` (the module's output, its first
+    element if it returns a tuple) or ``"path:in"`` (its first input, positional or the
+    ``hidden_states`` keyword). A callback may return a replacement tensor. Every handle is removed
+    in the ``finally``.
+    """
+    handles = []
+    try:
+        for tap, fn in taps:
+            path, _, where = tap.rpartition(":")
+            module = model.get_submodule(path)
+            if where == "out":
+                handles.append(module.register_forward_hook(_output_hook(fn)))
+            elif where == "in":
+                handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
+            else:
+                raise ValueError(f"tap {tap!r} must end in ':in' or ':out'")
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def _output_hook(fn: Callback):
+    def hook(module, args, out):
+        first = out[0] if isinstance(out, tuple) else out
+        new = fn(first)
+        if new is None:
+            return None
+        return (new, *out[1:]) if isinstance(out, tuple) else new
+
+    return hook
+
+
+def _input_hook(fn: Callback):
+    def hook(module, args, kwargs):
+        positional = bool(args)
+        new = fn(args[0] if positional else kwargs["hidden_states"])
+        if new is None:
+            return None
+        return ((new, *args[1:]), kwargs) if positional else (args, {**kwargs, "hidden_states": new})
+
+    return hook
+
+
 def call_model(model: Any, tokens: Tensor) -> Any:
     return model(tokens)
 
@@ -98,6 +147,10 @@ class Adapter:
     attach: Callable[[Any, list[tuple[str, Callback]]], contextlib.AbstractContextManager] = tl_attach
     forward: Callable[[Any, Tensor], Any] = call_model
     hint: str = ""  # appended to the refusal of a model whose inputs do not rebuild
+    # first positions of each window left out of the statistics by default: 1 for pretrained
+    # causal LMs, which park an attention sink there (SmolLM2: 99% of the squared norm at the
+    # input of layer 12 sits at position 0); 0 for models without one
+    skip_positions: int = 0
 
     def layout(self) -> Layout:
         """The trace axes."""

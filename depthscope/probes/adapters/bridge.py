@@ -20,8 +20,8 @@ from depthscope.schemes import names
 
 FAMILY = "transformer-lens"
 HINT = (
-    "; post-LN models (BERT) and architectures whose *_out hooks hold residual-added states cannot be "
-    "decomposed as a plain sum"
+    "; it looks post-LN (BERT) or its *_out hooks hold residual-added states: a plain sum cannot decompose "
+    "it, load the Hugging Face directory with depthscope.load (the post-LN adapter decomposes BERT exactly)"
 )
 
 
@@ -77,6 +77,7 @@ def build(model: Any) -> Adapter:
         vocab=int(cfg.d_vocab),
         encode=None if tokenizer is None else encoder(tokenizer),
         hint=HINT,
+        skip_positions=1,
     )
 
 

@@ -1,0 +1,172 @@
+"""Adapter for Hugging Face ``transformers`` pre-norm decoders (Llama/Mistral/Qwen/SmolLM, GPT-2, GPT-NeoX).
+
+Plain PyTorch hooks on the model's own modules (no wrapper, so a capture costs little more than
+the model's forward): sources are the token embedding (and GPT-2's learned position embedding as
+its own source), then every attention and MLP output; consumers are each decoder layer's input
+(the attention's), the input of its second norm (the MLP's) and the input of the final norm (the
+read-out). Every weight is 1: a standard residual. GPT-NeoX with ``use_parallel_residual`` has
+its MLP read the layer's input, so the MLP consumer does not see its own block's attention output.
+
+Like every family, the residual identity is checked on every batch: a model whose inputs are not
+the sum of these sources (an embedding scaled inside the forward, sandwich norms, a post-LN
+layout) is refused, never decomposed wrongly. Architectures are recognised by ``model_type``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, module_attach
+from depthscope.probes.adapters.bridge import encoder
+from depthscope.schemes import names
+
+FAMILY = "huggingface"
+
+
+@dataclass(frozen=True)
+class DecoderLayout:
+    """Module paths of one architecture, relative to its base model (``{i}`` = layer index)."""
+
+    base: tuple[str, ...]  # attribute of the *For* classes holding the base model, tried in order
+    embed: str
+    positions: str | None  # learned position embedding, if any
+    layer: str
+    attn: str
+    mlp: str
+    mlp_input: str  # the module whose input is the MLP's input (its pre-norm)
+    readout: str  # the final norm
+    parallel: str | None = None  # config flag: the MLP reads the layer's input (parallel residual)
+
+
+LLAMA = DecoderLayout(
+    base=("model",),
+    embed="embed_tokens",
+    positions=None,
+    layer="layers.{i}",
+    attn="layers.{i}.self_attn",
+    mlp="layers.{i}.mlp",
+    mlp_input="layers.{i}.post_attention_layernorm",
+    readout="norm",
+)
+LAYOUTS = {
+    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"), LLAMA),
+    "gpt2": DecoderLayout(
+        base=("transformer",),
+        embed="wte",
+        positions="wpe",
+        layer="h.{i}",
+        attn="h.{i}.attn",
+        mlp="h.{i}.mlp",
+        mlp_input="h.{i}.ln_2",
+        readout="ln_f",
+    ),
+    "gpt_neox": DecoderLayout(
+        base=("gpt_neox",),
+        embed="embed_in",
+        positions=None,
+        layer="layers.{i}",
+        attn="layers.{i}.attention",
+        mlp="layers.{i}.mlp",
+        mlp_input="layers.{i}.post_attention_layernorm",
+        readout="final_layer_norm",
+        parallel="use_parallel_residual",
+    ),
+}
+
+
+def _pretrained(model: Any) -> bool:
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers comes with transformer-lens
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def detect(model: Any) -> bool:
+    return _pretrained(model) and getattr(model.config, "model_type", None) in LAYOUTS
+
+
+def base_prefix(model: Any, layout: DecoderLayout) -> str:
+    """``"model."`` for a *ForCausalLM, ``""`` for the base model itself."""
+    for attr in layout.base:
+        if hasattr(model, attr) and hasattr(getattr(model, attr), layout.embed):
+            return f"{attr}."
+    return ""
+
+
+def model_name(model: Any) -> str:
+    path = str(getattr(model.config, "_name_or_path", "") or "")
+    return Path(path).name.removesuffix(".gguf") or model.config.model_type
+
+
+def build(model: Any) -> Adapter:
+    cfg = model.config
+    layout = LAYOUTS[cfg.model_type]
+    p = base_prefix(model, layout)
+    n = cfg.num_hidden_layers
+    parallel = bool(layout.parallel and getattr(cfg, layout.parallel, False))
+    srcs = [SourceSpec(names.EMBED, f"{p}{layout.embed}:out", names.EMBED, 0)]
+    if layout.positions:
+        srcs.append(SourceSpec("pos_embed", f"{p}{layout.positions}:out", names.EMBED, 0))
+    cons = []
+    for i in range(n):
+        before = len(srcs)
+        cons.append(
+            ConsumerSpec(
+                names.label(i, names.ATTN), f"{p}{layout.layer.format(i=i)}:in", names.ATTN, 2 * i + 1, before
+            )
+        )
+        srcs.append(
+            SourceSpec(names.label(i, names.ATTN), f"{p}{layout.attn.format(i=i)}:out", names.ATTN, 2 * i + 1)
+        )
+        mlp_sees = before if parallel else len(srcs)
+        cons.append(
+            ConsumerSpec(
+                names.label(i, names.MLP),
+                f"{p}{layout.mlp_input.format(i=i)}:in",
+                names.MLP,
+                2 * i + 2,
+                mlp_sees,
+            )
+        )
+        srcs.append(
+            SourceSpec(names.label(i, names.MLP), f"{p}{layout.mlp.format(i=i)}:out", names.MLP, 2 * i + 2)
+        )
+    cons.append(ConsumerSpec(names.READOUT, f"{p}{layout.readout}:in", names.READOUT, 2 * n + 1, len(srcs)))
+    name = model_name(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    keep = (
+        "model_type",
+        "num_hidden_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "vocab_size",
+        "max_position_embeddings",
+        "n_positions",
+        "tie_word_embeddings",
+    )
+    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    return Adapter(
+        family=FAMILY,
+        sources=srcs,
+        consumers=cons,
+        attrs={
+            "scheme": "standard",
+            "variant": name,
+            "label": name,
+            "family": FAMILY,
+            "config": json.dumps(config, sort_keys=True, default=str),
+            "parallel_residual": int(parallel),
+        },
+        ctx=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)),
+        vocab=int(cfg.vocab_size),
+        encode=None if tokenizer is None else encoder(tokenizer),
+        attach=module_attach,
+        skip_positions=1,
+        hint=f"; {cfg.model_type} is not a plain pre-norm residual stream here",
+    )
