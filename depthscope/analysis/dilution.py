@@ -24,7 +24,7 @@ import numpy as np
 import xarray as xr
 
 from depthscope.probes.trace import STACK, split_models
-from depthscope.schemes.names import ATTN, EMBED, MLP, READOUT, SWA
+from depthscope.schemes.names import ATTN, BLOCK, EMBED, MLP, READOUT, SWA
 
 
 def n_available(trace: xr.Dataset) -> xr.DataArray:
@@ -248,3 +248,59 @@ def stack_summaries(summaries: list[xr.Dataset], labels) -> xr.Dataset:
     """Per-model summaries along ``model``."""
     out = xr.concat(summaries, dim=xr.DataArray(np.asarray(labels, dtype=object), dims=STACK, name=STACK))
     return out.assign_attrs(k=summaries[0].attrs.get("k"))
+
+
+def block_of(label: str) -> str:
+    """The block a source or consumer label belongs to.
+
+    ``"3.attn.q"`` -> ``"3"``; embeddings (and their LayerNorm bias) -> ``"embed"``; ``"readout"`` stays.
+    """
+    head = str(label).split(".", 1)[0]
+    return head if head.isdigit() or head == READOUT else EMBED
+
+
+def block_view(trace: xr.Dataset) -> xr.Dataset:
+    """The trace at block level, for deep models (a 30-block LM has 61 x 61 cells).
+
+    Sources of one block (its attention and MLP outputs, a post-LN model's biases) are summed,
+    consumers of one block (its sublayer inputs, DCA's views) averaged: ``contribution_share``
+    still sums to 1 over a row, ``mixing_abs`` is the block's total |M| (so ``row_normalized``
+    of the view is each block's part of the row), ``mixing`` the block's total M.
+    """
+    if STACK in trace.dims:
+        from depthscope.probes.trace import stack_traces
+
+        return stack_traces([block_view(t).assign_attrs(t.attrs) for t in split_models(trace)])
+    src_block = [block_of(s) for s in trace["source"].values]
+    row_block = [block_of(layer) for layer in trace["layer"].values]
+    by_source = xr.DataArray(src_block, dims="source", name="source_block")
+    by_row = xr.DataArray(row_block, dims="layer", name="layer_block")
+    # a block's consumers are averaged with 0 where one of them cannot read a source yet (its own
+    # block's attention output, for the block's attention input), so every row still sums to 1
+    seen = trace["mixing"].notnull().groupby(by_source).any().groupby(by_row).any()
+    data = {}
+    for name in ("mixing", "mixing_abs", "contribution_share"):
+        da = trace[name] if name in trace else magnitude(trace)
+        summed = da.fillna(0.0).groupby(by_source).sum()
+        data[name] = summed.groupby(by_row).mean().where(seen)
+    out = xr.Dataset(data).rename(source_block="source", layer_block="layer")
+    order_s = list(dict.fromkeys(src_block))
+    order_l = list(dict.fromkeys(row_block))
+    out = out.sel(source=order_s, layer=order_l)
+    depth = {b: i for i, b in enumerate(order_s)}
+    out = out.assign_coords(
+        source_depth=("source", np.arange(len(order_s))),
+        source_kind=("source", np.array([_block_kind(b) for b in order_s], dtype=object)),
+        layer_depth=("layer", np.array([len(order_s) if b == READOUT else depth[b] + 1 for b in order_l])),
+        layer_kind=("layer", np.array([_block_kind(b) for b in order_l], dtype=object)),
+    )
+    for name in data:
+        out[name].attrs = {
+            **trace[name].attrs,
+            "long_name": f"{trace[name].attrs.get('long_name', name)}, per block",
+        }
+    return out.assign_attrs(trace.attrs)
+
+
+def _block_kind(block: str) -> str:
+    return block if block in (EMBED, READOUT) else BLOCK

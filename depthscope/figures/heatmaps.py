@@ -24,7 +24,7 @@ from matplotlib import colormaps
 from matplotlib.colors import Colormap, LogNorm, Normalize, SymLogNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from depthscope.analysis.dilution import row_normalized
+from depthscope.analysis.dilution import block_view, row_normalized
 from depthscope.errors import DepthscopeError
 from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, SEQUENTIAL_CMAP, styled
 from depthscope.probes.trace import STACK, select_model
@@ -76,14 +76,14 @@ def variable(trace: xr.Dataset, var: str) -> xr.DataArray:
     return trace[var]
 
 
-def _matrix(data, var: str) -> xr.DataArray:
+def _matrix(data, var: str, blocks: bool = False) -> xr.DataArray:
     """The 2-D DataArray to draw: (layer, source) when both dims are present."""
     if isinstance(data, xr.Dataset):
         if STACK in data.dims:
             if data.sizes[STACK] != 1:
                 raise DepthscopeError(f"{data.sizes[STACK]} models in one trace: use plot_heatmap_grid")
             data = select_model(data, str(data[STACK].values[0]))
-        da = variable(data, var)
+        da = variable(block_view(data) if blocks else data, var)
     elif isinstance(data, xr.DataArray):
         da = data
         if STACK in da.dims:
@@ -221,6 +221,7 @@ def plot_heatmap(
     annotate: bool = False,
     title: str | None = None,
     colorbar: bool = True,
+    blocks: bool = False,
 ):
     """Consumer x source heatmap of ``mixing`` (or ``var`` of a trace, or any 2-D DataArray).
 
@@ -236,11 +237,13 @@ def plot_heatmap(
         annotate: write each value in its cell.
         title: default the trace's label (none for a bare DataArray).
         colorbar: draw the colour bar (``ax.images[0].colorbar``), labelled ``long_name [units]``.
+        blocks: draw the block-level view (``analysis.block_view``: a block's sources summed, its
+            consumers averaged), for deep models.
 
     Returns:
         The Axes; ``ax.images[0].get_array()`` is the data with NaN cells masked.
     """
-    da = _matrix(data, var)
+    da = _matrix(data, var, blocks)
     rows, cols = da.dims
     values = np.asarray(da.values, dtype=float)
     log = da.name == "row_normalized" if log is None else log
@@ -267,8 +270,8 @@ def plot_heatmap(
     ax.tick_params(which="minor", length=1.5)
     for spine in ax.spines.values():  # the matrix's own edge is frame enough
         spine.set_visible(False)
-    ax.set_xlabel("source" if cols == "source" else cols)
-    ax.set_ylabel("consumer (layer)" if rows == "layer" else rows)
+    ax.set_xlabel(("source block" if blocks else "source") if cols == "source" else cols)
+    ax.set_ylabel(("consumer block" if blocks else "consumer (layer)") if rows == "layer" else rows)
     if title is None and isinstance(data, xr.Dataset):
         title = trace_label(data) if STACK not in data.dims else str(data[STACK].values[0])
     if title:
@@ -293,7 +296,7 @@ def _colorbar(
     return cb
 
 
-def _panels(data, var: str) -> list[tuple[str, xr.DataArray]]:
+def _panels(data, var: str, blocks: bool = False) -> list[tuple[str, xr.DataArray]]:
     """(label, 2-D array without padding) per model."""
     if isinstance(data, xr.DataArray):
         if STACK in data.dims:
@@ -303,7 +306,7 @@ def _panels(data, var: str) -> list[tuple[str, xr.DataArray]]:
         data = list(data)
     if isinstance(data, list) and data and all(isinstance(d, xr.DataArray) for d in data):
         return [(str(d.attrs.get("label", d.name or i)), _matrix(d, var)) for i, d in enumerate(data)]
-    return [(label, _matrix(t, var)) for label, t in traces_by_model(data)]
+    return [(label, _matrix(t, var, blocks)) for label, t in traces_by_model(data)]
 
 
 def _default_ncols(n: int) -> int:
@@ -323,6 +326,7 @@ def plot_heatmap_grid(
     cmap: str | Colormap | None = None,
     annotate: bool = False,
     log: bool | None = None,
+    blocks: bool = False,
 ):
     """One heatmap panel per model on one shared colour scale (one colour bar for the figure).
 
@@ -340,7 +344,7 @@ def plot_heatmap_grid(
     """
     import matplotlib.pyplot as plt
 
-    panels = _panels(data, var)
+    panels = _panels(data, var, blocks)
     n = len(panels)
     if n == 0:
         raise DepthscopeError("no models to plot")

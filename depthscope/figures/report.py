@@ -22,6 +22,8 @@ from markupsafe import Markup
 from depthscope.analysis.dilution import consumer_table, summary
 from depthscope.probes.trace import STACK
 
+DEEP = 40  # more consumers than this: the model's section adds a block-level view
+
 
 @dataclass(frozen=True)
 class FigureSpec:
@@ -50,7 +52,7 @@ def report_figures(
         plot_retention,
         plot_trajectory,
     )
-    from depthscope.figures.heatmaps import plot_heatmap, plot_heatmap_grid
+    from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
     from depthscope.figures.rank import plot_rank_profile
 
     signed = any(_is_signed(t) for t in traces)
@@ -159,18 +161,30 @@ def report_figures(
         )
     for t in traces:
         label = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
-        fig, axes = plt.subplots(1, 2, figsize=(12, 5.2))
-        plot_heatmap(t, axes[0], var="mixing", symlog=_is_signed(t), title="mixing weights M")
-        plot_heatmap(t, axes[1], var="contribution_share", title="contribution shares")
-        fig.suptitle(label)
-        out.append(
-            (
-                FigureSpec(
-                    f"model-{slug(label)}", label, "Mixing weights (left) and contribution shares (right)."
-                ),
-                fig,
-            )
+        deep = t.sizes["layer"] > DEEP
+        panels = [(False, "mixing"), (False, "contribution_share")] + (
+            [(True, "contribution_share")] if deep else []
         )
+        width, height = heatmap_size(t.sizes["layer"], t.sizes["source"])
+        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+        for ax, (blocks, var) in zip(axes[0], panels):
+            signed = var == "mixing" and _is_signed(t)
+            title = {"mixing": "mixing weights M", "contribution_share": "contribution shares"}[var]
+            plot_heatmap(
+                t, ax, var=var, symlog=signed, blocks=blocks, title=title + (", per block" if blocks else "")
+            )
+        fig.suptitle(label)
+        caption = (
+            "Mixing weights (left) and contribution shares (middle)"
+            if deep
+            else "Mixing weights (left) and contribution shares (right)"
+        )
+        caption += (
+            "; right: the shares per block (a block's sources summed, its consumers averaged)."
+            if deep
+            else "."
+        )
+        out.append((FigureSpec(f"model-{slug(label)}", label, caption), fig))
     return out
 
 

@@ -23,13 +23,14 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 # The kinds of sources and consumers: every kind label in a trace is one of these.
-Kind = Literal["attn", "mlp", "swa", "readout", "embed", "bias"]
+Kind = Literal["attn", "mlp", "swa", "readout", "embed", "bias", "block"]
 ATTN: Kind = "attn"
 MLP: Kind = "mlp"
 SWA: Kind = "swa"  # sequence-axis ShortSWA's extra sublayer
 READOUT: Kind = "readout"
 EMBED: Kind = "embed"
 BIAS: Kind = "bias"  # a post-LN model's LayerNorm bias: a source of its own
+BLOCK: Kind = "block"  # a whole block, in a block-level view of a deep model
 KINDS: tuple[Kind, ...] = get_args(Kind)
 SUBLAYER_KINDS: tuple[Kind, ...] = (ATTN, MLP, SWA)  # sources written by a sublayer
 
