@@ -309,6 +309,20 @@ def dilution(
         )
 
 
+@app.command()
+def adapters() -> None:
+    """List the model families depthscope reads: what each reads, the package version it was written for."""
+    from depthscope.probes.adapters import describe
+
+    table = Table("family", "reads", "package", "written for", "installed")
+    for row in describe():
+        flag = "" if row["installed"] == row["written_for"] or row["package"] == "-" else " (differs)"
+        table.add_row(
+            row["family"], row["reads"], row["package"], row["written_for"], row["installed"] + flag
+        )
+    out.print(table)
+
+
 zoo_app = typer.Typer(no_args_is_help=True, help="The bundled zoo of small trained checkpoints.")
 app.add_typer(zoo_app, name="zoo")
 

@@ -124,8 +124,12 @@ def load_model(path: str | Path) -> Any:
 
 
 def _offline() -> None:
+    """Never reach the Hub; and no progress bars of transformers' own (depthscope draws its own)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
 
 
 def _known_families() -> str:

@@ -1,11 +1,21 @@
 """Model families as adapters: one module per family, registered here in detection order.
 
-Adding a family is one module with ``FAMILY``, ``detect(model) -> bool`` and
-``build(model) -> Adapter`` (see ``base.py``), plus one line below.
+Adding a family is one module plus one entry in ``MODULES``. A family module defines
+
+* ``FAMILY``: its name (``capture(..., adapter=FAMILY)`` selects it);
+* ``READS``: one line, what it reads and how that maps to M (``depthscope adapters`` prints it);
+* ``PACKAGE``, ``VERSION``: the distribution it reads and the version it was written for (None
+  for depthscope's own models and transformers' standard classes);
+* ``detect(model) -> bool`` and ``build(model) -> Adapter`` (see ``base.py``).
+
+An installed version other than ``VERSION`` gives a warning (and the trace records both), never a
+silent misreading.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import warnings
 from types import ModuleType
 from typing import Any
 
@@ -13,7 +23,32 @@ from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters import bert, bridge, huggingface, schemes
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
 
-FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in (schemes, bridge, huggingface, bert)}
+MODULES: tuple[ModuleType, ...] = (schemes, bridge, huggingface, bert)
+FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in MODULES}
+
+
+def installed_version(package: str | None) -> str | None:
+    if package is None:
+        return None
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _built(family: ModuleType, model: Any) -> Adapter:
+    ad = family.build(model)
+    package, pinned = getattr(family, "PACKAGE", None), getattr(family, "VERSION", None)
+    if package:
+        have = installed_version(package)
+        ad.attrs.update(package=package, package_version=have or "", adapter_written_for=pinned or "")
+        if have != pinned:
+            warnings.warn(
+                f"{family.FAMILY}: the adapter was written for {package} {pinned}, installed is {have}; "
+                "check the trace against the package's own computation",
+                stacklevel=3,
+            )
+    return ad
 
 
 def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
@@ -23,14 +58,37 @@ def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
     if adapter is not None:
         if adapter not in FAMILIES:
             raise DepthscopeError(f"unknown adapter {adapter!r}; known: {', '.join(FAMILIES)}")
-        return FAMILIES[adapter].build(model)
+        return _built(FAMILIES[adapter], model)
     for family in FAMILIES.values():
         if family.detect(model):
-            return family.build(model)
+            return _built(family, model)
     raise DepthscopeError(
-        f"cannot capture a {type(model).__name__}: no adapter knows it (known families: "
-        f"{', '.join(FAMILIES)})"
+        f"cannot capture a {type(model).__name__}: no adapter knows it "
+        f"(known families: {', '.join(FAMILIES)})"
     )
 
 
-__all__ = ["FAMILIES", "Adapter", "ConsumerSpec", "NativeSpec", "SourceSpec", "resolve"]
+def describe() -> list[dict[str, str]]:
+    """Every family: name, what it reads, the package and version it was written for, what is installed."""
+    return [
+        {
+            "family": m.FAMILY,
+            "reads": getattr(m, "READS", ""),
+            "package": getattr(m, "PACKAGE", None) or "-",
+            "written_for": getattr(m, "VERSION", None) or "-",
+            "installed": installed_version(getattr(m, "PACKAGE", None)) or "-",
+        }
+        for m in MODULES
+    ]
+
+
+__all__ = [
+    "FAMILIES",
+    "MODULES",
+    "Adapter",
+    "ConsumerSpec",
+    "NativeSpec",
+    "SourceSpec",
+    "describe",
+    "resolve",
+]

@@ -37,6 +37,10 @@ from depthscope.probes.adapters.huggingface import _pretrained, model_name
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
+READS = (
+    "transformers post-LN encoders (bert): every term propagated through each LayerNorm, LayerNorm biases as "
+    "sources; M = accumulated 1/sigma"
+)
 MIXING_MEANING = (
     "post-LN: mixing is the token mean of prod 1/sigma over the LayerNorms between source and consumer; "
     "gamma and the centring are inside the terms, and each LayerNorm bias is a source"

@@ -19,6 +19,10 @@ from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec
 from depthscope.schemes import names
 
 FAMILY = "transformer-lens"
+READS = (
+    "TransformerLens TransformerBridge models with a pre-norm residual: hook_embed (+ hook_pos_embed), "
+    "hook_attn_out/hook_mlp_out; unit weights"
+)
 HINT = (
     "; it looks post-LN (BERT) or its *_out hooks hold residual-added states: a plain sum cannot decompose "
     "it, load the Hugging Face directory with depthscope.load (the post-LN adapter decomposes BERT exactly)"
