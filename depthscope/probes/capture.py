@@ -15,7 +15,7 @@ checked again. A model that fails is refused with one line.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -52,6 +52,7 @@ def capture(
     rank: bool = False,
     adapter: str | Adapter | None = None,
     tokenizer: Any = None,
+    forward: Callable[[Tensor], Any] | None = None,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
@@ -67,6 +68,8 @@ def capture(
         adapter: an adapter family name (or an Adapter) instead of detection.
         tokenizer: a Hugging Face tokenizer for reading a corpus (default: the model's own, if
             it carries one as ``model.tokenizer``).
+        forward: how to run the model on a batch of token ids [batch, pos], for models called
+            another way than ``model(tokens)``.
 
     Raises:
         DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
@@ -75,6 +78,8 @@ def capture(
     ad = resolve(model, adapter)
     if tokenizer is not None:
         ad.encode = encoder(tokenizer)
+    if forward is not None:
+        ad.forward = lambda _model, tokens: forward(tokens)
     if batch_size < 1:
         raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
     window = min(ad.ctx, DEFAULT_WINDOW) if ctx is None else int(ctx)

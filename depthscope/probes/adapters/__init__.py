@@ -1,12 +1,14 @@
-"""Model families as adapters: one module per family, registered here in detection order.
+"""Model families as adapters: one module per family, found in this package and tried in order.
 
-Adding a family is one module plus one entry in ``MODULES``. A family module defines
+Adding a family is adding one module to this package (every module that defines ``FAMILY`` is a
+family; ``base`` and ``streams`` are helpers). A family module defines
 
 * ``FAMILY``: its name (``capture(..., adapter=FAMILY)`` selects it);
 * ``READS``: one line, what it reads and how that maps to M (``depthscope adapters`` prints it);
 * ``PACKAGE``, ``VERSION``: the distribution it reads and the version it was written for (None
   for depthscope's own models and transformers' standard classes);
-* ``detect(model) -> bool`` and ``build(model) -> Adapter`` (see ``base.py``).
+* ``detect(model) -> bool`` and ``build(model) -> Adapter`` (see ``base.py``);
+* optionally ``PRIORITY`` (default 100): families are tried in increasing priority, then by name.
 
 An installed version other than ``VERSION`` gives a warning (and the trace records both), never a
 silent misreading.
@@ -14,16 +16,27 @@ silent misreading.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
+import pkgutil
 import warnings
 from types import ModuleType
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters import bert, bridge, huggingface, schemes
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
 
-MODULES: tuple[ModuleType, ...] = (schemes, bridge, huggingface, bert)
+
+def _families() -> tuple[ModuleType, ...]:
+    found = []
+    for info in pkgutil.iter_modules(__path__):
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        if hasattr(module, "FAMILY"):
+            found.append(module)
+    return tuple(sorted(found, key=lambda m: (getattr(m, "PRIORITY", 100), m.__name__)))
+
+
+MODULES: tuple[ModuleType, ...] = _families()
 FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in MODULES}
 
 

@@ -37,6 +37,7 @@ from depthscope.probes.adapters.huggingface import _pretrained, model_name
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
+PRIORITY = 20
 READS = (
     "transformers post-LN encoders (bert): every term propagated through each LayerNorm, LayerNorm biases as "
     "sources; M = accumulated 1/sigma"

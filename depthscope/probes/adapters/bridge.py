@@ -19,6 +19,7 @@ from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec
 from depthscope.schemes import names
 
 FAMILY = "transformer-lens"
+PRIORITY = 10
 READS = (
     "TransformerLens TransformerBridge models with a pre-norm residual: hook_embed (+ hook_pos_embed), "
     "hook_attn_out/hook_mlp_out; unit weights"

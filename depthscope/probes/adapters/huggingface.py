@@ -24,6 +24,7 @@ from depthscope.probes.adapters.bridge import encoder
 from depthscope.schemes import names
 
 FAMILY = "huggingface"
+PRIORITY = 20
 READS = (
     "transformers pre-norm decoders (llama, mistral, qwen2, qwen3, smollm3, phi3, gpt2, gpt_neox): "
     "module hooks on embeddings, attention and MLP outputs, norm inputs; unit weights"

@@ -16,6 +16,7 @@ from depthscope.schemes import DepthModel, consumers, sources
 from depthscope.schemes.base import VOCAB, variant_label
 
 FAMILY = "depthscope"
+PRIORITY = 0
 READS = "depthscope's own models (every scheme): each mixer's hook_weights, already in the delta basis"
 TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's metadata, when it has them
 
