@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -81,6 +81,20 @@ SkipOpt = Annotated[
         "causal LMs, whose first position holds an attention sink; 0 for depthscope's own models).",
     ),
 ]
+
+
+LogitsOpt = Annotated[
+    bool,
+    typer.Option(help="Also direct logit attribution per source (checked to add up) and the logit lens."),
+]
+AblateOpt = Annotated[
+    Literal["sources", "cells"] | None,
+    typer.Option(
+        help="Also the loss increase when a source is removed from every later consumer (sources) or from "
+        "one consumer (cells): one forward per source or cell."
+    ),
+]
+AblateMeanOpt = Annotated[bool, typer.Option(help="Ablation replaces a term by its token mean instead.")]
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
@@ -231,6 +245,9 @@ def capture(
     rank: Annotated[
         bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")
     ] = False,
+    logits: LogitsOpt = False,
+    ablate: AblateOpt = None,
+    ablate_mean: AblateMeanOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
@@ -250,6 +267,9 @@ def capture(
         progress=not quiet,
         checkpoint=str(checkpoint),
         rank=rank,
+        logits=logits,
+        ablate=ablate,
+        ablate_mean=ablate_mean,
     )
     save_trace(trace, out_path)
     worst = float(trace["residual_error"].max())

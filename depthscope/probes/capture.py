@@ -27,8 +27,10 @@ from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.bridge import encoder
+from depthscope.probes.causal import ABLATE, TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.trace import Accumulator
 from depthscope.progress import bar
+from depthscope.schemes.names import READOUT
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
 # Default window length: the model's context, at most this. Long-context models (SmolLM2: 8192)
@@ -36,6 +38,27 @@ TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition 
 # length, so a fixed, stated default keeps traces of different models comparable.
 DEFAULT_WINDOW = 1024
 FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
+CAUSAL_ATTRS = {
+    "logit_attribution": (
+        "direct logit attribution of each source (token mean; targets: correct, top1, margin)",
+        "logit",
+    ),
+    "logit_bias": ("the final norm's and unembedding's biases in the logit (token mean)", "logit"),
+    "logit_error": ("relative error of the attribution against the actual logits", "1"),
+    "lens_loss": (
+        "logit lens: cross-entropy of the consumer input decoded by the final norm and unembedding",
+        "nats/token",
+    ),
+    "lens_agreement": ("logit lens: fraction of tokens whose top-1 is the model's final top-1", "fraction"),
+    "ablation_effect": (
+        "increase in loss when the source is removed from every later consumer's input",
+        "nats/token",
+    ),
+    "ablation_effect_cell": (
+        "increase in loss when the source is removed from this consumer's input only",
+        "nats/token",
+    ),
+}
 
 
 def capture(
@@ -53,6 +76,9 @@ def capture(
     adapter: str | Adapter | None = None,
     tokenizer: Any = None,
     forward: Callable[[Tensor], Any] | None = None,
+    logits: bool = False,
+    ablate: str | None = None,
+    ablate_mean: bool = False,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
@@ -70,6 +96,11 @@ def capture(
             it carries one as ``model.tokenizer``).
         forward: how to run the model on a batch of token ids [batch, pos], for models called
             another way than ``model(tokens)``.
+        logits: also direct logit attribution per source (checked to add up to the logits) and the
+            logit lens over consumers (``probes.causal``); needs the model's LM head.
+        ablate: ``"sources"`` (remove each source from every later consumer's input) or
+            ``"cells"`` (from one consumer at a time): the increase in loss, one forward per
+            source or cell; ``ablate_mean`` replaces the term by its token mean instead.
 
     Raises:
         DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
@@ -82,6 +113,10 @@ def capture(
         ad.forward = lambda _model, tokens: forward(tokens)
     if batch_size < 1:
         raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
+    if ablate is not None and ablate not in ABLATE:
+        raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {ablate!r}")
+    if logits or ablate:  # before the slow work: a model without an LM head is refused at once
+        require_head(ad, "--logits" if logits else "--ablate")
     window = min(ad.ctx, DEFAULT_WINDOW) if ctx is None else int(ctx)
     if not 1 <= window <= ad.ctx:
         raise DepthscopeError(
@@ -95,18 +130,23 @@ def capture(
             f"got {skip_positions}"
         )
     acc = Accumulator(ad.layout(), covariance=rank)
-    taps = Taps(ad, acc, skip_positions)
-    with (
-        evaluating(model),
-        torch.no_grad(),
-        ad.attach(model, taps.callbacks()),
-        bar("capture", len(windows), enabled=progress) as pb,
-    ):
-        for b, chunk in enumerate(windows.split(batch_size)):
+    probe = LogitProbe(ad, skip_positions) if logits or ablate else None
+    ablation = Ablation(ad, skip_positions, ablate, ablate_mean) if ablate else None
+    taps = Taps(ad, acc, skip_positions, probe)
+    callbacks = taps.callbacks()
+    chunks = windows.split(batch_size)
+    label = "capture" + (f" + ablate {ablate} ({len(ablation.units)} per batch)" if ablation else "")
+    with evaluating(model), torch.no_grad(), bar(label, len(windows), enabled=progress) as pb:
+        for b, chunk in enumerate(chunks):
             acc.start_batch()
-            taps.new_batch()
-            ad.forward(model, chunk)
+            taps.new_batch(chunk)
+            with ad.attach(model, callbacks):
+                output = ad.forward(model, chunk)
             taps.end_batch(b)
+            if probe is not None:
+                probe.end_batch(ad.logits(output))
+            if ablation is not None:
+                ablation.run(model, chunk)
             acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - skip_positions))
             pb.advance(len(chunk))
     from depthscope._version import __version__
@@ -122,6 +162,17 @@ def capture(
             "depthscope_version": __version__,
         }
     )
+    extra = probe.variables(TOLERANCE) if probe is not None else {}
+    if ablation is not None:
+        extra.update(ablation.variables(probe.loss, probe.tokens, len(ad.consumers), len(ad.sources)))
+        ds.attrs.update(ablation=ablate, ablation_mean=int(ablate_mean))
+    if probe is not None:
+        ds.attrs.update(loss=probe.loss / max(probe.tokens, 1), logit_tokens=probe.tokens)
+    for name, (dims, array) in extra.items():
+        ds[name] = (dims, array)
+        ds[name].attrs.update(long_name=CAUSAL_ATTRS[name][0], units=CAUSAL_ATTRS[name][1])
+    if "logit_attribution" in ds:
+        ds = ds.assign_coords(target=np.array(TARGETS, dtype=object))
     for name, (dims, array, coords) in ad.static_native().items():
         ds[name] = xr.DataArray(array, dims=dims, coords=coords)
         ds[name].attrs.update(long_name=f"{name} (native, static)", units="1")
@@ -143,8 +194,8 @@ def evaluating(model: Any) -> Iterator[None]:
 class Taps:
     """The engine's callbacks, batch by batch: source buffer, consumer folding and checks."""
 
-    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int):
-        self.ad, self.acc, self.skip = adapter, acc, skip
+    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int, probe: LogitProbe | None = None):
+        self.ad, self.acc, self.skip, self.probe = adapter, acc, skip, probe
         self.n_sources = len(adapter.sources)
         self.values: Tensor | None = None  # [batch, pos, source, d_model]
         self.norms: Tensor | None = None  # [batch, pos, source]
@@ -162,9 +213,11 @@ class Taps:
         out += [(n.tap, self._on_native(n.name, n.dims, self.row[n.layer])) for n in self.ad.native]
         return out
 
-    def new_batch(self) -> None:
+    def new_batch(self, chunk: Tensor | None = None) -> None:
         self.pending, self.deferred = {}, []
         self.fired[:] = False
+        if self.probe is not None:
+            self.probe.new_batch(chunk)
 
     def end_batch(self, b: int) -> None:
         """Fold the waiting consumers, then check this batch: every source, every consumer, the identity."""
@@ -220,6 +273,8 @@ class Taps:
             if key == "h":
                 self.acc.positions(i, t)
             got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
+            if key == "h" and self.probe is not None:
+                self.probe.lens(i, got["h"])
             if "h" in got and ("w" in got or spec.weights is None):
                 del self.pending[i]
                 n = spec.n_sources
@@ -231,11 +286,13 @@ class Taps:
                     )
                 h = got["h"]
                 w = got.get("w")
+                if w is None:
+                    w = h.new_ones(*h.shape[:-1], n)
+                if self.probe is not None and spec.kind == READOUT:
+                    self.probe.readout(h, (w[0], None, True) if spec.terms else (w, self.values, False))
                 if spec.terms:
                     self.acc.consumer_terms(i, h, *w)
                     return
-                if w is None:
-                    w = h.new_ones(*h.shape[:-1], n)
                 if w.ndim == 3:  # scalar weights: fold a few together, cache-friendly
                     self.deferred.append((i, h, w))
                     if len(self.deferred) >= FLUSH:

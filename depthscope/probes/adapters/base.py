@@ -131,6 +131,51 @@ def call_model(model: Any, tokens: Tensor) -> Any:
     return model(tokens)
 
 
+def output_logits(output: Any) -> Tensor:
+    """The logits [batch, pos, vocab] in a model's output (a tensor, or an object with ``logits``)."""
+    return output if isinstance(output, Tensor) else output.logits
+
+
+@dataclass
+class Head:
+    """The read-out's way to logits: a final norm (RMSNorm, or LayerNorm which also centres) and an
+    unembedding (weight [vocab, d_model], optional bias). Direct logit attribution linearises the norm
+    at each token's own statistics; the logit lens applies ``norm`` and ``unembed`` as they are.
+    """
+
+    norm: Any  # the final norm module
+    unembed: Any  # the unembedding module (nn.Linear-like)
+    centred: bool  # LayerNorm (subtracts the mean) rather than RMSNorm
+    eps: float
+    weight: Tensor | None  # the norm's gain (None: 1)
+    bias: Tensor | None  # the norm's bias (LayerNorm)
+
+    @property
+    def W_U(self) -> Tensor:  # noqa: N802 (the usual name)
+        return self.unembed.weight
+
+    @property
+    def b_U(self) -> Tensor | None:  # noqa: N802
+        return getattr(self.unembed, "bias", None)
+
+    def logits(self, h: Tensor) -> Tensor:
+        return self.unembed(self.norm(h))
+
+
+def head_of(norm: Any, unembed: Any) -> Head:
+    """A Head from the modules themselves: LayerNorm-like if it has a bias or is a LayerNorm,
+    RMSNorm-like otherwise; eps from ``eps`` or ``variance_epsilon``.
+    """
+    import torch.nn as nn
+
+    bias = getattr(norm, "bias", None)
+    centred = isinstance(norm, nn.LayerNorm) or bias is not None
+    eps = getattr(norm, "eps", None)
+    if eps is None:
+        eps = getattr(norm, "variance_epsilon", 1e-6)
+    return Head(norm, unembed, centred, float(eps), getattr(norm, "weight", None), bias)
+
+
 @dataclass
 class Adapter:
     """How the engine captures one model: see the module docstring."""
@@ -147,6 +192,11 @@ class Adapter:
     attach: Callable[[Any, list[tuple[str, Callback]]], contextlib.AbstractContextManager] = tl_attach
     forward: Callable[[Any, Tensor], Any] = call_model
     hint: str = ""  # appended to the refusal of a model whose inputs do not rebuild
+    head: Head | None = None  # the final norm and unembedding (logit attribution, lens, ablation)
+    logits: Callable[[Any], Tensor] = output_logits
+    # consumer taps are views (replacing one changes only what that sublayer reads, not the
+    # stream): needed to remove a source's term from chosen consumers (ablation)
+    views: bool = True
     # first positions of each window left out of the statistics by default: 1 for pretrained
     # causal LMs, which park an attention sink there (SmolLM2: 99% of the squared norm at the
     # input of layer 12 sits at position 0); 0 for models without one

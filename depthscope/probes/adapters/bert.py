@@ -134,6 +134,7 @@ def build(model: Any) -> Adapter:
         vocab=int(cfg.vocab_size),
         encode=None if tokenizer is None else encoder(tokenizer),
         attach=lambda m, taps: _attach(m, taps, n),
+        views=False,  # a post-LN layer's input is the stream itself
     )
 
 

@@ -4,8 +4,10 @@ Sources: ``hook_embed``, ``hook_pos_embed`` when the model has learned absolute 
 ``cfg.positional_embedding_type`` is ``standard``; a rotary model has the hook point but it never
 fires), then ``blocks.{i}.hook_attn_out`` / ``hook_mlp_out``. Consumers: ``blocks.{i}.hook_resid_pre``
 (attention input), ``blocks.{i}.hook_resid_mid`` (MLP input) and the last ``hook_resid_post``
-(read-out). Every weight is 1. Hook names are not trusted: the engine checks on every batch that
-each input is the sum of its sources, so a post-LN model or an architecture whose ``*_out`` hooks
+(read-out), read at the norms' inputs (``blocks.{i}.ln1.hook_in``, ``ln2``, ``ln_final``) where the
+bridge has them: the same values, but replacing one changes only what its sublayer reads. Every
+weight is 1. Hook names are not trusted: the engine checks on every batch that each input is the
+sum of its sources, so a post-LN model or an architecture whose ``*_out`` hooks
 hold residual-added states is refused instead of being decomposed wrongly.
 """
 
@@ -15,7 +17,7 @@ import json
 from typing import Any
 
 from depthscope.errors import TraceError
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of
 from depthscope.schemes import names
 
 FAMILY = "transformer-lens"
@@ -41,25 +43,26 @@ def detect(model: Any) -> bool:
 def build(model: Any) -> Adapter:
     cfg = model.cfg
     n = cfg.n_layers
+    available = set(model.hook_dict)
+    # the norms' inputs are views of the stream (replacing one changes only what its sublayer reads,
+    # which removing a source from chosen consumers needs); the resid hooks hold the same values
+    views = "ln_final.hook_in" in available and all(
+        f"blocks.{i}.ln{k}.hook_in" in available for i in range(n) for k in (1, 2)
+    )
+    attn_in = (lambda i: f"blocks.{i}.ln1.hook_in") if views else names.resid_pre
+    mlp_in = (lambda i: f"blocks.{i}.ln2.hook_in") if views else names.resid_mid
     srcs = [SourceSpec(names.EMBED, names.HOOK_EMBED, names.EMBED, 0)]
     if getattr(cfg, "positional_embedding_type", "standard") == "standard":
         srcs.append(SourceSpec("pos_embed", names.HOOK_POS_EMBED, names.EMBED, 0))
     cons = []
     for i in range(n):
-        cons.append(
-            ConsumerSpec(names.label(i, names.ATTN), names.resid_pre(i), names.ATTN, 2 * i + 1, len(srcs))
-        )
-        srcs.append(
-            SourceSpec(names.label(i, names.ATTN), names.source_out(i, names.ATTN), names.ATTN, 2 * i + 1)
-        )
-        cons.append(
-            ConsumerSpec(names.label(i, names.MLP), names.resid_mid(i), names.MLP, 2 * i + 2, len(srcs))
-        )
-        srcs.append(
-            SourceSpec(names.label(i, names.MLP), names.source_out(i, names.MLP), names.MLP, 2 * i + 2)
-        )
-    cons.append(ConsumerSpec(names.READOUT, names.resid_post(n - 1), names.READOUT, 2 * n + 1, len(srcs)))
-    available = set(model.hook_dict)
+        attn, mlp = names.label(i, names.ATTN), names.label(i, names.MLP)
+        cons.append(ConsumerSpec(attn, attn_in(i), names.ATTN, 2 * i + 1, len(srcs)))
+        srcs.append(SourceSpec(attn, names.source_out(i, names.ATTN), names.ATTN, 2 * i + 1))
+        cons.append(ConsumerSpec(mlp, mlp_in(i), names.MLP, 2 * i + 2, len(srcs)))
+        srcs.append(SourceSpec(mlp, names.source_out(i, names.MLP), names.MLP, 2 * i + 2))
+    readout_in = "ln_final.hook_in" if views else names.resid_post(n - 1)
+    cons.append(ConsumerSpec(names.READOUT, readout_in, names.READOUT, 2 * n + 1, len(srcs)))
     missing = [t for t in [s.tap for s in srcs] + [c.tap for c in cons] if t not in available]
     if missing:
         raise TraceError(
@@ -83,7 +86,20 @@ def build(model: Any) -> Adapter:
         encode=None if tokenizer is None else encoder(tokenizer),
         hint=HINT,
         skip_positions=1,
+        head=_head(model),
+        views=views,
     )
+
+
+def _head(model: Any):
+    """The bridge's final norm and unembedding, as the wrapped model's own modules (None if hidden)."""
+    inner = []
+    for name in ("ln_final", "unembed"):
+        module = getattr(model, name, None)
+        inner.append(
+            getattr(module, "original_component", None) or getattr(module, "_original_component", None)
+        )
+    return None if None in inner else head_of(*inner)
 
 
 def encoder(tokenizer: Any):

@@ -2,9 +2,10 @@
 
 Plain PyTorch hooks on the model's own modules (no wrapper, so a capture costs little more than
 the model's forward): sources are the token embedding (and GPT-2's learned position embedding as
-its own source), then every attention and MLP output; consumers are each decoder layer's input
-(the attention's), the input of its second norm (the MLP's) and the input of the final norm (the
-read-out). Every weight is 1: a standard residual. GPT-NeoX with ``use_parallel_residual`` has
+its own source), then every attention and MLP output; consumers are read at the inputs of the
+norms: each layer's first norm (the attention's input), its second norm (the MLP's) and the final
+norm (the read-out) — the stream's values, but a view of it: replacing one changes only what that
+sublayer reads. Every weight is 1: a standard residual. GPT-NeoX with ``use_parallel_residual`` has
 its MLP read the layer's input, so the MLP consumer does not see its own block's attention output.
 
 Like every family, the residual identity is checked on every batch: a model whose inputs are not
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, module_attach
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of, module_attach
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.schemes import names
 
@@ -39,6 +40,7 @@ class DecoderLayout:
     embed: str
     positions: str | None  # learned position embedding, if any
     layer: str
+    attn_input: str  # the module whose input is the attention's input (its pre-norm): a view of the stream
     attn: str
     mlp: str
     mlp_input: str  # the module whose input is the MLP's input (its pre-norm)
@@ -51,6 +53,7 @@ LLAMA = DecoderLayout(
     embed="embed_tokens",
     positions=None,
     layer="layers.{i}",
+    attn_input="layers.{i}.input_layernorm",
     attn="layers.{i}.self_attn",
     mlp="layers.{i}.mlp",
     mlp_input="layers.{i}.post_attention_layernorm",
@@ -63,6 +66,7 @@ LAYOUTS = {
         embed="wte",
         positions="wpe",
         layer="h.{i}",
+        attn_input="h.{i}.ln_1",
         attn="h.{i}.attn",
         mlp="h.{i}.mlp",
         mlp_input="h.{i}.ln_2",
@@ -73,6 +77,7 @@ LAYOUTS = {
         embed="embed_in",
         positions=None,
         layer="layers.{i}",
+        attn_input="layers.{i}.input_layernorm",
         attn="layers.{i}.attention",
         mlp="layers.{i}.mlp",
         mlp_input="layers.{i}.post_attention_layernorm",
@@ -121,7 +126,11 @@ def build(model: Any) -> Adapter:
         before = len(srcs)
         cons.append(
             ConsumerSpec(
-                names.label(i, names.ATTN), f"{p}{layout.layer.format(i=i)}:in", names.ATTN, 2 * i + 1, before
+                names.label(i, names.ATTN),
+                f"{p}{layout.attn_input.format(i=i)}:in",
+                names.ATTN,
+                2 * i + 1,
+                before,
             )
         )
         srcs.append(
@@ -173,5 +182,8 @@ def build(model: Any) -> Adapter:
         encode=None if tokenizer is None else encoder(tokenizer),
         attach=module_attach,
         skip_positions=1,
+        head=head_of(model.get_submodule(f"{p}{layout.readout}"), model.get_output_embeddings())
+        if model.get_output_embeddings() is not None
+        else None,
         hint=f"; {cfg.model_type} is not a plain pre-norm residual stream here",
     )

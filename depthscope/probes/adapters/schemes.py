@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, head_of
 from depthscope.schemes import DepthModel, consumers, sources
 from depthscope.schemes.base import VOCAB, variant_label
 
@@ -56,4 +56,5 @@ def build(model: DepthModel) -> Adapter:
         vocab=VOCAB,
         native=native,
         static_native=lambda: model.scheme.static_native(model),
+        head=head_of(model.ln_final, model.unembed),
     )
