@@ -19,6 +19,7 @@ import numpy as np
 import xarray as xr
 from markupsafe import Markup
 
+from depthscope.analysis.causal import views, weight_effect_correlation
 from depthscope.analysis.dilution import consumer_table, summary
 from depthscope.probes.trace import STACK
 
@@ -40,152 +41,161 @@ def _is_signed(t: xr.Dataset) -> bool:
     return bool(np.nanmin(t["mixing"].values) < 0)
 
 
+# (title, caption) of every figure kind; {label}, {k}, {scale} are filled in
+CAPTIONS = {
+    "grid-weights": (
+        "Depth-mixing weights of every model (row-normalised)",
+        "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's input "
+        "(rows), token mean, in the delta basis (embedding + sublayer outputs), on a log scale. Every "
+        "consumer "
+        "of a pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual "
+        "reads "
+        "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. Shared "
+        "colour scale. The raw weights M are one click below.",
+    ),
+    "grid-share": (
+        "Contribution shares of every model",
+        "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 (each row sums to "
+        "1; a "
+        "ratio of sums over tokens, so high-norm tokens weigh more). The uniform 1/T share is 1/(sources).",
+    ),
+    "dilution": (
+        "Dilution against the 1/T baseline",
+        "Contribution share of the embedding, the first sublayer and the latest source at each consumer "
+        "depth; "
+        "the dashed line is the uniform share 1/T.",
+    ),
+    "grid-mixing": (
+        "Raw depth-mixing weights M of every model",
+        "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual is 1 "
+        "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale{scale}.",
+    ),
+    "pattern": (
+        "Input-and-recent pattern scores",
+        "Mass of |M| on the embedding and the last {k} sources over what a uniform row puts there: 1 is "
+        "uniform (a standard residual), above 1 is the pattern the papers report.",
+    ),
+    "retention": (
+        "Retention of sources",
+        "Contribution share of each source at the consumers after it, by lag in sublayers, in units of the "
+        "uniform 1/T share.",
+    ),
+    "weight-effect": (
+        "Does the weight matter?",
+        "Each (consumer, source) cell's contribution share (left) and row-normalised weight (right) "
+        "against its "
+        "ablation effect: the loss increase when the source's term is removed from that consumer's input "
+        "alone. Spearman's rho in each title.",
+    ),
+    "read-depth": (
+        "{label}: how far back q, k and v read",
+        "Mass-weighted mean lag over the sources (row-normalised |M|) and the weight on the embedding, for "
+        "the "
+        "query, key and value inputs of every attention.",
+    ),
+    "trajectory": (
+        "{label}: the pattern over training",
+        "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the read-out's share "
+        "of "
+        "the embedding, the dilution index of the first and latest sources, and the validation loss, against "
+        "the training tokens seen.",
+    ),
+    "trajectory-weights": (
+        "{label}: weights at each step",
+        "Row-normalised weights at each step, on one scale.",
+    ),
+    "rank": (
+        "Effective rank of each sublayer's outputs",
+        "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum is the "
+        "collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
+    ),
+    "model": ("{label}", "Mixing weights (left) and contribution shares (right){blocks}."),
+    "native": (
+        "{label} in its own parametrisation",
+        "The weights as the scheme's paper draws them (axes, orientation and scale as cited in the title), "
+        "beside the delta-basis matrix above.",
+    ),
+}
+
+
+def spec(kind: str, label: str = "", **fill) -> FigureSpec:
+    """The FigureSpec of a figure kind (named ``kind`` or ``kind-{slug(label)}``)."""
+    title, caption = CAPTIONS[kind]
+    name = f"{kind}-{slug(label)}" if label else kind
+    return FigureSpec(name, title.format(label=label, **fill), caption.format(label=label, **fill))
+
+
 def report_figures(
     stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
 ) -> list[tuple[FigureSpec, Any]]:
     """(description, matplotlib Figure) for every figure of the report, in page order."""
-    import matplotlib.pyplot as plt
-
+    from depthscope.figures.causal import plot_native, plot_read_depth, plot_weight_effect
     from depthscope.figures.curves import (
         plot_dilution_panels,
         plot_pattern_scores,
         plot_retention,
         plot_trajectory,
     )
-    from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
+    from depthscope.figures.heatmaps import plot_heatmap_grid
     from depthscope.figures.rank import plot_rank_profile
 
     signed = any(_is_signed(t) for t in traces)
     out = [
+        (spec("grid-weights"), plot_heatmap_grid(stacked)),
+        (spec("grid-share"), plot_heatmap_grid(stacked, "contribution_share")),
+        (spec("dilution"), plot_dilution_panels(stacked)),
         (
-            FigureSpec(
-                "grid-weights",
-                "Depth-mixing weights of every model (row-normalised)",
-                "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each "
-                "consumer's "
-                "input (rows), token mean, in the delta basis (embedding + sublayer outputs). Every "
-                "consumer of a "
-                "pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual "
-                "reads "
-                "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. "
-                "Shared "
-                "colour scale. The raw weights M are one click below.",
-            ),
-            plot_heatmap_grid(stacked),
-        ),
-        (
-            FigureSpec(
-                "grid-share",
-                "Contribution shares of every model",
-                "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 "
-                "(each row sums to 1; a ratio of sums over tokens, so high-norm tokens weigh more). "
-                "The uniform 1/T share is 1/(number of sources).",
-            ),
-            plot_heatmap_grid(stacked, "contribution_share"),
-        ),
-        (
-            FigureSpec(
-                "dilution",
-                "Dilution against the 1/T baseline",
-                "Contribution share of the embedding, the first sublayer and the latest source at each "
-                "consumer depth; the dashed line is the uniform share 1/T.",
-            ),
-            plot_dilution_panels(stacked),
-        ),
-        (
-            FigureSpec(
-                "grid-mixing",
-                "Raw depth-mixing weights M of every model",
-                "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual "
-                "is 1 "
-                "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale"
-                + (", symmetric-log (weights are signed)." if signed else "."),
-            ),
+            spec("grid-mixing", scale=", symmetric-log (weights are signed)" if signed else ""),
             plot_heatmap_grid(stacked, "mixing", symlog=signed),
         ),
-        (
-            FigureSpec(
-                "pattern",
-                "Input-and-recent pattern scores",
-                f"Mass of |M| on the embedding and the last {k} sources over what a uniform row "
-                "puts there: 1 is uniform (a standard residual), above 1 is the pattern the papers report.",
-            ),
-            plot_pattern_scores(stacked, k=k).figure,
-        ),
-        (
-            FigureSpec(
-                "retention",
-                "Retention of sources",
-                "Contribution share of each source at the consumers after it, by lag in sublayers, in units "
-                "of the uniform 1/T share.",
-            ),
-            plot_retention(stacked).figure,
-        ),
+        (spec("pattern", k=k), plot_pattern_scores(stacked, k=k).figure),
+        (spec("retention"), plot_retention(stacked).figure),
     ]
+    with_cells = [t for t in traces if "ablation_effect_cell" in t]
+    if with_cells:
+        out.append((spec("weight-effect"), plot_weight_effect(with_cells)))
+    for t in traces:
+        if views(t).sizes.get("view", 0):
+            out.append((spec("read-depth", _label(t)), plot_read_depth(t)))
     for tr in trajectories:
         label = trajectory_label(tr)
-        out.append(
-            (
-                FigureSpec(
-                    f"trajectory-{slug(label)}",
-                    f"{label}: the pattern over training",
-                    "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the "
-                    "read-out's "
-                    "share of the embedding, the dilution index of the first and latest sources, and the "
-                    "validation loss, against the training tokens seen.",
-                ),
-                plot_trajectory(tr, k=k),
-            )
-        )
-        out.append(
-            (
-                FigureSpec(
-                    f"trajectory-{slug(label)}-weights",
-                    f"{label}: weights at each step",
-                    "Row-normalised weights at each captured step, on one colour scale.",
-                ),
-                plot_heatmap_grid(tr, ncols=tr.sizes[STACK]),
-            )
-        )
+        out.append((spec("trajectory", label), plot_trajectory(tr, k=k)))
+        out.append((spec("trajectory-weights", label), plot_heatmap_grid(tr, ncols=tr.sizes[STACK])))
     if "source_spectrum" in stacked:
-        out.append(
-            (
-                FigureSpec(
-                    "rank",
-                    "Effective rank of each sublayer's outputs",
-                    "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum "
-                    "is the collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
-                ),
-                plot_rank_profile(stacked).figure,
-            )
-        )
+        out.append((spec("rank"), plot_rank_profile(stacked).figure))
     for t in traces:
-        label = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
         deep = t.sizes["layer"] > DEEP
-        panels = [(False, "mixing"), (False, "contribution_share")] + (
-            [(True, "contribution_share")] if deep else []
-        )
-        width, height = heatmap_size(t.sizes["layer"], t.sizes["source"])
-        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-        for ax, (blocks, var) in zip(axes[0], panels):
-            signed = var == "mixing" and _is_signed(t)
-            title = {"mixing": "mixing weights M", "contribution_share": "contribution shares"}[var]
-            plot_heatmap(
-                t, ax, var=var, symlog=signed, blocks=blocks, title=title + (", per block" if blocks else "")
-            )
-        fig.suptitle(label)
-        caption = (
-            "Mixing weights (left) and contribution shares (middle)"
-            if deep
-            else "Mixing weights (left) and contribution shares (right)"
-        )
-        caption += (
-            "; right: the shares per block (a block's sources summed, its consumers averaged)."
-            if deep
-            else "."
-        )
-        out.append((FigureSpec(f"model-{slug(label)}", label, caption), fig))
+        blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
+        out.append((spec("model", _label(t), blocks=blocks if deep else ""), model_figure(t, deep)))
+        native = plot_native(t)
+        if native is not None:
+            out.append((spec("native", _label(t)), native))
     return out
+
+
+def _label(t: xr.Dataset) -> str:
+    return str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
+
+
+def model_figure(t: xr.Dataset, deep: bool):
+    """One model's section figure: M and the shares (and, for a deep model, the shares per block)."""
+    import matplotlib.pyplot as plt
+
+    from depthscope.figures.heatmaps import heatmap_size, plot_heatmap
+
+    panels = [(False, "mixing"), (False, "contribution_share")] + (
+        [(True, "contribution_share")] if deep else []
+    )
+    width, height = heatmap_size(t.sizes["layer"], t.sizes["source"])
+    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+    for ax, (blocks, var) in zip(axes[0], panels):
+        title = {"mixing": "mixing weights M", "contribution_share": "contribution shares"}[var]
+        signed = var == "mixing" and _is_signed(t)
+        plot_heatmap(
+            t, ax, var=var, symlog=signed, blocks=blocks, title=title + (", per block" if blocks else "")
+        )
+    fig.suptitle(_label(t))
+    return fig
 
 
 def trajectory_label(trajectory: xr.Dataset) -> str:
@@ -217,6 +227,7 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
         "label": label,
         "slug": slug(label),
         "figure": f"model-{slug(label)}",
+        "native": f"native-{slug(label)}",
         "scheme": str(t.attrs.get("scheme", "")),
         "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
         "checkpoint_path": str(t.attrs.get("checkpoint", "")),
@@ -251,6 +262,29 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
             for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
         ],
     }
+
+
+def _causal_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
+    """Per model with cell ablations: the rank correlations, the loss, the largest effects."""
+    rows = []
+    for t in traces:
+        if "ablation_effect_cell" not in t:
+            continue
+        rho = weight_effect_correlation(t)
+        cells = t["ablation_effect_cell"].stack(cell=("layer", "source")).dropna("cell")
+        top = cells.isel(cell=int(cells.argmax()))
+        rows.append(
+            {
+                "label": str(t.attrs.get("label", "")),
+                "loss": _f(t.attrs.get("loss")),
+                "rho_share": _f(rho["rho_share"]),
+                "rho_weight": _f(rho["rho_weight"]),
+                "cells": int(rho["cells"]),
+                "top": f"{top['source'].item()} -> {top['layer'].item()}",
+                "top_effect": _f(top),
+            }
+        )
+    return rows
 
 
 def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
@@ -326,6 +360,12 @@ def render_page(
         models=[_model_row(t, k) for t in traces],
         trajectories=[_trajectory_rows(tr, k) for tr in trajectories],
         ranks=_rank_rows(traces),
+        causal=_causal_rows(traces),
+        read_depth=[
+            f"read-depth-{slug(str(t.attrs.get('label', '')))}"
+            for t in traces
+            if views(t).sizes.get("view", 0)
+        ],
         figures=figures,
         settings=settings,
         corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",

@@ -26,11 +26,21 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
 
 from depthscope.errors import ConfigError
 from depthscope.schemes import names
-from depthscope.schemes._common import rms_norm
-from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
+from depthscope.schemes._common import listening, rms_norm
+from depthscope.schemes.base import (
+    Mixer,
+    ModelConfig,
+    NativeHook,
+    Scheme,
+    Site,
+    readout_site,
+    register,
+    sublayer_sites,
+)
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,8 @@ class DepthAttention(Mixer):
         self.last_in_block = site.kind != names.READOUT and (
             site.index == cfg.n_sublayers - 1 or block_of(cfg, site.index + 1) != block_of(cfg, site.index)
         )
+        self.hook_alpha = HookPoint()  # [batch, pos, entry]: the softmax over its native entries
+        self.n_slots = n_blocks(cfg) + 2  # embed, the N block sums, the partial sum
 
     def read(self, state: BlockState) -> tuple[Tensor, BlockState]:
         values, normed = state.entries, state.normed
@@ -90,12 +102,23 @@ class DepthAttention(Mixer):
         logits = torch.stack([k @ q for k in normed], dim=-1)  # [batch, pos, entry]
         alpha = logits.softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(logits.dtype)
         self.emit(lambda: alpha[..., self.entry_index])
+        if listening(self.hook_alpha):
+            self.hook_alpha(self._slots(alpha, state.partial is not None))
         # one product per entry rather than stacking them: no copy of every entry per consumer
         # (measured faster on CPU, forward and backward)
         h = values[0] * alpha[..., :1]
         for i, v in enumerate(values[1:], start=1):
             h = torch.addcmul(h, v, alpha[..., i : i + 1])
         return self.hook_in(h), state
+
+    def _slots(self, alpha: Tensor, has_partial: bool) -> Tensor:
+        """The softmax in fixed slots (embed, block 1..N, partial); NaN where an entry is absent."""
+        out = alpha.new_full((*alpha.shape[:-1], self.n_slots), float("nan"))
+        done = alpha.shape[-1] - int(has_partial)
+        out[..., :done] = alpha[..., :done]
+        if has_partial:
+            out[..., -1] = alpha[..., -1]
+        return out
 
     def write(self, state: BlockState, out: Tensor) -> BlockState:
         partial = out if state.partial is None else state.partial + out
@@ -115,6 +138,18 @@ class AttnRes(Scheme):
     zoo = ("attnres", "attnres-block4")
     trajectories = ("attnres", "attnres-block4")
     color = "#029e73"
+
+    @classmethod
+    def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        """Block AttnRes: the softmax over its entries (embed, block sums, partial), as the paper draws
+        it (Fig. 8), kept as ``attnres_alpha`` (layer, entry). Full AttnRes' entries are its sources.
+        """
+        if cfg.options.blocks is None:
+            return []
+        return [
+            NativeHook("attnres_alpha", names.mixer_hook(s.block, s.kind, "hook_alpha"), s.label, ("entry",))
+            for s in [*sublayer_sites(cfg), readout_site(cfg)]
+        ]
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
