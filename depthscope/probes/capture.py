@@ -288,6 +288,8 @@ class Taps:
                 w = got.get("w")
                 if w is None:
                     w = h.new_ones(*h.shape[:-1], n)
+                elif not spec.terms and w.dtype != self.values.dtype:
+                    w = w.to(self.values.dtype)  # weights unrolled in float64 meet the sources' dtype
                 if self.probe is not None and spec.kind == READOUT:
                     self.probe.readout(h, (w[0], None, True) if spec.terms else (w, self.values, False))
                 if spec.terms:
