@@ -132,19 +132,18 @@ def _offline() -> None:
     logging.disable_progress_bar()
 
 
-def _known_families() -> str:
-    from depthscope.probes.adapters import bert, huggingface
+def _model_types() -> set[str]:
+    """Every ``config.model_type`` some adapter family declares in its ``MODEL_TYPES``."""
+    from depthscope.probes.adapters import MODULES
 
-    return ", ".join(sorted({*huggingface.LAYOUTS, *bert.ARCHITECTURES}))
+    return {t for module in MODULES for t in getattr(module, "MODEL_TYPES", ())}
 
 
 def _check_architecture(path: Path, model_type: str | None) -> None:
-    from depthscope.probes.adapters import bert, huggingface
-
-    if model_type not in {*huggingface.LAYOUTS, *bert.ARCHITECTURES}:
+    if model_type not in _model_types():
         raise DepthscopeError(
             f"{path}: unsupported architecture {model_type!r}; "
-            f"depthscope reads these model types: {_known_families()}"
+            f"depthscope reads these model types: {', '.join(sorted(_model_types()))}"
         )
 
 

@@ -17,19 +17,18 @@ silent misreading.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import pkgutil
 import warnings
 from types import ModuleType
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, installed_version
 
 
 def _families() -> tuple[ModuleType, ...]:
     found = []
-    for info in pkgutil.iter_modules(__path__):
+    for info in pkgutil.iter_modules(__path__):  # helpers (base, streams, hf) define no FAMILY
         module = importlib.import_module(f"{__name__}.{info.name}")
         if hasattr(module, "FAMILY"):
             found.append(module)
@@ -38,15 +37,6 @@ def _families() -> tuple[ModuleType, ...]:
 
 MODULES: tuple[ModuleType, ...] = _families()
 FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in MODULES}
-
-
-def installed_version(package: str | None) -> str | None:
-    if package is None:
-        return None
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 def _built(family: ModuleType, model: Any) -> Adapter:

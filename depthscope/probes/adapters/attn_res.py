@@ -51,7 +51,9 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     NativeSpec,
     SourceSpec,
+    installed_version,
     module_attach,
+    router,
 )
 from depthscope.schemes import names
 
@@ -118,7 +120,7 @@ def build(model: Any) -> Adapter:
             native.append(NativeSpec("attnres_alpha", f"{label}.alpha", label, ("entry",)))
         srcs.append(SourceSpec(label, label, kind, i + 1))
     cons.append(ConsumerSpec(names.READOUT, "readout.in", names.READOUT, n + 1, len(srcs)))
-    version = _installed()
+    version = installed_version(PACKAGE) or VERSION
     variant = mode if mode != "block" else f"block-{cfg.n_blocks}"
     config = {
         "d_model": cfg.d_model,
@@ -152,15 +154,6 @@ def build(model: Any) -> Adapter:
     )
 
 
-def _installed() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return VERSION
-
-
 def entry_weights(entries: Tensor, query: Tensor, eps: float) -> Tensor:
     """softmax_n(query . RMSNorm(v_n)) in float64: [entry, batch, pos, d_model] -> [batch, pos, entry]."""
     v = entries.double()
@@ -171,17 +164,8 @@ def entry_weights(entries: Tensor, query: Tensor, eps: float) -> Tensor:
 
 @contextlib.contextmanager
 def _attach(model: Any, taps: list[tuple[str, Callback]], size: int, mode: str):
-    routes: dict[str, list[Callback]] = {}
-    for key, fn in taps:
-        routes.setdefault(key, []).append(fn)
+    send = router(taps)
     longest = n_entries(len(model.layers) - 1, size)
-
-    def send(key: str, value: Any) -> Tensor | None:
-        out = None  # a replacement a callback returns (ablation), if any
-        for fn in routes.get(key, ()):
-            new = fn(value if out is None else out)
-            out = out if new is None else new
-        return out
 
     def forward_to(key: str):
         return lambda t: send(key, t)

@@ -31,6 +31,7 @@ from depthscope.probes.trace import Layout
 from depthscope.schemes.names import Kind
 
 Callback = Callable[[Tensor], Tensor | None]  # a tap's callback: may return a replacement
+Hook = Callable[[Any, tuple, Any], None]  # a plain forward hook: (module, args, output)
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,57 @@ def _input_hook(fn: Callback):
         return ((new, *args[1:]), kwargs) if positional else (args, {**kwargs, "hidden_states": new})
 
     return hook
+
+
+def router(taps: list[tuple[str, Callback]]) -> Callable[[str, Any], Tensor | None]:
+    """``send(key, value)``: hand ``value`` to the engine's callbacks registered under ``key`` (none:
+    nothing happens) and return the replacement one of them returns, if any (ablation).
+    """
+    routes: dict[str, list[Callback]] = {}
+    for key, fn in taps:
+        routes.setdefault(key, []).append(fn)
+
+    def send(key: str, value: Any) -> Tensor | None:
+        out = None
+        for fn in routes.get(key, ()):
+            new = fn(value if out is None else out)
+            out = out if new is None else new
+        return out
+
+    return send
+
+
+@contextlib.contextmanager
+def forward_hooks(model: Any, hooks: list[tuple[str, Hook]]):
+    """Plain forward hooks ``fn(module, args, output)`` on submodules by path; removed in the ``finally``."""
+    handles = []
+    try:
+        for path, fn in hooks:
+            handles.append(model.get_submodule(path).register_forward_hook(fn))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def find_module(model: Any, class_name: str) -> str | None:
+    """Path of the first submodule of class ``class_name`` (``""`` for the model itself), or None."""
+    for path, module in model.named_modules():
+        if type(module).__name__ == class_name:
+            return path
+    return None
+
+
+def installed_version(package: str | None) -> str | None:
+    """The installed version of a distribution, or None."""
+    if package is None:
+        return None
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def call_model(model: Any, tokens: Tensor) -> Any:

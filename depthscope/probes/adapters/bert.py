@@ -31,9 +31,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, SourceSpec, module_attach
-from depthscope.probes.adapters.bridge import encoder
-from depthscope.probes.adapters.huggingface import _pretrained, model_name
+from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, SourceSpec, module_attach, router
+from depthscope.probes.adapters.hf import encoder, model_name, pretrained
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
@@ -46,11 +45,11 @@ MIXING_MEANING = (
     "post-LN: mixing is the token mean of prod 1/sigma over the LayerNorms between source and consumer; "
     "gamma and the centring are inside the terms, and each LayerNorm bias is a source"
 )
-ARCHITECTURES = ("bert",)  # model_type of the post-LN encoders this adapter reads
+MODEL_TYPES = ("bert",)  # model_type of the post-LN encoders this adapter reads (the loader asks)
 
 
 def detect(model: Any) -> bool:
-    return _pretrained(model) and getattr(model.config, "model_type", None) in ARCHITECTURES
+    return pretrained(model) and getattr(model.config, "model_type", None) in MODEL_TYPES
 
 
 def _prefix(model: Any) -> str:
@@ -141,15 +140,11 @@ def build(model: Any) -> Adapter:
 class _Terms:
     """The terms of the current hidden state and their accumulated 1/sigma, batch by batch."""
 
-    def __init__(self, emit: dict[str, list[Callback]]):
-        self.emit = emit
+    def __init__(self, send):
+        self.send = send
         self.terms: list[Tensor] = []  # [batch, pos, d_model] each
         self.scale: list[Tensor] = []  # [batch, pos] each: prod of 1/sigma since the term entered
         self.batch = 0
-
-    def send(self, key: str, value) -> None:
-        for fn in self.emit.get(key, []):
-            fn(value)
 
     def source(self, key: str, t: Tensor) -> None:
         """A new term: sent to the engine as a source, kept with scale 1."""
@@ -174,10 +169,7 @@ class _Terms:
 
 @contextlib.contextmanager
 def _attach(model: Any, taps: list[tuple[str, Callback]], n_layers: int):
-    emit: dict[str, list[Callback]] = {}
-    for key, fn in taps:
-        emit.setdefault(key, []).append(fn)
-    state = _Terms(emit)
+    state = _Terms(router(taps))
     p = _prefix(model)
 
     def word(t: Tensor) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from depthscope.errors import TraceError
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of
+from depthscope.probes.adapters.hf import encoder
 from depthscope.schemes import names
 
 FAMILY = "transformer-lens"
@@ -100,15 +101,6 @@ def _head(model: Any):
             getattr(module, "original_component", None) or getattr(module, "_original_component", None)
         )
     return None if None in inner else head_of(*inner)
-
-
-def encoder(tokenizer: Any):
-    """Text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
-
-    def encode(text: str) -> list[int]:
-        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
-
-    return encode
 
 
 def _config(cfg: Any) -> str:

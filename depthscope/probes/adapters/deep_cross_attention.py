@@ -64,7 +64,9 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     NativeSpec,
     SourceSpec,
+    installed_version,
     module_attach,
+    router,
 )
 from depthscope.schemes import names
 
@@ -138,7 +140,7 @@ def build(model: Any) -> Adapter:
         ConsumerSpec(names.READOUT, "readout.in", names.READOUT, 2 * depth + 1, len(srcs), "readout.w")
     )
     native.append(NativeSpec("grn_weight", "readout.gate", names.READOUT, ("entry",)))
-    version = _installed()
+    version = installed_version(PACKAGE) or VERSION
     first = model.dca_blocks[0]
     config = {
         "num_tokens": model.token_emb.num_embeddings,
@@ -167,15 +169,6 @@ def build(model: Any) -> Adapter:
         static_native=lambda: static_native(model, [c.label for c in cons]),
         attach=lambda m, taps: _attach(m, taps, k),
     )
-
-
-def _installed() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return VERSION
 
 
 def _n_entries(model: Any) -> int:
@@ -220,18 +213,8 @@ class _State:
     """Routes values to the engine's callbacks; keeps the q view's weights for the block's MLP."""
 
     def __init__(self, taps: list[tuple[str, Callback]], n_entries: int):
-        self.routes: dict[str, list[Callback]] = {}
-        for key, fn in taps:
-            self.routes.setdefault(key, []).append(fn)
+        self.send = router(taps)
         self.n_entries = n_entries
-
-    def send(self, key: str, value: Any) -> Tensor | None:
-        """Hand ``value`` to the callbacks of ``key``; a replacement one of them returns, if any."""
-        out = None
-        for fn in self.routes.get(key, ()):
-            new = fn(value if out is None else out)
-            out = out if new is None else new
-        return out
 
     def gate(self, key: str, dynamic: Tensor) -> None:
         """The native dynamic part [batch, pos, entry], padded with NaN to the longest stack."""

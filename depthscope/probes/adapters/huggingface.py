@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of, module_attach
-from depthscope.probes.adapters.bridge import encoder
+from depthscope.probes.adapters.hf import encoder, model_name, pretrained
 from depthscope.schemes import names
 
 FAMILY = "huggingface"
@@ -87,16 +86,11 @@ LAYOUTS = {
 }
 
 
-def _pretrained(model: Any) -> bool:
-    try:
-        from transformers import PreTrainedModel
-    except ImportError:  # pragma: no cover - transformers comes with transformer-lens
-        return False
-    return isinstance(model, PreTrainedModel)
+MODEL_TYPES = tuple(LAYOUTS)  # config.model_type of the models this adapter reads (the loader asks)
 
 
 def detect(model: Any) -> bool:
-    return _pretrained(model) and getattr(model.config, "model_type", None) in LAYOUTS
+    return pretrained(model) and getattr(model.config, "model_type", None) in LAYOUTS
 
 
 def base_prefix(model: Any, layout: DecoderLayout) -> str:
@@ -105,11 +99,6 @@ def base_prefix(model: Any, layout: DecoderLayout) -> str:
         if hasattr(model, attr) and hasattr(getattr(model, attr), layout.embed):
             return f"{attr}."
     return ""
-
-
-def model_name(model: Any) -> str:
-    path = str(getattr(model.config, "_name_or_path", "") or "")
-    return Path(path).name.removesuffix(".gguf") or model.config.model_type
 
 
 def build(model: Any) -> Adapter:

@@ -96,7 +96,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from depthscope.errors import DepthscopeError, TraceError
-from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, NativeSpec, SourceSpec
+from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, NativeSpec, SourceSpec, router
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 from depthscope.schemes.names import Kind
@@ -496,17 +496,13 @@ def pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
 class _Streams:
     """The unrolling of one forward, driven by the package's own calls, sent to the engine's taps."""
 
-    def __init__(self, plan: Plan, emit: dict[str, list[Callback]]):
-        self.plan, self.emit = plan, emit
+    def __init__(self, plan: Plan, send):
+        self.plan, self.send = plan, send
         self.unroll: StreamUnroll | None = None
         self.normed: Tensor | None = None
         self.pending: tuple[int, Tensor, Tensor] | None = None  # (module, H_res, H_post) awaiting its write
         self.next = 0  # the module expected to run next
         self.read = False
-
-    def send(self, key: str, value: Tensor) -> None:
-        for fn in self.emit.get(key, []):
-            fn(value)
 
     def _start(self, residuals: Tensor) -> None:
         """A new forward: the embedding (and stream embeddings) from the first module's input streams."""
@@ -601,10 +597,7 @@ def _wrap(module: nn.Module, k: int, state: _Streams) -> None:
 
 @contextlib.contextmanager
 def _attach(p: Plan, taps: list[tuple[str, Callback]]) -> Iterator[None]:
-    emit: dict[str, list[Callback]] = {}
-    for key, fn in taps:
-        emit.setdefault(key, []).append(fn)
-    state = _Streams(p, emit)
+    state = _Streams(p, router(taps))
     handles, wrapped = [], []
     try:
         for k, c in enumerate(p.connections):

@@ -79,7 +79,9 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     NativeSpec,
     SourceSpec,
+    installed_version,
     module_attach,
+    router,
 )
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
@@ -232,7 +234,7 @@ def build(model: Any) -> Adapter:
             names.READOUT, "readout.in", names.READOUT, len(layers.layers) + 1, len(srcs), readout_weights
         )
     )
-    version = _installed()
+    version = installed_version(PACKAGE) or VERSION
     variant = {HC: f"hc-{streams}", ATTNRES: "attnres", LIME: "lime"}[opt]
     title = {HC: f"hyper-connections, {streams} streams", ATTNRES: "attention residuals", LIME: "LIMe"}[opt]
     config = {
@@ -284,15 +286,6 @@ def _native(opt: str, row: str, first: bool) -> list[NativeSpec]:
     return [NativeSpec(name, f"{row}.{name}", row, ("state",))]
 
 
-def _installed() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version(PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return VERSION
-
-
 def states_to_sources(w: Tensor) -> Tensor:
     """Weights over the states h_0..h_i [..., state] -> delta-basis weights over embed, o_0..o_{i-1}:
     source m collects the weights of every state from h_m on (a reversed cumulative sum).
@@ -325,21 +318,11 @@ class _State:
     """Routes values to the engine's callbacks and carries the per-batch bookkeeping."""
 
     def __init__(self, taps: list[tuple[str, Callback]], n_states: int):
-        self.routes: dict[str, list[Callback]] = {}
-        for key, fn in taps:
-            self.routes.setdefault(key, []).append(fn)
+        self.send = router(taps)
         self.n_states = n_states
         self.unroll: StreamUnroll | None = None
         self.query: Tensor | None = None
         self.dtype = torch.float32
-
-    def send(self, key: str, value: Any) -> Tensor | None:
-        """Hand ``value`` to the callbacks of ``key``; a replacement one of them returns, if any."""
-        out = None
-        for fn in self.routes.get(key, ()):
-            new = fn(value if out is None else out)
-            out = out if new is None else new
-        return out
 
     def state_weights(self, rows: list[str], w: Tensor, name: str) -> None:
         """Weights over states [view, batch, pos, state] -> each view's delta-basis weights and native."""

@@ -1,0 +1,174 @@
+"""Adapter for Beam in ``transformers`` (``model_type`` ``beam``): sandwich norms and a depth-scaled residual.
+
+Legend: batch, pos, d_model, source (the embedding, then every sublayer output in execution order).
+
+What the model computes (``modeling_beam.py``, ``depth_scaled_residual_add``). Every sublayer is
+wrapped in two RMSNorms (sandwich norms): it reads RMSNorm(h) and writes f = RMSNorm(sublayer(.))
+(``post_attention_layernorm`` / ``post_feedforward_layernorm`` outputs). The write is a
+depth-scaled residual add with index k:
+
+    h <- sqrt((k - 1) / k) h + f / sqrt(k)
+
+where k is ``attn_residual_add_idx`` = 2 (l + 1) for the attention of decoder layer l (0-based)
+and ``mlp_residual_add_idx`` = 2 (l + 1) + 1 for its MLP: the adds are numbered 2, 3, 4, ... in
+execution order, the embedding counting as term 1.
+
+The exact depth counting (the statement for the README). The stream after add k is
+(e + f_1 + ... + f_{k-1}) / sqrt(k): a running mean in the sqrt sense, with the embedding e and the
+k - 1 sublayer outputs written so far each weighted exactly 1/sqrt(k). So a consumer at depth K
+(the attention of layer l: K = 2l + 1; its MLP: K = 2l + 2; the read-out of an L-layer model:
+K = 2L + 1) reads its K available sources each with weight exactly 1/sqrt(K): M[l, s] = 1/sqrt(K_l)
+on every available cell, a static, exactly uniform scheme (it does not dilute any source more than
+another; it shrinks the whole input by 1/sqrt(K), which the consumer's RMSNorm undoes).
+
+How it maps to the delta basis: sources are the token embedding and each sandwich-normed sublayer
+output (what the add receives as f); consumers are each sublayer's input before its pre-norm
+(``input_layernorm`` / ``pre_feedforward_layernorm`` inputs) and the final norm's input. The
+weights are not assumed: they are unrolled at build time from the add indices the decoder layers
+carry (coefficients c over the sources: c <- sqrt((k-1)/k) c, then append 1/sqrt(k)), and the
+engine's residual identity checks them against the actual inputs on every batch.
+
+Native (static) quantities, per consumer, of the add that produced its input (NaN for the first
+attention, which reads the embedding directly): ``residual_add_idx`` (layer) k,
+``residual_scale`` (layer) sqrt((k-1)/k) and ``branch_scale`` (layer) 1/sqrt(k).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import numpy as np
+import torch
+
+from depthscope.probes.adapters.base import (
+    Adapter,
+    Callback,
+    ConsumerSpec,
+    SourceSpec,
+    find_module,
+    module_attach,
+)
+from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
+from depthscope.schemes import names
+
+FAMILY = "beam"
+PACKAGE = "transformers"
+VERSION = "5.24.0"
+PRIORITY = 20
+MODEL_TYPES = ("beam",)
+READS = (
+    "transformers beam (sandwich norms, depth_scaled_residual_add): post-norm sublayer outputs as sources; "
+    "static M = 1/sqrt(K) at a consumer of depth K, unrolled from the layers' residual_add_idx"
+)
+BASE_CLASS = "BeamModel"
+
+
+def detect(model: Any) -> bool:
+    return (
+        pretrained(model)
+        and getattr(model.config, "model_type", None) in MODEL_TYPES
+        and find_module(model, BASE_CLASS) is not None
+    )
+
+
+def add_indices(base: Any) -> list[int]:
+    """The residual add index k of every sublayer, in execution order, as the decoder layers carry them."""
+    return [k for layer in base.layers for k in (layer.attn_residual_add_idx, layer.mlp_residual_add_idx)]
+
+
+def unrolled_weights(indices: list[int]) -> list[list[float]]:
+    """Per consumer (each sublayer, then the read-out), the weight of each available source."""
+    coef, rows = [1.0], []  # the stream holds sum_j coef[j] v_j: the embedding alone at first
+    for k in indices:
+        rows.append(list(coef))
+        coef = [c * math.sqrt((k - 1) / k) for c in coef] + [1.0 / math.sqrt(k)]
+    rows.append(coef)
+    return rows
+
+
+def build(model: Any) -> Adapter:
+    p = prefix_of(model, BASE_CLASS, FAMILY)
+    base = model.get_submodule(p.rstrip(".")) if p else model
+    cfg = base.config
+    n = cfg.num_hidden_layers
+    indices = add_indices(base)
+    rows = unrolled_weights(indices)
+    srcs = [SourceSpec(names.EMBED, f"{p}embed_tokens:out", names.EMBED, 0)]
+    cons, weights = [], {}
+    plan = (
+        (names.ATTN, "input_layernorm", "post_attention_layernorm"),
+        (names.MLP, "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    )
+    for i in range(n):
+        for kind, reads, writes in plan:
+            label, depth = names.label(i, kind), len(srcs)
+            tap = f"{p}layers.{i}.{reads}:in"
+            cons.append(ConsumerSpec(label, tap, kind, depth, len(srcs), f"{label}.w"))
+            weights[f"{label}.w"] = (tap, torch.tensor(rows[depth - 1], dtype=torch.float64))
+            srcs.append(SourceSpec(label, f"{p}layers.{i}.{writes}:out", kind, depth))
+    ro, tap = names.READOUT, f"{p}norm:in"
+    cons.append(ConsumerSpec(ro, tap, ro, len(srcs), len(srcs), f"{ro}.w"))
+    weights[f"{ro}.w"] = (tap, torch.tensor(rows[-1], dtype=torch.float64))
+    labels = [c.label for c in cons]
+    keep = (
+        "model_type",
+        "num_hidden_layers",
+        "hidden_size",
+        "layer_types",
+        "mlp_layer_types",
+        "num_experts",
+        "vocab_size",
+        "max_position_embeddings",
+    )
+    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    name = model_name(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    return Adapter(
+        family=FAMILY,
+        sources=srcs,
+        consumers=cons,
+        attrs={
+            "scheme": "depth-scaled",
+            "variant": name,
+            "label": label_of(model, cfg.model_type),
+            "family": FAMILY,
+            "config": json.dumps(config, sort_keys=True, default=str),
+            "mixing_meaning": "static: every available source has weight 1/sqrt(K) at a consumer of depth K",
+        },
+        ctx=int(cfg.max_position_embeddings),
+        vocab=int(cfg.vocab_size),
+        encode=None if tokenizer is None else encoder(tokenizer),
+        static_native=lambda: static_scales(indices, labels),
+        attach=lambda m, taps: _attach(m, taps, weights),
+        skip_positions=1,
+        hint="; the beam forward no longer matches the depth-scaled residual this adapter unrolls",
+    )
+
+
+def static_scales(indices: list[int], labels: list[str]) -> dict[str, tuple[tuple[str, ...], Any, dict]]:
+    """Per consumer, the add that produced its input: its index and its two scales (NaN for the first)."""
+    k = np.array([np.nan, *indices], dtype=np.float64)  # consumer r reads the stream after add r - 1
+    coords = {"layer": np.array(labels, dtype=object)}
+    return {
+        "residual_add_idx": (("layer",), k, coords),
+        "residual_scale": (("layer",), np.sqrt((k - 1) / k), coords),
+        "branch_scale": (("layer",), 1.0 / np.sqrt(k), coords),
+    }
+
+
+def _attach(model: Any, taps: list[tuple[str, Callback]], weights: dict[str, tuple[str, torch.Tensor]]):
+    """Module taps as they are; a consumer's constant weights are sent when its input arrives."""
+
+    def constant(fn: Callback, w: torch.Tensor) -> Callback:
+        return lambda h: fn(w.to(h.dtype).expand(*h.shape[:2], -1))
+
+    module_taps = []
+    for key, fn in taps:
+        if key in weights:
+            tap, w = weights[key]
+            module_taps.append((tap, constant(fn, w)))
+        else:
+            module_taps.append((key, fn))
+    return module_attach(model, module_taps)

@@ -1,0 +1,49 @@
+"""Helpers of the adapters for Hugging Face ``transformers`` models (no family of its own)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from depthscope.errors import DepthscopeError
+from depthscope.probes.adapters.base import find_module, installed_version
+
+
+def pretrained(model: Any) -> bool:
+    """Whether ``model`` is a ``transformers`` PreTrainedModel."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:  # pragma: no cover - transformers comes with transformer-lens
+        return False
+    return isinstance(model, PreTrainedModel)
+
+
+def model_name(model: Any) -> str:
+    """The model's name: its directory's or file's (``_name_or_path``), else its model type."""
+    path = str(getattr(model.config, "_name_or_path", "") or "")
+    return Path(path).name.removesuffix(".gguf") or model.config.model_type
+
+
+def encoder(tokenizer: Any):
+    """Text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
+
+    return encode
+
+
+def prefix_of(model: Any, class_name: str, family: str) -> str:
+    """``"model."`` for a *ForCausalLM, ``""`` for the base model; DepthscopeError for another model."""
+    path = find_module(model, class_name) if pretrained(model) else None
+    if path is None:
+        kind = type(model).__name__
+        raise DepthscopeError(f"the {family} adapter reads transformers {class_name} models, not a {kind}")
+    return f"{path}." if path else ""
+
+
+def label_of(model: Any, model_type: str) -> str:
+    """Trace label: transformers' version and the model type, and the model's name when it has one."""
+    name = model_name(model)
+    base = f"transformers {installed_version('transformers') or '?'}: {model_type}"
+    return base if name in (model_type, model.config.model_type) else f"{base} ({name})"
