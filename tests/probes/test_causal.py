@@ -221,3 +221,39 @@ def test_ablation_needs_an_lm_head(tmp_path, capsys):
         from depthscope.probes.load import load_model
 
         capture(load_model(d), torch.randint(5, 90, (2, 16)), logits=True)
+
+
+def test_hugging_face_decoder_attribution_and_ablation(tmp_path):
+    """A Llama through module hooks: the attribution adds up, the read-out's lens is the model's loss,
+    and removing 0.mlp from every consumer equals zeroing its output (an independent forward hook)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    toks = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
+    trace = capture(model, toks, logits=True, ablate="sources", skip_positions=0)
+    assert float(trace["logit_error"].max()) < 1e-5
+    assert float(trace["lens_loss"].sel(layer="readout")) == pytest.approx(trace.attrs["loss"], rel=1e-6)
+
+    def loss(zero: bool) -> float:
+        handle = (
+            model.model.layers[0].mlp.register_forward_hook(lambda m, a, out: torch.zeros_like(out))
+            if zero
+            else None
+        )
+        with torch.no_grad():
+            logits = model(toks).logits[:, :-1].double()
+        if handle:
+            handle.remove()
+        return float(F.cross_entropy(logits.flatten(0, 1), toks[:, 1:].flatten()))
+
+    expect = loss(True) - loss(False)
+    assert float(trace["ablation_effect"].sel(source="0.mlp")) == pytest.approx(expect, abs=1e-5)

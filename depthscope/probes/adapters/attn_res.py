@@ -51,6 +51,7 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     NativeSpec,
     SourceSpec,
+    head_of,
     installed_version,
     module_attach,
     router,
@@ -151,6 +152,7 @@ def build(model: Any) -> Adapter:
         vocab=int(cfg.vocab_size),
         native=native,
         attach=lambda m, taps: _attach(m, taps, size, mode),
+        head=head_of(model.out_norm, model.lm_head),
     )
 
 

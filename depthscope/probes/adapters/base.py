@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from depthscope.corpus import Encode
@@ -210,8 +211,20 @@ class Head:
     def b_U(self) -> Tensor | None:  # noqa: N802
         return getattr(self.unembed, "bias", None)
 
+    def normalise(self, h: Tensor) -> Tensor:
+        """The final norm, computed from its parameters (not by calling the module, whose hooks may be
+        the read-out's tap).
+        """
+        x = h - h.mean(-1, keepdim=True) if self.centred else h
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.weight is not None:
+            x = x * self.weight.to(x.dtype)
+        return x + self.bias.to(x.dtype) if self.bias is not None else x
+
     def logits(self, h: Tensor) -> Tensor:
-        return self.unembed(self.norm(h))
+        """Decode a stream state through the final norm and the unembedding (the logit lens)."""
+        b_U = self.b_U.to(h.dtype) if self.b_U is not None else None  # noqa: N806
+        return torch.nn.functional.linear(self.normalise(h), self.W_U.to(h.dtype), b_U)
 
 
 def head_of(norm: Any, unembed: Any) -> Head:
@@ -224,7 +237,11 @@ def head_of(norm: Any, unembed: Any) -> Head:
     centred = isinstance(norm, nn.LayerNorm) or bias is not None
     eps = getattr(norm, "eps", None)
     if eps is None:
-        eps = getattr(norm, "variance_epsilon", 1e-6)
+        eps = getattr(norm, "variance_epsilon", None)
+    if eps is None:  # torch's RMSNorm(eps=None): the dtype's machine epsilon
+        eps = torch.finfo(
+            norm.weight.dtype if getattr(norm, "weight", None) is not None else torch.float32
+        ).eps
     return Head(norm, unembed, centred, float(eps), getattr(norm, "weight", None), bias)
 
 

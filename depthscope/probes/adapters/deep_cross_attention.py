@@ -64,6 +64,7 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     NativeSpec,
     SourceSpec,
+    head_of,
     installed_version,
     module_attach,
     router,
@@ -168,6 +169,7 @@ def build(model: Any) -> Adapter:
         native=native,
         static_native=lambda: static_native(model, [c.label for c in cons]),
         attach=lambda m, taps: _attach(m, taps, k),
+        head=head_of(model.norm, model.to_logits),
     )
 
 
