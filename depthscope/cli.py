@@ -249,34 +249,68 @@ def capture(
     ablate: AblateOpt = None,
     ablate_mean: AblateMeanOpt = False,
     quiet: QuietOpt = False,
+    workers: Annotated[
+        int, typer.Option(min=1, help="Local processes that share the windows (gloo); or run under torchrun.")
+    ] = 1,
+    checkpoint_every: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Save the partial sums every N batches beside the output (OUT.partial); 0: never."
+        ),
+    ] = 0,
+    resume: Annotated[
+        bool, typer.Option(help="Continue from OUT.partial if it exists (refused if made with other inputs).")
+    ] = False,
+    device: Annotated[
+        str | None, typer.Option(help="Torch device to run the model on (cpu, cuda, cuda:1, mps ...).")
+    ] = None,
+    dtype: Annotated[
+        Literal["float32", "bfloat16", "float16"] | None,
+        typer.Option(
+            help="Precision the model computes in (statistics stay float64). Default: the checkpoint's."
+        ),
+    ] = None,
+    device_map: Annotated[
+        str | None,
+        typer.Option(
+            help="Hugging Face models: 'auto' (accelerate spreads layers over GPUs, CPU and disk), or a JSON "
+            "object or file of module -> device."
+        ),
+    ] = None,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
-    from depthscope.probes import capture as run_capture
-    from depthscope.probes import save_trace
-    from depthscope.probes.load import load_model
+    from depthscope.pipelines.capture import CaptureJob, run_capture
+    from depthscope.probes.load import Placement
 
-    model = load_model(checkpoint)
-    trace = run_capture(
-        model,
-        corpus,
-        n_tokens=tokens,
+    job = CaptureJob(
+        model=str(checkpoint),
+        out=out_path,
+        corpus=corpus,
+        tokens=tokens,
         batch_size=batch_size,
         seed=seed,
         ctx=ctx,
         skip_positions=skip_positions,
-        progress=not quiet,
-        checkpoint=str(checkpoint),
         rank=rank,
         logits=logits,
         ablate=ablate,
         ablate_mean=ablate_mean,
+        progress=not quiet,
+        placement=Placement(device=device, dtype=dtype, device_map=device_map),
+        checkpoint_every=checkpoint_every,
+        resume=resume,
+        workers=workers,
     )
-    save_trace(trace, out_path)
+    trace = run_capture(job)
+    if trace is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
     worst = float(trace["residual_error"].max())
+    world = int(trace.attrs.get("world_size", 1))
     out.print(
         f"wrote {out_path}: {trace.attrs['label']}, {trace.sizes['layer']} consumers x "
         f"{trace.sizes['source']} sources, "
         f"{trace.attrs['tokens']} tokens in windows of {trace.attrs['ctx']} (max residual error {worst:.1e})"
+        + (f", {world} ranks" if world > 1 else "")
     )
 
 

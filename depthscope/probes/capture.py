@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -28,11 +29,15 @@ from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.causal import ABLATE, TARGETS, Ablation, LogitProbe, require_head
+from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
+from depthscope.probes.shard import all_gather, shard
 from depthscope.probes.trace import Accumulator
 from depthscope.progress import bar
 from depthscope.schemes.names import READOUT
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
+# half precision: measured on SmolLM2 (see the README, "Running at scale"), with a margin
+LOW_PRECISION = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 # Default window length: the model's context, at most this. Long-context models (SmolLM2: 8192)
 # would otherwise cost minutes and gigabytes per window on a CPU, and shares depend on the window
 # length, so a fixed, stated default keeps traces of different models comparable.
@@ -79,6 +84,9 @@ def capture(
     logits: bool = False,
     ablate: str | None = None,
     ablate_mean: bool = False,
+    partial: str | Path | None = None,
+    save_every: int = 0,
+    resume: bool = False,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
@@ -101,6 +109,12 @@ def capture(
         ablate: ``"sources"`` (remove each source from every later consumer's input) or
             ``"cells"`` (from one consumer at a time): the increase in loss, one forward per
             source or cell; ``ablate_mean`` replaces the term by its token mean instead.
+        partial: where to keep the partial state (``probes.partial``); ``save_every`` batches
+            write it (atomically), ``resume`` continues from it if it exists (refused if it was
+            made with another model, corpus, seed or settings).
+
+    In a torch.distributed process group (torchrun), each rank captures its share of the batches
+    and every rank returns the merged trace (``probes.shard``); the trace records ``world_size``.
 
     Raises:
         DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
@@ -113,6 +127,10 @@ def capture(
         ad.forward = lambda _model, tokens: forward(tokens)
     if batch_size < 1:
         raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
+    if save_every < 0:
+        raise DepthscopeError(f"save_every must be >= 0, got {save_every}")
+    if (save_every or resume) and partial is None:
+        raise DepthscopeError("saving or resuming a partial capture needs its path (partial=)")
     if ablate is not None and ablate not in ABLATE:
         raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {ablate!r}")
     if logits or ablate:  # before the slow work: a model without an LM head is refused at once
@@ -129,29 +147,66 @@ def capture(
             f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
             f"got {skip_positions}"
         )
-    acc = Accumulator(ad.layout(), covariance=rank)
-    probe = LogitProbe(ad, skip_positions) if logits or ablate else None
-    ablation = Ablation(ad, skip_positions, ablate, ablate_mean) if ablate else None
-    taps = Taps(ad, acc, skip_positions, probe)
-    callbacks = taps.callbacks()
+    me, world = shard()
+    run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean)
     chunks = windows.split(batch_size)
-    label = "capture" + (f" + ablate {ablate} ({len(ablation.units)} per batch)" if ablation else "")
-    with evaluating(model), torch.no_grad(), bar(label, len(windows), enabled=progress) as pb:
-        for b, chunk in enumerate(chunks):
-            acc.start_batch()
-            taps.new_batch(chunk)
-            with ad.attach(model, callbacks):
-                output = ad.forward(model, chunk)
-            taps.end_batch(b)
-            if probe is not None:
-                probe.end_batch(ad.logits(output))
-            if ablation is not None:
-                ablation.run(model, chunk)
-            acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - skip_positions))
-            pb.advance(len(chunk))
+    mine = list(range(me, len(chunks), world))
+    done, record = 0, None
+    if partial is not None:
+        settings = {
+            "batch_size": batch_size,
+            "skip_positions": int(skip_positions),
+            "rank": bool(rank),
+            "logits": bool(logits),
+            "ablate": ablate,
+            "ablate_mean": bool(ablate_mean),
+            "world_size": world,
+            "shard": me,
+        }
+        record = {
+            "model": model_fingerprint(model, ad.attrs),
+            "windows": windows_fingerprint(windows, corpus_name),
+            "settings": settings,
+        }
+        if resume and Path(partial).is_file():
+            state, meta = load_partial(Path(partial), record)
+            run.merge(state)
+            done = int(meta["batches_done"])
+    device = input_device(model)
+    label = "capture" + (f" + ablate {ablate} ({len(run.ablation.units)} per batch)" if run.ablation else "")
+    failure = None
+    try:
+        with (
+            evaluating(model),
+            torch.no_grad(),
+            bar(label, sum(len(chunks[b]) for b in mine), enabled=progress and me == 0) as pb,
+        ):
+            pb.advance(sum(len(chunks[b]) for b in mine[:done]))
+            for b in mine[done:]:
+                run.batch(model, chunks[b].to(device), b)
+                done += 1
+                pb.advance(len(chunks[b]))
+                if save_every and done % save_every == 0 and done < len(mine):
+                    save_partial(Path(partial), run.state(), {**record, "batches_done": done})
+    except Exception as err:  # a failing rank tells the others before raising, so none waits forever
+        failure = err
+    if world > 1:
+        gathered = all_gather(
+            (None if failure is None else _describe(failure), None if failure else run.state())
+        )
+        if failure is not None:
+            raise failure
+        first = next((msg for msg, _ in gathered if msg is not None), None)
+        if first is not None:
+            raise DepthscopeError(f"another rank failed: {first}")
+        run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean)
+        for _, state in gathered:  # rank order: a reproducible float64 sum
+            run.merge(state)
+    elif failure is not None:
+        raise failure
     from depthscope._version import __version__
 
-    ds = acc.dataset(
+    return run.dataset(
         {
             **ad.attrs,
             "checkpoint": str(checkpoint),
@@ -160,24 +215,98 @@ def capture(
             "ctx": int(windows.shape[1]),
             "skip_positions": int(skip_positions),
             "depthscope_version": __version__,
+            "world_size": world,
         }
     )
-    extra = probe.variables(TOLERANCE) if probe is not None else {}
-    if ablation is not None:
-        extra.update(ablation.variables(probe.loss, probe.tokens, len(ad.consumers), len(ad.sources)))
-        ds.attrs.update(ablation=ablate, ablation_mean=int(ablate_mean))
-    if probe is not None:
-        ds.attrs.update(loss=probe.loss / max(probe.tokens, 1), logit_tokens=probe.tokens)
-    for name, (dims, array) in extra.items():
-        ds[name] = (dims, array)
-        ds[name].attrs.update(long_name=CAUSAL_ATTRS[name][0], units=CAUSAL_ATTRS[name][1])
-    if "logit_attribution" in ds:
-        ds = ds.assign_coords(target=np.array(TARGETS, dtype=object))
-    for name, (dims, array, coords) in ad.static_native().items():
-        ds[name] = xr.DataArray(array, dims=dims, coords=coords)
-        ds[name].attrs.update(long_name=f"{name} (native, static)", units="1")
-    check_additive(ds, TOLERANCE, ad.hint)
-    return ds
+
+
+def _describe(err: Exception) -> str:
+    return str(err) if isinstance(err, DepthscopeError) else f"{type(err).__name__}: {err}"
+
+
+def input_device(model: Any) -> torch.device:
+    """Where a batch of token ids goes: the model's first parameter's device; the CPU for a model
+    dispatched over devices by accelerate (its hooks move each module's inputs themselves).
+    """
+    if getattr(model, "hf_device_map", None):
+        return torch.device("cpu")
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")
+
+
+class Run:
+    """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work."""
+
+    def __init__(self, ad: Adapter, skip: int, rank: bool, logits: bool, ablate: str | None, mean: bool):
+        self.ad, self.skip, self.ablate, self.ablate_mean = ad, skip, ablate, mean
+        self.acc = Accumulator(ad.layout(), covariance=rank)
+        self.probe = LogitProbe(ad, skip) if logits or ablate else None
+        self.ablation = Ablation(ad, skip, ablate, mean) if ablate else None
+        self.taps = Taps(ad, self.acc, skip, self.probe)
+        self.callbacks = self.taps.callbacks()
+
+    def batch(self, model: Any, chunk: Tensor, b: int) -> None:
+        ad = self.ad
+        self.acc.start_batch()
+        self.taps.new_batch(chunk)
+        with ad.attach(model, self.callbacks):
+            output = ad.forward(model, chunk)
+        self.taps.end_batch(b)
+        if self.probe is not None:
+            self.probe.end_batch(ad.logits(output))
+        if self.ablation is not None:
+            self.ablation.run(model, chunk)
+        self.acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - self.skip))
+
+    def parts(self) -> dict[str, Any]:
+        return {"acc": self.acc, "probe": self.probe, "ablation": self.ablation}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every accumulator's state, keys prefixed by the accumulator (``acc.``, ``probe.`` ...)."""
+        out = {"dtype": np.array(str(self.taps.dtype or ""))}
+        for name, part in self.parts().items():
+            if part is not None:
+                out.update({f"{name}.{k}": v for k, v in part.state().items()})
+        return out
+
+    def merge(self, state: dict[str, np.ndarray]) -> None:
+        """Add a state (of the windows after this run's) into this run's accumulators."""
+        for name, part in self.parts().items():
+            if part is not None:
+                part.merge({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
+        if str(state["dtype"]):
+            self.taps.dtype = self.taps.dtype or getattr(torch, str(state["dtype"]).removeprefix("torch."))
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        ad, probe, ablation = self.ad, self.probe, self.ablation
+        tol = tolerance(self.taps.dtype)
+        ds = self.acc.dataset({**attrs, "dtype": str(self.taps.dtype or "").removeprefix("torch.")})
+        extra = probe.variables(tol) if probe is not None else {}
+        if ablation is not None:
+            extra.update(ablation.variables(probe.loss, probe.tokens, len(ad.consumers), len(ad.sources)))
+            ds.attrs.update(ablation=self.ablate, ablation_mean=int(self.ablate_mean))
+        if probe is not None:
+            ds.attrs.update(loss=probe.loss / max(probe.tokens, 1), logit_tokens=int(probe.tokens))
+        for name, (dims, array) in extra.items():
+            ds[name] = (dims, array)
+            ds[name].attrs.update(long_name=CAUSAL_ATTRS[name][0], units=CAUSAL_ATTRS[name][1])
+        if "logit_attribution" in ds:
+            ds = ds.assign_coords(target=np.array(TARGETS, dtype=object))
+        for name, (dims, array, coords) in ad.static_native().items():
+            ds[name] = xr.DataArray(array, dims=dims, coords=coords)
+            ds[name].attrs.update(long_name=f"{name} (native, static)", units="1")
+        check_additive(ds, tol, ad.hint)
+        return ds
+
+
+def tolerance(dtype: torch.dtype | None) -> float:
+    """The rebuild tolerance for a model computing in ``dtype``: ``TOLERANCE`` for float32 and
+    float64; for half precision, where every residual addition rounds to 8 (bfloat16) or 11
+    (float16) bits, ``LOW_PRECISION[dtype]``.
+    """
+    return LOW_PRECISION.get(dtype, TOLERANCE)
 
 
 @contextlib.contextmanager
@@ -203,6 +332,7 @@ class Taps:
         self.pending: dict[int, dict[str, Tensor]] = {}
         self.deferred: list[tuple[int, Tensor, Tensor]] = []
         self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
+        self.dtype: torch.dtype | None = None  # the model's compute dtype, from its first source
 
     def callbacks(self) -> list[tuple[str, Any]]:
         out = [(s.tap, self._on_source(j)) for j, s in enumerate(self.ad.sources)]
@@ -233,13 +363,14 @@ class Taps:
             c = self.ad.consumers[int(np.flatnonzero(~folded)[0])]
             raise TraceError(f"consumer {c.label} ({c.tap}) was not seen in batch {b}")
         err = self.acc.batch_error()
-        if not np.all(err <= TOLERANCE):
+        tol = tolerance(self.dtype)
+        if not np.all(err <= tol):
             worst = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
             raise TraceError(
                 f"{self.ad.family} model is not additive: its input at {self.ad.consumers[worst].label} is "
                 "not the sum "
                 f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance "
-                f"{TOLERANCE:g}){self.ad.hint}"
+                f"{tol:g}){self.ad.hint}"
             )
 
     def _cut(self, t: Tensor) -> Tensor:
@@ -248,6 +379,9 @@ class Taps:
     def _on_source(self, j: int):
         def hook(t: Tensor) -> None:
             t = self._cut(t)
+            self.dtype = self.dtype or t.dtype
+            if t.dtype in LOW_PRECISION:  # sums of half-precision terms are formed in float32
+                t = t.float()
             if not self.fired.any():  # first source of a batch: (re)use one buffer of all source outputs
                 shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
                 if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
@@ -284,12 +418,15 @@ class Taps:
                         f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not "
                         "fired before it"
                     )
-                h = got["h"]
+                dev, dtype = self.values.device, self.values.dtype
+                h = got["h"].to(dev, dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(dev)
                 w = got.get("w")
                 if w is None:
                     w = h.new_ones(*h.shape[:-1], n)
-                elif not spec.terms and w.dtype != self.values.dtype:
-                    w = w.to(self.values.dtype)  # weights unrolled in float64 meet the sources' dtype
+                elif spec.terms:
+                    w = tuple(x.to(dev) for x in w)
+                else:  # weights unrolled in float64, or on another device, meet the sources
+                    w = w.to(dev, dtype)
                 if self.probe is not None and spec.kind == READOUT:
                     self.probe.readout(h, (w[0], None, True) if spec.terms else (w, self.values, False))
                 if spec.terms:

@@ -56,8 +56,24 @@ def require_head(ad: Adapter, what: str) -> Head:
     return ad.head
 
 
-class LogitProbe:
+class Sums:
+    """Plain float64 sums over tokens (``FIELDS``), so a probe's state saves and merges by addition."""
+
+    FIELDS: tuple[str, ...] = ()
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {f: np.array(getattr(self, f), dtype=np.float64) for f in self.FIELDS}
+
+    def merge(self, state: dict[str, np.ndarray]) -> None:
+        for f in self.FIELDS:
+            value = getattr(self, f) + state[f]
+            setattr(self, f, value if isinstance(value, np.ndarray) else float(value))
+
+
+class LogitProbe(Sums):
     """Direct logit attribution and the logit lens, summed over a capture's batches."""
+
+    FIELDS = ("attr", "bias", "err", "actual", "lens_ce", "lens_agree", "loss", "tokens")
 
     def __init__(self, ad: Adapter, skip: int):
         self.head = require_head(ad, "--logits")
@@ -70,7 +86,7 @@ class LogitProbe:
         self.lens_ce = np.zeros(n_l)
         self.lens_agree = np.zeros(n_l)
         self.loss = 0.0
-        self.tokens = 0
+        self.tokens = 0.0
         self._top1: dict[int, Tensor] = {}
         self._readout: tuple | None = None
         self._next: Tensor | None = None
@@ -90,8 +106,9 @@ class LogitProbe:
     @torch.no_grad()
     def lens(self, i: int, h: Tensor) -> None:
         """Consumer i's input [batch, pos, d_model] (skipped positions cut): decoded, scored."""
-        logits = self.head.logits(self._cut(h)).double()
-        self.lens_ce[i] += float(F.cross_entropy(logits.flatten(0, 1), self._next.flatten(), reduction="sum"))
+        logits = self.head.logits(self._cut(h).to(self.head.W_U.device)).double()
+        nxt = self._next.to(logits.device)
+        self.lens_ce[i] += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
         self._top1[i] = logits.argmax(-1)
 
     def readout(self, h: Tensor, parts: tuple[Tensor, Tensor | None, bool]) -> None:
@@ -101,23 +118,24 @@ class LogitProbe:
     @torch.no_grad()
     def end_batch(self, logits: Tensor) -> None:
         logits = logits[:, self.skip : -1].double()
-        nxt = self._next
+        nxt = self._next = self._next.to(logits.device)
         self.loss += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
         self.tokens += nxt.numel()
         top1 = logits.argmax(-1)
         for i, pred in self._top1.items():
-            self.lens_agree[i] += float((pred == top1).sum())
+            self.lens_agree[i] += float((pred.to(top1.device) == top1).sum())
         if self._readout is None:
             raise TraceError("the read-out consumer did not fire: no logit attribution")
         self._attribute(logits, top1)
 
     def _attribute(self, logits: Tensor, top1: Tensor) -> None:
-        head, nxt = self.head, self._next
+        head = self.head
+        dev = head.W_U.device
+        nxt, logits, top1 = self._next.to(dev), logits.to(dev), top1.to(dev)
         h, (w, values, is_terms) = self._readout
-        h = self._cut(h).double()
-        terms = (
-            self._cut(w).double() if is_terms else _terms(self._cut(w).double(), self._cut(values).double())
-        )
+        h = self._cut(h).to(dev, torch.float64)
+        w = self._cut(w).to(dev, torch.float64)
+        terms = w if is_terms else _terms(w, self._cut(values).to(dev, torch.float64))
         if head.centred:
             h = h - h.mean(-1, keepdim=True)
             terms = terms - terms.mean(-1, keepdim=True)
@@ -125,8 +143,8 @@ class LogitProbe:
         gamma = head.weight.double() if head.weight is not None else 1.0
         wrong = logits.masked_fill(F.one_hot(nxt, logits.shape[-1]).bool(), -torch.inf).argmax(-1)
         W_U = head.W_U.double()  # noqa: N806 (the usual name)
-        b_U = head.b_U.double() if head.b_U is not None else torch.zeros(W_U.shape[0], dtype=torch.float64)
-        beta = head.bias.double() if head.bias is not None else torch.zeros(W_U.shape[1], dtype=torch.float64)
+        b_U = head.b_U.double() if head.b_U is not None else W_U.new_zeros(W_U.shape[0])
+        beta = head.bias.double() if head.bias is not None else W_U.new_zeros(W_U.shape[1])
         for k, target in enumerate(TARGETS):
             if target == "margin":
                 u, b = W_U[nxt] - W_U[wrong], b_U[nxt] - b_U[wrong]
@@ -138,7 +156,7 @@ class LogitProbe:
             bias = u @ beta + b
             total = attr.sum(-1) + bias
             n = attr.shape[-1]
-            self.attr[:n, k] += attr.sum((0, 1)).numpy()
+            self.attr[:n, k] += attr.sum((0, 1)).cpu().numpy()
             self.bias[k] += float(bias.sum())
             self.err[k] += float((total - actual.squeeze(-1)).pow(2).sum())
             self.actual[k] += float(actual.pow(2).sum())
@@ -180,8 +198,10 @@ def units(ad: Adapter, mode: str) -> list[tuple[int, int | None]]:
     return [(j, i) for i, c in enumerate(ad.consumers) for j in range(c.n_sources)]
 
 
-class Ablation:
+class Ablation(Sums):
     """Runs the ablated forwards of one batch and sums their losses per unit."""
+
+    FIELDS = ("loss",)
 
     def __init__(self, ad: Adapter, skip: int, mode: str, mean: bool = False, group: int = 4):
         require_head(ad, "--ablate")
@@ -208,6 +228,7 @@ class Ablation:
             with self.attach(model, batch, chunk.shape[0]):
                 logits = self.ad.logits(self.ad.forward(model, tokens))
             logits = logits[:, self.skip : -1].double().unflatten(0, (len(batch), chunk.shape[0]))
+            nxt = nxt.to(logits.device)
             for g in range(len(batch)):
                 ce = F.cross_entropy(logits[g].flatten(0, 1), nxt.flatten(), reduction="sum")
                 self.loss[start + g] += float(ce)
@@ -249,7 +270,7 @@ class Ablation:
                     )
                     if self.mean:
                         term = term - term.mean((0, 1), keepdim=True)
-                    h[rows] = h[rows] - term
+                    h[rows] = h[rows] - term.to(h.device, h.dtype)
                 return h
 
             return hook

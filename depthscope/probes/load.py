@@ -105,21 +105,107 @@ def input_kind(path: str | Path) -> str:
     )
 
 
-def load_model(path: str | Path) -> Any:
-    """A model from a path or a short name (see the module docstring), ready for ``capture``."""
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where and in what precision a model runs (``--device``, ``--dtype``, ``--device-map``).
+
+    ``device_map`` (Hugging Face models only) is ``"auto"`` (accelerate spreads the layers over the
+    GPUs, then CPU memory, then disk), a JSON object of module name -> device, or the path of a JSON
+    file holding one; "disk" entries are offloaded to ``offload_folder`` (default: a temporary
+    directory). Statistics stay float64 whatever ``dtype`` the model computes in.
+    """
+
+    device: str | None = None
+    dtype: str | None = None
+    device_map: str | None = None
+    offload_folder: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise DepthscopeError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device is not None and self.device_map is not None:
+            raise DepthscopeError("give --device or --device-map, not both")
+        if self.device is not None:
+            import torch
+
+            try:
+                torch.device(self.device)
+            except (RuntimeError, ValueError):
+                raise DepthscopeError(f"not a torch device: {self.device!r}") from None
+
+    @property
+    def torch_dtype(self) -> Any:
+        import torch
+
+        return getattr(torch, self.dtype) if self.dtype else None
+
+    def map(self) -> str | dict | None:
+        """The device map as transformers takes it; DepthscopeError for a malformed one."""
+        dm = self.device_map
+        if dm is None or dm == "auto":
+            return dm
+        text = Path(dm).read_text() if not dm.lstrip().startswith("{") and Path(dm).is_file() else dm
+        try:
+            parsed = json.loads(text)
+        except json.JSONDecodeError:
+            raise DepthscopeError(
+                f"--device-map must be 'auto', a JSON object or a JSON file, got {dm[:80]!r}"
+            ) from None
+        if not isinstance(parsed, dict) or not all(isinstance(k, str) for k in parsed):
+            raise DepthscopeError("--device-map must map module names to devices (a JSON object)")
+        return parsed
+
+    def hf_kwargs(self) -> dict:
+        """from_pretrained's placement arguments."""
+        out: dict[str, Any] = {}
+        if self.dtype:
+            out["dtype"] = self.torch_dtype
+        dm = self.map()
+        if dm is not None:
+            if importlib.util.find_spec("accelerate") is None:
+                raise DepthscopeError("--device-map needs the accelerate package: pip install accelerate")
+            out["device_map"] = dm
+            if dm == "auto" or "disk" in dict(dm).values():
+                import tempfile
+
+                out["offload_folder"] = self.offload_folder or tempfile.mkdtemp(prefix="depthscope-offload-")
+        return out
+
+    def place(self, model: Any) -> Any:
+        """Move a model loaded in full onto ``device`` in ``dtype``."""
+        if self.device is not None or self.dtype is not None:
+            try:
+                model = model.to(device=self.device, dtype=self.torch_dtype)
+            except (RuntimeError, AssertionError) as err:  # no such GPU, no CUDA build ...
+                raise DepthscopeError(f"cannot move the model to {self.device}: {_first_line(err)}") from None
+        return model
+
+
+def load_model(path: str | Path, placement: Placement | None = None) -> Any:
+    """A model from a path or a short name (see the module docstring), ready for ``capture``,
+    placed as ``placement`` says (device, dtype, device map; default: CPU, float32).
+    """
+    placement = placement or Placement()
     kind = input_kind(path)
     if kind == "name":
-        model = load_model(resolve_short_name(str(path)))
+        model = load_model(resolve_short_name(str(path)), placement)
         model.config._name_or_path = SHORT_NAMES[str(path)].label
         return model
     if kind == "checkpoint":
         from depthscope.schemes import load_checkpoint
 
-        return load_checkpoint(path)
+        if placement.device_map is not None:
+            raise DepthscopeError(
+                "--device-map applies to Hugging Face models; use --device for a depthscope checkpoint"
+            )
+        return placement.place(load_checkpoint(path))
     if kind == "gguf":
-        return load_gguf(Path(path))
+        return load_gguf(Path(path), placement)
     if kind == "model-dir":
-        return load_hf_directory(Path(path))
+        return load_hf_directory(Path(path), placement)
     raise DepthscopeError(f"{path}: a trace, not a model")
 
 
@@ -147,7 +233,7 @@ def _check_architecture(path: Path, model_type: str | None) -> None:
         )
 
 
-def load_hf_directory(path: Path) -> Any:
+def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     """A local Hugging Face model directory: offline, no remote code, the architecture checked first."""
     _offline()
     try:
@@ -169,17 +255,19 @@ def load_hf_directory(path: Path) -> Any:
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
+    placement = placement or Placement()
+    kwargs = placement.hf_kwargs()
     try:
-        model = cls.from_pretrained(str(path), trust_remote_code=False)
+        model = cls.from_pretrained(str(path), trust_remote_code=False, **kwargs)
     except Exception as err:  # transformers raises many types for broken or unsupported weights
         raise DepthscopeError(
             f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     model.tokenizer = _tokenizer(path)
-    return model.eval()
+    return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
-def load_gguf(path: Path) -> Any:
+def load_gguf(path: Path, placement: Placement | None = None) -> Any:
     """A .gguf file through transformers (dequantised to float32; needs gguf and accelerate)."""
     _offline()
     missing = [p for p in ("gguf", "accelerate") if importlib.util.find_spec(p) is None]
@@ -190,9 +278,11 @@ def load_gguf(path: Path) -> Any:
     import torch
     import transformers
 
+    placement = placement or Placement()
+    kwargs = {"dtype": torch.float32, **placement.hf_kwargs()}
     try:
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, dtype=torch.float32
+            str(path.parent), gguf_file=path.name, **kwargs
         )
     except Exception as err:
         raise DepthscopeError(
@@ -201,7 +291,7 @@ def load_gguf(path: Path) -> Any:
     model.config._name_or_path = str(path)
     _check_architecture(path, getattr(model.config, "model_type", None))
     model.tokenizer = _tokenizer(path.parent, gguf_file=path.name)
-    return model.eval()
+    return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
 def _tokenizer(directory: Path, **kwargs) -> Any:

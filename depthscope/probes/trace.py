@@ -165,14 +165,8 @@ class Accumulator:
         mean_b = x.double().mean(0)
         centred = x - mean_b.to(x.dtype)
         m2_b = (centred.T @ centred).double()
-        n_b = x.shape[0]
-        if j not in self.cov:
-            self.cov[j] = [n_b, mean_b, m2_b]
-            return
-        n_a, mean_a, m2_a = self.cov[j]
-        delta = mean_b - mean_a
-        n = n_a + n_b
-        self.cov[j] = [n, mean_a + delta * n_b / n, m2_a + m2_b + torch.outer(delta, delta) * n_a * n_b / n]
+        part = [x.shape[0], mean_b.cpu(), m2_b.cpu()]
+        self.cov[j] = part if j not in self.cov else _chan(self.cov[j], part)
 
     def spectra(self) -> np.ndarray:
         """Eigenvalues of each source's covariance over tokens, descending: [source, component]."""
@@ -194,8 +188,8 @@ class Accumulator:
             cn = (weights.abs() * norms[:, :, :n]).sum((0, 1))
             per_token = weights
         else:  # per-feature weights: contributions are built, one sequence at a time (cache-sized)
-            dots = torch.zeros(n, dtype=weights.dtype)
-            cn = torch.zeros(n, dtype=weights.dtype)
+            dots = weights.new_zeros(n)
+            cn = weights.new_zeros(n)
             hh = err = 0.0
             for b in range(weights.shape[0]):
                 c = weights[b] * v[b]  # [pos, source, d_model]
@@ -217,8 +211,8 @@ class Accumulator:
         ``mixing`` reports: for a post-LN model, the accumulated 1/sigma of each term).
         """
         n = terms.shape[2]
-        dots = torch.zeros(n, dtype=torch.float64)
-        cn = torch.zeros(n, dtype=torch.float64)
+        dots = terms.new_zeros(n, dtype=torch.float64)
+        cn = terms.new_zeros(n, dtype=torch.float64)
         hh = err = 0.0
         for b in range(terms.shape[0]):  # one sequence at a time: cache-sized
             c = terms[b]  # [pos, source, d_model]
@@ -245,7 +239,7 @@ class Accumulator:
             return
         v_all = values.flatten(0, 1)  # [tokens, source, d_model]
         flat = [(i, h.flatten(0, 1), w.flatten(0, 1)) for i, h, w in items]
-        parts = {i: [torch.zeros(w.shape[-1], dtype=w.dtype), 0.0, 0.0] for i, _, w in flat}
+        parts = {i: [w.new_zeros(w.shape[-1]), 0.0, 0.0] for i, _, w in flat}
         for t0 in range(0, v_all.shape[0], chunk):
             v_c = v_all[t0 : t0 + chunk]
             for i, h, w in flat:
@@ -273,32 +267,104 @@ class Accumulator:
         s = self.sums
         w64 = per_token.double().flatten(0, -2)  # [tokens, source]
         n = w64.shape[-1]
-        m_b = w64.mean(0).numpy()
-        m2_b = (w64 - w64.mean(0)).pow(2).sum(0).numpy()
+        m_b = w64.mean(0).cpu().numpy()
+        m2_b = (w64 - w64.mean(0)).pow(2).sum(0).cpu().numpy()
         n_a, n_b = self.seen[i], w64.shape[0]
         delta = m_b - s["mix"][i, :n]
         s["mix"][i, :n] += delta * n_b / (n_a + n_b)
         s["mix_sq"][i, :n] += m2_b + delta**2 * n_a * n_b / (n_a + n_b)
-        abs_b = per_token_abs.double().flatten(0, -2).mean(0).numpy()
+        abs_b = per_token_abs.double().flatten(0, -2).mean(0).cpu().numpy()
         s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * n_b / (n_a + n_b)
         self.seen[i] += n_b
 
     def _fold(self, i: int, dots: Tensor, hh, cnorm: Tensor, err, in_sq) -> None:
         s = self.sums
         n = dots.shape[0]
-        s["dot"][i, :n] += dots.double().numpy()
+        s["dot"][i, :n] += dots.double().cpu().numpy()
         s["hh"][i] += float(hh)
-        cn = cnorm.double().numpy()
+        cn = cnorm.double().cpu().numpy()
         s["cnorm"][i, :n] += cn
         s["ctotal"][i] += cn.sum()
         s["err"][i] += float(err)
         s["in_sq"][i] += float(in_sq)
 
+    # ---- state: what a capture has summed so far, for checkpoints and for merging shards ----
+
+    MEANS = ("mix", "mix_abs")  # running means over ``seen`` tokens; ``mix_sq`` is their M2
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Everything summed so far as plain float64/int64 arrays (a checkpoint, or a shard to merge)."""
+        out = {f"sums.{k}": v.copy() for k, v in self.sums.items()}
+        out["seen"] = self.seen.copy()
+        out["tokens"] = np.array(self.tokens, dtype=np.int64)
+        out["d_model"] = np.array(self.d_model, dtype=np.int64)
+        if self.covariance:
+            n_s, d = len(self.layout.source), self.d_model
+            out["cov.n"] = np.zeros(n_s, dtype=np.int64)
+            out["cov.mean"] = np.zeros((n_s, d))
+            out["cov.m2"] = np.zeros((n_s, d, d))
+            for j, (n, mean, m2) in self.cov.items():
+                out["cov.n"][j], out["cov.mean"][j], out["cov.m2"][j] = n, mean.numpy(), m2.numpy()
+        for name, (dims, store) in self.native.items():
+            shape = next(iter(store.values())).shape
+            arr = np.full((len(self.layout.layer), *shape), np.nan)
+            for i, total in store.items():
+                arr[i] = total
+            out[f"native.{name}.{','.join(dims)}"] = arr
+        return out
+
+    @classmethod
+    def from_state(cls, layout: Layout, state: dict[str, np.ndarray]) -> Accumulator:
+        acc = cls(layout, covariance="cov.n" in state)
+        acc.merge(state)
+        return acc
+
+    def merge(self, state: dict[str, np.ndarray]) -> None:
+        """Add another accumulator's ``state`` (tokens that come after this one's) into this one.
+
+        Sums add; the weight means and their M2 merge as Chan et al.'s parallel update, per
+        consumer, weighted by the tokens each side has seen; covariances the same way per source.
+        """
+        n_l, n_s = len(self.layout.layer), len(self.layout.source)
+        if state["sums.mix"].shape != (n_l, n_s):
+            raise TraceError(
+                f"cannot merge a capture of {state['sums.mix'].shape} consumers x sources into {(n_l, n_s)}"
+            )
+        n_a, n_b = self.seen.astype(np.float64), state["seen"].astype(np.float64)
+        n = np.maximum(n_a + n_b, 1.0)[:, None]
+        s = self.sums
+        delta = state["sums.mix"] - s["mix"]
+        s["mix_sq"] += state["sums.mix_sq"] + delta**2 * (n_a * n_b)[:, None] / n
+        for key in self.MEANS:
+            s[key] += (state[f"sums.{key}"] - s[key]) * n_b[:, None] / n
+        for key, value in state.items():
+            if key.startswith("sums.") and key[5:] not in (*self.MEANS, "mix_sq"):
+                s[key[5:]] += value
+        self.seen += state["seen"]
+        self.tokens += int(state["tokens"])
+        self.d_model = max(self.d_model, int(state["d_model"]))
+        if "cov.n" in state:
+            self.covariance = True
+            for j in np.flatnonzero(state["cov.n"]):
+                other = [
+                    int(state["cov.n"][j]),
+                    torch.from_numpy(state["cov.mean"][j].copy()),
+                    torch.from_numpy(state["cov.m2"][j].copy()),
+                ]
+                self.cov[int(j)] = other if int(j) not in self.cov else _chan(self.cov[int(j)], other)
+        for key, arr in state.items():
+            if key.startswith("native."):
+                name, dims = key[7:].rsplit(".", 1)
+                _, store = self.native.setdefault(name, (tuple(dims.split(",")) if dims else (), {}))
+                for i in range(arr.shape[0]):
+                    if not np.isnan(arr[i]).all():
+                        store[i] = store[i] + arr[i] if i in store else arr[i].copy()
+
     @torch.no_grad()
     def native_mean(self, name: str, dims: tuple[str, ...], i: int, x: Tensor) -> None:
         """Token sum of a native per-token quantity [batch, pos, *dims] for consumer i."""
         _, store = self.native.setdefault(name, (dims, {}))
-        total = x.double().sum((0, 1)).numpy()
+        total = x.double().sum((0, 1)).cpu().numpy()
         store[i] = store[i] + total if i in store else total
 
     def dataset(self, attrs: dict) -> xr.Dataset:
@@ -355,6 +421,15 @@ class Accumulator:
             ds[name] = (("layer", *dims), arr)
             ds[name].attrs.update(long_name=f"{name} (token mean, native)", units="1")
         return ds
+
+
+def _chan(a: list, b: list) -> list:
+    """Merge two [tokens, mean, M2] covariance summaries (Chan et al.'s parallel update)."""
+    n_a, mean_a, m2_a = a
+    n_b, mean_b, m2_b = b
+    n = n_a + n_b
+    delta = mean_b - mean_a
+    return [n, mean_a + delta * n_b / n, m2_a + m2_b + torch.outer(delta, delta) * n_a * n_b / n]
 
 
 def save_trace(trace: xr.Dataset, path: str | Path) -> Path:

@@ -1,0 +1,198 @@
+"""`depthscope capture` as a job: load, place, capture (in one process, under torchrun, or with
+``--workers N`` local processes), write the trace, keep and clear the partial state.
+
+Under torchrun (``WORLD_SIZE`` > 1 in the environment) the process group is initialised here (gloo
+on CPU; NCCL for the model's collectives when CUDA is available, with a gloo group for the merge),
+every rank loads the model and captures its share of the batches (``probes.shard``), and rank 0
+writes the trace. ``workers=N`` starts N local processes with a gloo group itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import xarray as xr
+
+from depthscope.errors import DepthscopeError
+from depthscope.probes.load import Placement
+
+
+@dataclass(frozen=True)
+class CaptureJob:
+    """Everything `depthscope capture` was asked to do."""
+
+    model: str  # a checkpoint, a Hugging Face directory, a .gguf file, or a short name
+    out: Path
+    corpus: Any = None
+    tokens: int = 16384
+    batch_size: int = 16
+    seed: int = 0
+    ctx: int | None = None
+    skip_positions: int | None = None
+    rank: bool = False
+    logits: bool = False
+    ablate: str | None = None
+    ablate_mean: bool = False
+    progress: bool = True
+    placement: Placement = field(default_factory=Placement)
+    checkpoint_every: int = 0  # batches (per rank) between partial-state saves; 0: never
+    resume: bool = False
+    workers: int = 1
+
+    def __post_init__(self) -> None:
+        if self.workers < 1:
+            raise DepthscopeError(f"--workers must be >= 1, got {self.workers}")
+        if self.checkpoint_every < 0:
+            raise DepthscopeError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+
+
+def run_capture(job: CaptureJob) -> xr.Dataset | None:
+    """Run ``job``; the trace on the process that wrote it (rank 0), None on the other ranks."""
+    if job.workers > 1:
+        if _env_world() > 1:
+            raise DepthscopeError("--workers starts its own processes: do not combine it with torchrun")
+        return _spawn(job)
+    with distributed_from_env():
+        return capture_here(job)
+
+
+def capture_here(job: CaptureJob) -> xr.Dataset | None:
+    """This process's part of the job (all of it outside a process group)."""
+    from depthscope.probes import capture, save_trace
+    from depthscope.probes.load import load_model
+    from depthscope.probes.partial import partial_path
+    from depthscope.probes.shard import all_gather, shard
+
+    me, world = shard()
+    partial = partial_path(job.out, me, world)
+    keep = bool(job.checkpoint_every or job.resume)
+    if job.checkpoint_every and not job.resume and partial.exists():
+        raise DepthscopeError(
+            f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
+        )
+    if job.resume and me == 0 and not partial.exists() and job.progress:
+        print(f"no partial capture at {partial}: starting from the beginning")
+    model = load_model(job.model, _local(job.placement))
+    trace = capture(
+        model,
+        job.corpus,
+        n_tokens=job.tokens,
+        batch_size=job.batch_size,
+        seed=job.seed,
+        ctx=job.ctx,
+        skip_positions=job.skip_positions,
+        progress=job.progress,
+        checkpoint=str(job.model),
+        rank=job.rank,
+        logits=job.logits,
+        ablate=job.ablate,
+        ablate_mean=job.ablate_mean,
+        partial=partial if keep else None,
+        save_every=job.checkpoint_every,
+        resume=job.resume,
+    )
+    failed = None
+    if me == 0:
+        try:
+            save_trace(trace, job.out)
+        except DepthscopeError as err:
+            failed = err
+    if world > 1:  # every rank learns whether the trace was written before letting its state go
+        status = all_gather(None if failed is None else str(failed))[0]
+        if status is not None and failed is None:
+            raise DepthscopeError(f"rank 0 could not write the trace: {status}")
+    if failed is not None:
+        raise failed
+    if keep:
+        partial.unlink(missing_ok=True)
+    return trace if me == 0 else None
+
+
+def _local(placement: Placement) -> Placement:
+    """Under torchrun on GPUs, ``--device cuda`` means this rank's own GPU (LOCAL_RANK)."""
+    if placement.device == "cuda" and _env_world() > 1:
+        return replace(placement, device=f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+    return placement
+
+
+def _env_world() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
+
+
+@contextlib.contextmanager
+def distributed_from_env() -> Iterator[None]:
+    """Initialise the process group torchrun describes in the environment (if any), for the block."""
+    import torch
+    import torch.distributed as dist
+
+    if _env_world() <= 1 or dist.is_initialized():
+        yield
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl")
+    else:
+        dist.init_process_group("gloo")
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(job: CaptureJob) -> xr.Dataset:
+    """Start ``job.workers`` local processes in one gloo group; rank 0 writes the trace."""
+    from depthscope.probes import load_trace
+
+    ctx = multiprocessing.get_context("spawn")
+    errors = ctx.SimpleQueue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, job.workers, port, job, errors), daemon=False)
+        for r in range(job.workers)
+    ]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    messages = []
+    while not errors.empty():
+        messages.append(errors.get())
+    if messages:
+        raise DepthscopeError(min(messages)[1])  # the lowest rank's error: the first in rank order
+    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    if dead:
+        raise DepthscopeError(f"capture worker {dead[0][0]} died (exit code {dead[0][1]})")
+    return load_trace(job.out)
+
+
+def _worker(rank: int, world: int, port: int, job: CaptureJob, errors: Any) -> None:
+    """One local rank: a gloo group over TCP on this machine, threads shared out between ranks."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        capture_here(replace(job, workers=1))
+    except DepthscopeError as err:
+        errors.put((rank, str(err)))
+    except Exception as err:  # a bug: still one line in the parent, and this rank exits cleanly
+        errors.put((rank, f"{type(err).__name__} in capture worker {rank}: {err}"))
+    finally:
+        dist.destroy_process_group()
