@@ -171,6 +171,8 @@ def _streams(trace, name: str):
         im = ax.imshow(m, cmap=DIVERGING_CMAP, vmin=-vmax, vmax=vmax)
         for (r, c), value in np.ndenumerate(m):
             ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=7)
+        ax.set_xticks(range(m.shape[1]))
+        ax.set_yticks(range(m.shape[0]))
         ax.set_xlabel("target stream")
         ax.set_ylabel("source stream")
         ax.set_title(title, loc="left")

@@ -47,6 +47,7 @@ from depthscope.schemes.names import READOUT
 
 TRACE_FORMAT = 2
 STACK = "model"  # the dimension several traces stack along
+VARIABLES = "data_variables"  # per-model coordinate of a stack: the variables that model has
 GLOBAL_ATTRS = ("trace_format", "depthscope_version")  # attrs of a stack; every other attr is per model
 
 VARIABLE_ATTRS = {
@@ -575,6 +576,8 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     traces = [m for t in traces for m in (split_models(t) if STACK in t.dims else [t])]
     if not traces:
         raise TraceError("no traces to stack")
+    # which variables each model has: the stack holds the union, NaN where a model has none
+    traces = [t.assign_attrs({VARIABLES: ",".join(sorted(map(str, t.data_vars)))}) for t in traces]
     labels, counts = [], {}
     for t in traces:
         base = str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
@@ -586,10 +589,14 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     for t in traces:
         for name, var in t.data_vars.items():
             variables.setdefault(name, var)
+    padded = _unindexed_sizes(traces)
     aligned = []
     for t in traces:
         t = t.drop_vars([c for c in coords if c in t.coords])
         t = t.reindex(layer=np.array(layers, dtype=object), source=np.array(srcs, dtype=object))
+        # dims without labels (``component`` of spectra of different widths, a native quantity's
+        # streams) are padded with NaN at the end to the largest size
+        t = t.pad({d: (0, n - t.sizes[d]) for d, n in padded.items() if d in t.dims and t.sizes[d] < n})
         for name, var in variables.items():
             if name not in t:
                 shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
@@ -608,6 +615,16 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     return out.assign_attrs(
         trace_format=TRACE_FORMAT, depthscope_version=traces[0].attrs.get("depthscope_version", "")
     )
+
+
+def _unindexed_sizes(traces: list[xr.Dataset]) -> dict[str, int]:
+    """The largest size of every dimension that has no coordinate, over ``traces``."""
+    sizes: dict[str, int] = {}
+    for t in traces:
+        for d, n in t.sizes.items():
+            if d not in t.indexes and d not in ("layer", "source"):
+                sizes[d] = max(sizes.get(d, 0), n)
+    return sizes
 
 
 def _attr_value(v):
@@ -632,6 +649,18 @@ def select_model(stacked: xr.Dataset, label: str) -> xr.Dataset:
     per_model = [c for c, v in t.coords.items() if v.dims == () and c != STACK]
     attrs = {c: _attr_value(t[c].values) for c in per_model}
     t = t.drop_vars([STACK, *per_model])
+    own = attrs.pop(VARIABLES, None)
+    if own is not None:  # the variables of other models in the stack: not this model's
+        t = t.drop_vars([v for v in t.data_vars if v not in set(str(own).split(","))])
+    for d in _unindexed_sizes([t]):  # the padding of a narrower trace: trailing all-NaN entries
+        data = [v for v in t.data_vars.values() if d in v.dims]
+        present = np.zeros(t.sizes[d], dtype=bool)
+        for v in data:
+            present |= (
+                v.notnull().any([x for x in v.dims if x != d]).values if v.ndim > 1 else v.notnull().values
+            )
+        keep = int(np.flatnonzero(present)[-1]) + 1 if present.any() else t.sizes[d]
+        t = t.isel({d: slice(0, keep)})
     return t.assign_attrs(
         {**stacked.attrs, **{k: v for k, v in attrs.items() if v is not None}, "label": label}
     )

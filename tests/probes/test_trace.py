@@ -113,3 +113,33 @@ def test_format_1_files_are_read_and_converted():
     assert [m.attrs["checkpoint"] for m in models[:2]] == ["attnres-tiny.safetensors", "dca-tiny.safetensors"]
     xr.testing.assert_allclose(models[0].drop_attrs(), one.drop_attrs())
     np.testing.assert_allclose(models[1]["contribution_share"].sum("source"), 1.0, atol=1e-5)
+
+
+def test_stacking_models_of_different_widths_pads_and_restores_their_spectra():
+    """A report mixes widths (a foreign model of d 32 beside the zoo's 64): spectra are padded with
+    NaN along ``component`` in the stack, and each model gets its own back exactly."""
+    narrow, wide = tiny("hc"), tiny("attnres", d_model=32)
+    a = capture(build(narrow), random_tokens(narrow), batch_size=2, rank=True)
+    b = capture(build(wide), random_tokens(wide), batch_size=2, rank=True)
+    stacked = stack_traces([a, b])
+    assert stacked.sizes["component"] == 32
+    for t in (a, b):
+        back = select_model(stacked, t.attrs["label"])
+        assert back.sizes["component"] == t.sizes["component"]
+        np.testing.assert_array_equal(back["source_spectrum"].values, t["source_spectrum"].values)
+        if "hc_res" in t:
+            np.testing.assert_array_equal(back["hc_res"].values, t["hc_res"].values)
+
+
+def test_a_model_gets_back_only_its_own_variables_from_a_stack():
+    """The stack holds the union of variables; a native variable of one model (hc_res) is not
+    handed to another (whose figures would find an all-NaN hc_res)."""
+    a, b = tiny("hc"), tiny("attnres")
+    ta = capture(build(a), random_tokens(a), batch_size=2)
+    tb = capture(build(b), random_tokens(b), batch_size=2)
+    stacked = stack_traces([ta, tb])
+    assert "hc_res" in stacked
+    assert "hc_res" in select_model(stacked, ta.attrs["label"])
+    back = select_model(stacked, tb.attrs["label"])
+    assert "hc_res" not in back and sorted(back.data_vars) == sorted(tb.data_vars)
+    assert back.attrs == tb.attrs
