@@ -52,7 +52,7 @@ class ReportSettings:
     corpus: str | None = None  # None = the Python standard library
     energy: float = 0.99  # energy fraction of the numerical rank
     ctx: int | None = None  # window length (None: the model's context)
-    skip_positions: int = 0
+    skip_positions: int | None = None  # None: the family's default (1 for pretrained causal LMs)
     trajectory: bool = False  # treat every checkpoint given as one run
 
 
