@@ -18,6 +18,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     An interrupted or failed write never leaves a half-written file under the final name.
     """
     path = Path(path)
+    if not path.name or path.is_dir():
+        raise DepthscopeError(f"cannot write {path}: {'is a directory' if path.is_dir() else 'no file name'}")
     parent = path.parent if str(path.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
@@ -32,6 +34,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.umask(umask)
         os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; a finished file gets normal permissions
         os.replace(tmp_path, path)
-    except BaseException:
+    except BaseException as err:
         tmp_path.unlink(missing_ok=True)
+        if isinstance(err, OSError):  # full disk, lost permission, a directory made meanwhile ...
+            raise DepthscopeError(f"cannot write {path}: {err.strerror or err}") from None
         raise

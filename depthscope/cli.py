@@ -26,6 +26,9 @@ app = typer.Typer(
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
 out = Console() if sys.stdout.isatty() else Console(width=160)
+BIG = 2**62  # the most any count may be: torch and numpy count in int64
+SEED_MAX = 2**63 - 1  # what both torch.manual_seed and numpy's generators accept (and not negative)
+D_MAX = 10_000  # the theory's width: exact risks over every r* < d (the paper: d = 100)
 
 
 def _unit(text: str) -> float:
@@ -50,7 +53,22 @@ def _float(text: str) -> float:
         raise ValueError(f"{text!r} is not a number") from None
     if value != value:
         raise ValueError("NaN is not a number here")
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"{text!r} is not a finite number")
     return value
+
+
+def _path(text: str) -> Path:
+    """A file or directory name; an empty one is refused (Path("") would mean the current directory)."""
+    if not text.strip():
+        raise ValueError("an empty path")
+    return Path(text)
+
+
+def _output_file(path: Path) -> None:
+    """Refuse an output file name that is a directory before any work starts."""
+    if path.is_dir():
+        raise ConfigError(f"--out {path} is a directory; name the file to write")
 
 
 class Variant(str, enum.Enum):
@@ -61,13 +79,15 @@ class Variant(str, enum.Enum):
 
 
 CorpusOpt = Annotated[
-    Path | None, typer.Option(help="Text file or directory (default: the Python standard library).")
+    Path | None,
+    typer.Option(parser=_path, help="Text file or directory (default: the Python standard library)."),
 ]
 QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
 CtxOpt = Annotated[
     int | None,
     typer.Option(
         min=1,
+        max=BIG,
         help="Window length in tokens (at most the model's context; default: the model's context). Shares "
         "depend on it; for long-context models choose what your question needs (e.g. 256 or 1024): one "
         "window of 8192 tokens costs minutes and gigabytes on a CPU.",
@@ -77,6 +97,7 @@ SkipOpt = Annotated[
     int | None,
     typer.Option(
         min=0,
+        max=BIG,
         help="Leave the first K positions of every window out of every statistic (default: 1 for pretrained "
         "causal LMs, whose first position holds an attention sink; 0 for depthscope's own models).",
     ),
@@ -111,26 +132,29 @@ def parse_sets(pairs: list[str] | None) -> dict[str, str]:
 @app.command()
 def train(
     scheme: Annotated[str, typer.Option(help="Residual scheme (see `depthscope schemes`).")] = "standard",
-    out_path: Annotated[Path, typer.Option("--out", help="Checkpoint to write (.safetensors).")] = Path(
-        "model.safetensors"
-    ),
-    layers: Annotated[int, typer.Option(min=1, help="Number of blocks.")] = 4,
-    d_model: Annotated[int, typer.Option(min=1, help="Width.")] = 64,
-    heads: Annotated[int, typer.Option(min=1, help="Attention heads.")] = 4,
-    ctx: Annotated[int, typer.Option(min=1, help="Context length in bytes.")] = 128,
+    out_path: Annotated[
+        Path, typer.Option("--out", parser=_path, help="Checkpoint to write (.safetensors).")
+    ] = Path("model.safetensors"),
+    layers: Annotated[int, typer.Option(min=1, max=BIG, help="Number of blocks.")] = 4,
+    d_model: Annotated[int, typer.Option(min=1, max=BIG, help="Width.")] = 64,
+    heads: Annotated[int, typer.Option(min=1, max=BIG, help="Attention heads.")] = 4,
+    ctx: Annotated[int, typer.Option(min=1, max=BIG, help="Context length in bytes.")] = 128,
     steps: Annotated[
-        int, typer.Option(min=0, help="Optimiser steps (0 writes the initialised model).")
+        int, typer.Option(min=0, max=BIG, help="Optimiser steps (0 writes the initialised model).")
     ] = 300,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step.")] = 16,
+    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per step.")] = 16,
     lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
-    seed: Annotated[int, typer.Option(help="Seed for initialisation and batches.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for initialisation and batches.")] = 0,
     corpus: CorpusOpt = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Scheme option key=value (repeatable).")
     ] = None,
     half: Annotated[bool, typer.Option(help="Store weights in bfloat16 (half the file size).")] = False,
     save_every: Annotated[
-        int, typer.Option(min=0, help="Also write NAME.step-000500.safetensors every N steps (0: never).")
+        int,
+        typer.Option(
+            min=0, max=BIG, help="Also write NAME.step-000500.safetensors every N steps (0: never)."
+        ),
     ] = 0,
     quiet: QuietOpt = False,
 ) -> None:
@@ -143,6 +167,7 @@ def train(
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
+    _output_file(out_path)
     cfg = ModelConfig(
         scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_)
     )
@@ -187,13 +212,13 @@ def report(
         typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo)."),
     ] = None,
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Directory for index.html, traces.nc and the figures.")
+        Path, typer.Option("--out", parser=_path, help="Directory for index.html, traces.nc and the figures.")
     ] = Path("report"),
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per checkpoint.")] = 8192,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
-    k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
+    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured per checkpoint.")] = 8192,
+    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for the window offsets.")] = 0,
+    k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     trajectory: Annotated[
@@ -205,6 +230,7 @@ def report(
         typer.Option(
             "--step",
             min=0,
+            max=BIG,
             help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
         ),
     ] = None,
@@ -235,11 +261,11 @@ def capture(
             help="A .safetensors checkpoint, a Hugging Face model directory, a .gguf file, or smollm2/minilm."
         ),
     ],
-    out_path: Annotated[Path, typer.Option("--out", help="Trace file to write (netCDF).")],
+    out_path: Annotated[Path, typer.Option("--out", parser=_path, help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens to analyse.")] = 16384,
-    batch_size: Annotated[int, typer.Option(min=1, help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(help="Seed for the window offsets.")] = 0,
+    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens to analyse.")] = 16384,
+    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for the window offsets.")] = 0,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     rank: Annotated[
@@ -250,12 +276,17 @@ def capture(
     ablate_mean: AblateMeanOpt = False,
     quiet: QuietOpt = False,
     workers: Annotated[
-        int, typer.Option(min=1, help="Local processes that share the windows (gloo); or run under torchrun.")
+        int,
+        typer.Option(
+            min=1, max=BIG, help="Local processes that share the windows (gloo); or run under torchrun."
+        ),
     ] = 1,
     checkpoint_every: Annotated[
         int,
         typer.Option(
-            min=0, help="Save the partial sums every N batches beside the output (OUT.partial); 0: never."
+            min=0,
+            max=BIG,
+            help="Save the partial sums every N batches beside the output (OUT.partial); 0: never.",
         ),
     ] = 0,
     resume: Annotated[
@@ -282,6 +313,7 @@ def capture(
     from depthscope.pipelines.capture import CaptureJob, run_capture
     from depthscope.probes.load import Placement
 
+    _output_file(out_path)
     job = CaptureJob(
         model=str(checkpoint),
         out=out_path,
@@ -317,7 +349,7 @@ def capture(
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
-    k: Annotated[int, typer.Option(min=0, help="Recent sources counted by the pattern score.")] = 2,
+    k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
 ) -> None:
     """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
     from depthscope.analysis.dilution import consumer_table, summary
@@ -384,7 +416,7 @@ app.add_typer(zoo_app, name="zoo")
 @zoo_app.command("list")
 def zoo_list(
     directory: Annotated[
-        Path | None, typer.Option("--dir", help="A zoo directory (default: the bundled zoo).")
+        Path | None, typer.Option("--dir", parser=_path, help="A zoo directory (default: the bundled zoo).")
     ] = None,
 ) -> None:
     """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint."""
@@ -428,10 +460,11 @@ def zoo_list(
 @zoo_app.command("build")
 def zoo_build(
     out_dir: Annotated[
-        Path | None, typer.Option("--out", help="Where to write (default: the bundled zoo directory).")
+        Path | None,
+        typer.Option("--out", parser=_path, help="Where to write (default: the bundled zoo directory)."),
     ] = None,
     steps: Annotated[
-        int | None, typer.Option(min=1, help="Training steps per model (default: the zoo's).")
+        int | None, typer.Option(min=1, max=BIG, help="Training steps per model (default: the zoo's).")
     ] = None,
     only: Annotated[list[str] | None, typer.Option(help="Entry to build (repeatable; default: all).")] = None,
     recapture: Annotated[
@@ -499,7 +532,7 @@ def rank_measure(
         ),
     ] = None,
     variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured from a checkpoint.")] = 16384,
+    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured from a checkpoint.")] = 16384,
     energy: Annotated[
         float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")
     ] = 0.99,
@@ -566,13 +599,13 @@ def rank_measure(
 
 @rank_app.command("threshold")
 def rank_threshold(
-    d: Annotated[int, typer.Option(min=2, help="Width d.")],
+    d: Annotated[int, typer.Option(min=2, max=D_MAX, help="Width d.")],
     kappa: Annotated[
         float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")
     ],
     variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
-    tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged.")] = 8,
-    seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
+    tasks: Annotated[int, typer.Option(min=1, max=BIG, help="Random tasks averaged.")] = 8,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
@@ -604,13 +637,15 @@ def rank_threshold(
 
 @rank_app.command("theory")
 def rank_theory(
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for theory.json and the figures.")],
+    out_dir: Annotated[
+        Path, typer.Option("--out", parser=_path, help="Directory for theory.json and the figures.")
+    ],
     variants: Annotated[
         list[Variant] | None,
         typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes)."),
     ] = None,
-    tasks: Annotated[int, typer.Option(min=1, help="Random tasks averaged per point.")] = 2,
-    seed: Annotated[int, typer.Option(help="Seed of the random tasks.")] = 0,
+    tasks: Annotated[int, typer.Option(min=1, max=BIG, help="Random tasks averaged per point.")] = 2,
+    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
@@ -632,8 +667,10 @@ def rank_theory(
 
 @rank_app.command("identity")
 def rank_identity(
-    out_dir: Annotated[Path, typer.Option("--out", help="Directory for identity.json and the figures.")],
-    steps: Annotated[int, typer.Option(min=1, help="SGD steps (the paper: 1000).")] = 1000,
+    out_dir: Annotated[
+        Path, typer.Option("--out", parser=_path, help="Directory for identity.json and the figures.")
+    ],
+    steps: Annotated[int, typer.Option(min=1, max=BIG, help="SGD steps (the paper: 1000).")] = 1000,
     sweep: Annotated[
         bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")
     ] = True,
@@ -658,19 +695,21 @@ def rank_identity(
 @rank_app.command("sweep")
 def rank_sweep_cmd(
     out_dir: Annotated[
-        Path, typer.Option("--out", help="Directory for sweep.nc, sweep.json and the figure.")
+        Path, typer.Option("--out", parser=_path, help="Directory for sweep.nc, sweep.json and the figure.")
     ],
     widths: Annotated[
         list[int] | None,
-        typer.Option("--width", min=32, help="Width (repeatable; multiples of 16; default 32, 64, 128)."),
+        typer.Option(
+            "--width", min=32, max=BIG, help="Width (repeatable; multiples of 16; default 32, 64, 128)."
+        ),
     ] = None,
     schemes: Annotated[
         list[str] | None,
         typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca)."),
     ] = None,
-    layers: Annotated[int, typer.Option(min=1, help="Blocks per model.")] = 4,
-    steps: Annotated[int, typer.Option(min=1, help="Training steps per model.")] = 300,
-    tokens: Annotated[int, typer.Option(min=1, help="Tokens captured per model.")] = 8192,
+    layers: Annotated[int, typer.Option(min=1, max=BIG, help="Blocks per model.")] = 4,
+    steps: Annotated[int, typer.Option(min=1, max=BIG, help="Training steps per model.")] = 300,
+    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured per model.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -716,8 +755,9 @@ def main(argv: list[str] | None = None) -> int:
         err.print("aborted")
         return 130
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
+        message = " ".join(e.format_message().split()) or "no command given (the commands are listed above)"
         err.print(
-            Text.assemble(("error:", "red"), " ", " ".join(e.format_message().split())),
+            Text.assemble(("error:", "red"), " ", message),
             highlight=False,
             soft_wrap=True,
         )

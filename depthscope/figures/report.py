@@ -21,6 +21,7 @@ from markupsafe import Markup
 
 from depthscope.analysis.causal import views, weight_effect_correlation
 from depthscope.analysis.dilution import consumer_table, summary
+from depthscope.figures.style import styled
 from depthscope.probes.trace import STACK
 
 DEEP = 40  # more consumers than this: the model's section adds a block-level view
@@ -177,6 +178,7 @@ def _label(t: xr.Dataset) -> str:
     return str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
 
 
+@styled
 def model_figure(t: xr.Dataset, deep: bool):
     """One model's section figure: M and the shares (and, for a deep model, the shares per block)."""
     import matplotlib.pyplot as plt

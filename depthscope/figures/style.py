@@ -73,6 +73,7 @@ RC = {
     "lines.markersize": 4,
     "image.cmap": DIVERGING_CMAP,
     "svg.hashsalt": "depthscope",  # stable element ids: the same figure gives the same SVG
+    "text.parse_math": False,  # labels come from files: "$x^$" is text, not (broken) mathtext
 }
 
 

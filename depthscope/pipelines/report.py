@@ -20,6 +20,7 @@ the end, so a failed run leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -154,6 +155,8 @@ def build_report(
     paths = [Path(p) for p in inputs] or [*zoo.checkpoints(), *zoo.trajectories()]
     for p in paths:
         input_kind(p)
+    made_dirs = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
+    done = False
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
@@ -191,11 +194,15 @@ def build_report(
             if f.name != "index.html":
                 os.replace(f, out_dir / f.name)
         os.replace(tmp / "index.html", out_dir / "index.html")
+        done = True
     except OSError as err:
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         plt.close("all")
+        for d in [] if done else made_dirs:  # a failed report leaves no directory made for it
+            with contextlib.suppress(OSError):
+                d.rmdir()
     return out_dir / "index.html"
 
 

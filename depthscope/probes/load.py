@@ -25,13 +25,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import CheckpointError, DepthscopeError
 
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
+)
+
+# sizes in a config.json that must be positive integers (names of the families depthscope reads)
+SIZE_KEYS = (
+    "num_hidden_layers",
+    "n_layer",
+    "hidden_size",
+    "n_embd",
+    "num_attention_heads",
+    "n_head",
+    "intermediate_size",
+    "vocab_size",
 )
 
 
@@ -96,9 +108,11 @@ def input_kind(path: str | Path) -> str:
             return "gguf"
         if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
             return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
+        if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
+            return "checkpoint"
     elif not path.exists():
         known = ", ".join(SHORT_NAMES)
-        raise DepthscopeError(f"{path}: no such file or directory (nor a known model name: {known})")
+        raise CheckpointError(f"{path}: no such file or directory (nor a known model name: {known})")
     raise DepthscopeError(
         f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file "
         "nor a Hugging Face model directory"
@@ -226,9 +240,9 @@ def _model_types() -> set[str]:
 
 
 def _check_architecture(path: Path, model_type: str | None) -> None:
-    if model_type not in _model_types():
+    if not isinstance(model_type, str) or model_type not in _model_types():
         raise DepthscopeError(
-            f"{path}: unsupported architecture {model_type!r}; "
+            f"{path}: unsupported architecture {model_type!r:.60}; "
             f"depthscope reads these model types: {', '.join(sorted(_model_types()))}"
         )
 
@@ -249,9 +263,14 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise DepthscopeError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
     _check_architecture(path, config.get("model_type"))
+    for key in SIZE_KEYS:  # a size transformers would accept and fail on later, mid-forward
+        value = config.get(key)
+        if value is not None and (type(value) is not int or value < 1):
+            raise DepthscopeError(f"{path}: config.json {key} must be a positive integer, got {value!r:.40}")
     import transformers
 
-    arch = (config.get("architectures") or [None])[0]
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel

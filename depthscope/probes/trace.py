@@ -78,6 +78,17 @@ REQUIRED = (
     "residual_error",
 )
 
+# the dimensions of every variable and coordinate check_trace looks at (a stack adds ``model``)
+DIMS = {
+    **{v: ("layer", "source") for v in ("mixing", "mixing_std", "contribution_share", "norm_share")},
+    "source_rms": ("source",),
+    "input_rms": ("layer",),
+    "residual_error": ("layer",),
+    "layer_depth": ("layer",),
+    "source_depth": ("source",),
+    "source_spectrum": ("source", "component"),
+}
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -483,6 +494,17 @@ def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
             raise TraceError(f"{name}: trace lacks the coordinate {coord!r}")
     if STACK in trace.dims and trace.sizes[STACK] == 0:
         raise TraceError(f"{name}: the stack holds no model")
+    for var, dims in DIMS.items():
+        if var not in trace.variables:
+            continue
+        x = trace[var]
+        if set(x.dims) - {STACK} != set(dims):
+            raise TraceError(
+                f"{name}: {var} has the dimensions ({', '.join(map(str, x.dims))}), a trace's are "
+                f"({', '.join(dims)})"
+            )
+        if not np.issubdtype(x.dtype, np.number):
+            raise TraceError(f"{name}: {var} holds {x.dtype} values, not numbers")
 
 
 def from_format_1(trace: xr.Dataset) -> xr.Dataset:
@@ -491,7 +513,7 @@ def from_format_1(trace: xr.Dataset) -> xr.Dataset:
         trace = trace.rename({"scheme": STACK})
         if "scheme_scheme" in trace.coords:
             trace = trace.rename({"scheme_scheme": "scheme"})
-    if "mixing_abs" not in trace:  # format 1 kept signed means only: the best magnitude it allows
+    if "mixing_abs" not in trace and "mixing" in trace:  # format 1 kept signed means only
         trace["mixing_abs"] = abs(trace["mixing"])
         trace["mixing_abs"].attrs.update(
             long_name=VARIABLE_ATTRS["mixing_abs"][0] + " (from |mixing|, format 1)", units="1"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import json
+import numbers
 import types
 import typing
 from dataclasses import dataclass, field
@@ -61,6 +62,10 @@ class ModelConfig:
             object.__setattr__(self, "options", build_options(scheme, self.options))
         elif not isinstance(self.options, scheme.Options):
             raise ConfigError(f"options for {self.scheme!r} must be {scheme.Options.__name__}")
+        for key in ("n_layers", "d_model", "n_heads", "d_mlp", "ctx"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(f"{key} must be an integer, got {value!r:.40}")
         if self.d_mlp == 0:
             object.__setattr__(self, "d_mlp", 4 * self.d_model)
         for key in ("n_layers", "d_model", "n_heads", "d_mlp", "ctx"):

@@ -76,11 +76,15 @@ def read_header(path: Path) -> dict[str, Any]:
             raise CheckpointError(f"{path}: not a safetensors file (header is not JSON)") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{path}: not a safetensors file (header is not a JSON object)")
-    ends = [
-        v["data_offsets"][1]
-        for k, v in header.items()
-        if k != "__metadata__" and isinstance(v, dict) and "data_offsets" in v
-    ]
+    for key, entry in header.items():
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if key != "__metadata__" and not (
+            isinstance(offsets, list) and len(offsets) == 2 and all(_count(o) for o in offsets)
+        ):
+            raise CheckpointError(
+                f"{path}: not a safetensors file (tensor {key[:60]!r} has no valid data_offsets)"
+            )
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
     need = 8 + n + max(ends, default=0)
     if size < need:
         raise CheckpointError(f"{path}: truncated file ({size} bytes, header says {need})")
@@ -91,9 +95,14 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     """The depthscope metadata of a checkpoint, validated (format version, config present)."""
     path = Path(path)
     header = read_header(path)
-    meta_raw = (header.get("__metadata__") or {}).get(META_KEY)
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict):
+        raise CheckpointError(f"{path}: not a safetensors file (__metadata__ is not a JSON object)")
+    meta_raw = metadata.get(META_KEY)
     if meta_raw is None:
         raise CheckpointError(f"{path}: no {META_KEY} metadata (not a depthscope checkpoint)")
+    if not isinstance(meta_raw, str):
+        raise CheckpointError(f"{path}: invalid {META_KEY}: not a JSON string")
     try:
         meta = json.loads(meta_raw)
     except json.JSONDecodeError as err:
@@ -104,4 +113,22 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: checkpoint format {meta.get('format')!r}, this depthscope reads {FORMAT}"
         )
+    training = meta.get("training")
+    if training is None:
+        return meta
+    if not isinstance(training, dict):
+        raise CheckpointError(f"{path}: invalid {META_KEY}: training is not a JSON object")
+    for key in ("step", "steps", "train_tokens"):  # these become trace attrs and coordinates
+        if training.get(key) is not None and not _count(training[key]):
+            raise CheckpointError(
+                f"{path}: invalid {META_KEY}: training {key} {training[key]!r:.40} is not a count"
+            )
+    loss = training.get("val_loss")
+    if loss is not None and type(loss) not in (int, float):
+        raise CheckpointError(f"{path}: invalid {META_KEY}: training val_loss {loss!r:.40} is not a number")
     return meta
+
+
+def _count(x: Any) -> bool:
+    """A JSON integer that fits int64 and is not negative (bool is not one)."""
+    return type(x) is int and 0 <= x < 2**63

@@ -122,7 +122,12 @@ def load_checkpoint(path: str | Path) -> DepthModel:
         tensors = load_file(str(path))
     except Exception as err:  # safetensors raises its own error types for corrupt data
         raise CheckpointError(f"{path}: unreadable tensors ({err})") from None
-    model = DepthModel(cfg, training=meta.get("training"))
+    try:
+        model = DepthModel(cfg, training=meta.get("training"))
+    except (RuntimeError, MemoryError) as err:  # a config far too large to build (e.g. ctx 10**12)
+        raise CheckpointError(
+            f"{path}: cannot build the model of its config ({type(err).__name__})"
+        ) from None
     expected = model.state_dict()
     missing = sorted(set(expected) - set(tensors))
     if missing:

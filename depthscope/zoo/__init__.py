@@ -44,9 +44,38 @@ def read_manifest(directory: str | Path = ZOO_DIR) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DepthscopeError(f"{path}: no zoo manifest (build one with `depthscope zoo build`)")
     try:
-        return json.loads(path.read_text())["models"]
+        models = json.loads(path.read_text())["models"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
         raise DepthscopeError(f"{path}: unreadable zoo manifest ({err})") from None
+    if not isinstance(models, list):
+        raise DepthscopeError(f"{path}: unreadable zoo manifest (models is not a list)")
+    for i, m in enumerate(models):
+        if not _valid_entry(m):
+            raise DepthscopeError(
+                f"{path}: unreadable zoo manifest (entry {i} lacks its fields or has odd types)"
+            )
+    return models
+
+
+# the fields of a manifest entry that readers use, and their JSON types
+ENTRY_FIELDS = {
+    "name": str,
+    "scheme": str,
+    "file": str,
+    "config": dict,
+    "params": int,
+    "bytes": int,
+    "steps": int,
+    "seed": int,
+    "val_loss": (int, float),
+}
+
+
+def _valid_entry(m: Any) -> bool:
+    if not isinstance(m, dict) or not all(isinstance(m.get(k), t) for k, t in ENTRY_FIELDS.items()):
+        return False
+    c = m["config"]
+    return isinstance(c.get("options"), dict) and all(type(c.get(k)) is int for k in ("n_layers", "d_model"))
 
 
 def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:
