@@ -73,6 +73,21 @@ def hf_llama(args):
     return LlamaForCausalLM(cfg), f"LlamaForCausalLM random: {args.layers} layers, d {args.d_model}, GQA 2 kv"
 
 
+def bert(args):
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(0)
+    cfg = BertConfig(
+        vocab_size=args.vocab,
+        hidden_size=args.d_model,
+        intermediate_size=4 * args.d_model,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.d_model // HEAD_DIM,
+        max_position_embeddings=args.ctx,
+    )
+    return BertModel(cfg), f"BertModel random (post-LN): {args.layers} layers, d {args.d_model}"
+
+
 def bridge(args):
     from transformer_lens import TransformerBridge, TransformerBridgeConfig
 
@@ -333,6 +348,7 @@ FAMILIES: list[tuple[str, Callable[[], bool], str, Callable]] = [
     ("depthscope standard", lambda: True, "-", zoo("standard")),
     ("depthscope attnres", lambda: True, "-", zoo("attnres")),
     ("huggingface (llama)", lambda: has_transformers("llama"), "transformers", hf_llama),
+    ("post-ln (bert)", lambda: has_transformers("bert"), "transformers", bert),
     (
         "transformer-lens bridge",
         lambda: importlib.util.find_spec("transformer_lens") is not None,

@@ -31,3 +31,29 @@ def test_readme_documents_the_two_commands():
     text = README.read_text()
     assert "make demo" in text and "make test" in text
     assert text.index("make demo") < text.index("## What it is")
+
+
+def test_every_option_in_the_readme_exists():
+    """Each `depthscope ...` line of the README's shell examples names a command and options it has."""
+    import typer
+
+    from depthscope.cli import app
+
+    root = typer.main.get_command(app)
+    seen = 0
+    for block in re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S):
+        for line in block.splitlines():
+            line = line.split("#")[0]
+            if "depthscope " not in line or line.lstrip().startswith("make"):
+                continue
+            words = line[line.index("depthscope ") + len("depthscope ") :].split()
+            command = root.commands[words[0]]
+            if hasattr(command, "commands") and len(words) > 1 and words[1] in command.commands:
+                command = command.commands[words[1]]  # a group's subcommand (zoo list, rank sweep)
+            elif hasattr(command, "commands"):  # `rank CKPT`: the group's default command
+                command = command.commands["measure"]
+            names = {opt for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+            for option in (w.split("=")[0] for w in words if w.startswith("--")):
+                assert option in names, f"{option} is not an option of `depthscope {' '.join(words[:2])}`"
+            seen += 1
+    assert seen >= 15

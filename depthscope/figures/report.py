@@ -314,7 +314,7 @@ def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
         "slug": slug(label),
         "rows": rows,
         "figure": f"trajectory-{slug(label)}",
-        "heatmaps": f"trajectory-{slug(label)}-weights",
+        "heatmaps": f"trajectory-weights-{slug(label)}",
     }
 
 
