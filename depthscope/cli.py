@@ -116,6 +116,15 @@ AblateOpt = Annotated[
     ),
 ]
 AblateMeanOpt = Annotated[bool, typer.Option(help="Ablation replaces a term by its token mean instead.")]
+AblateTokensOpt = Annotated[
+    int | None,
+    typer.Option(
+        min=1,
+        max=BIG,
+        help="Ablate only the first batches holding this many tokens (ablation costs a forward per "
+        "source or cell); the rest of the trace covers every token.",
+    ),
+]
 
 
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
@@ -234,6 +243,17 @@ def report(
             help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
         ),
     ] = None,
+    logits: Annotated[
+        Literal["auto", "on", "off"],
+        typer.Option(help="Logit attribution and lens (auto: on for depthscope's own models, cheap there)."),
+    ] = "auto",
+    ablate: Annotated[
+        Literal["auto", "off", "sources", "cells"],
+        typer.Option(
+            help="Ablations for 'Does the weight matter?' (auto: cells on depthscope's own models)."
+        ),
+    ] = "auto",
+    ablate_tokens: AblateTokensOpt = 512,
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
@@ -248,6 +268,9 @@ def report(
         ctx=ctx,
         skip_positions=skip_positions,
         trajectory=trajectory,
+        logits=logits,
+        ablate=ablate,
+        ablate_tokens=ablate_tokens,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -274,6 +297,7 @@ def capture(
     logits: LogitsOpt = False,
     ablate: AblateOpt = None,
     ablate_mean: AblateMeanOpt = False,
+    ablate_tokens: AblateTokensOpt = None,
     quiet: QuietOpt = False,
     workers: Annotated[
         int,
@@ -327,6 +351,7 @@ def capture(
         logits=logits,
         ablate=ablate,
         ablate_mean=ablate_mean,
+        ablate_tokens=ablate_tokens,
         progress=not quiet,
         placement=Placement(device=device, dtype=dtype, device_map=device_map),
         checkpoint_every=checkpoint_every,

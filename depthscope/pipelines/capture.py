@@ -40,6 +40,7 @@ class CaptureJob:
     logits: bool = False
     ablate: str | None = None
     ablate_mean: bool = False
+    ablate_tokens: int | None = None
     progress: bool = True
     placement: Placement = field(default_factory=Placement)
     checkpoint_every: int = 0  # batches (per rank) between partial-state saves; 0: never
@@ -94,6 +95,7 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
         logits=job.logits,
         ablate=job.ablate,
         ablate_mean=job.ablate_mean,
+        ablate_tokens=job.ablate_tokens,
         partial=partial if keep else None,
         save_every=job.checkpoint_every,
         resume=job.resume,

@@ -38,6 +38,7 @@ from depthscope.probes import capture, load_trace, save_trace, split_models, sta
 from depthscope.probes.load import input_kind, load_model
 from depthscope.probes.trace import STACK
 from depthscope.progress import bar
+from depthscope.schemes import DepthModel
 
 RUN_KEYS = ("batch_size", "lr", "seed", "steps", "warmup", "weight_decay", "corpus")  # one run: same settings
 
@@ -55,6 +56,11 @@ class ReportSettings:
     ctx: int | None = None  # window length (None: the model's context)
     skip_positions: int | None = None  # None: the family's default (1 for pretrained causal LMs)
     trajectory: bool = False  # treat every checkpoint given as one run
+    # causal views: "auto" = on for depthscope's own models (vocabulary 256, 17 sources: cheap),
+    # off for others (a logit lens over 61 inputs of a 49k vocabulary is ~13 forwards of SmolLM2)
+    logits: str = "auto"  # "auto", "on", "off"
+    ablate: str = "auto"  # "auto" (cells on depthscope's own models), "off", "sources", "cells"
+    ablate_tokens: int | None = 512  # tokens ablated per model: 153 forwards per window on the zoo
 
 
 def _run_info(model, path: Path) -> dict:
@@ -101,6 +107,9 @@ def collect(
                     info.update(step=next(given), run="given")
                 if settings.trajectory:
                     info["run"] = "given"
+                own = isinstance(model, DepthModel)
+                logits = settings.logits == "on" or (settings.logits == "auto" and own)
+                ablate = {"auto": "cells" if own else None, "off": None}.get(settings.ablate, settings.ablate)
                 t = capture(
                     model,
                     settings.corpus,
@@ -111,6 +120,9 @@ def collect(
                     skip_positions=settings.skip_positions,
                     checkpoint=str(path),
                     rank=True,
+                    logits=logits or ablate is not None,
+                    ablate=ablate,
+                    ablate_tokens=settings.ablate_tokens,
                 )
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:

@@ -15,6 +15,7 @@ checked again. A model that fails is refused with one line.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -84,6 +85,7 @@ def capture(
     logits: bool = False,
     ablate: str | None = None,
     ablate_mean: bool = False,
+    ablate_tokens: int | None = None,
     partial: str | Path | None = None,
     save_every: int = 0,
     resume: bool = False,
@@ -108,7 +110,9 @@ def capture(
             logit lens over consumers (``probes.causal``); needs the model's LM head.
         ablate: ``"sources"`` (remove each source from every later consumer's input) or
             ``"cells"`` (from one consumer at a time): the increase in loss, one forward per
-            source or cell; ``ablate_mean`` replaces the term by its token mean instead.
+            source or cell; ``ablate_mean`` replaces the term by its token mean instead;
+            ``ablate_tokens`` limits the ablations to the first batches holding that many tokens
+            (default: every batch), the rest of the trace still covering ``n_tokens``.
         partial: where to keep the partial state (``probes.partial``); ``save_every`` batches
             write it (atomically), ``resume`` continues from it if it exists (refused if it was
             made with another model, corpus, seed or settings).
@@ -133,6 +137,8 @@ def capture(
         raise DepthscopeError("saving or resuming a partial capture needs its path (partial=)")
     if ablate is not None and ablate not in ABLATE:
         raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {ablate!r}")
+    if ablate_tokens is not None and ablate_tokens < 1:
+        raise DepthscopeError(f"ablate_tokens must be >= 1, got {ablate_tokens}")
     if logits or ablate:  # before the slow work: a model without an LM head is refused at once
         require_head(ad, "--logits" if logits else "--ablate")
     window = min(ad.ctx, DEFAULT_WINDOW) if ctx is None else int(ctx)
@@ -148,7 +154,9 @@ def capture(
             f"got {skip_positions}"
         )
     me, world = shard()
-    run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean)
+    # ablated batches: the first ones, by their global index, so sharding does not change them
+    limit = None if ablate_tokens is None else math.ceil(ablate_tokens / windows.shape[1])
+    run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean, limit)
     chunks = windows.split(batch_size)
     mine = list(range(me, len(chunks), world))
     done, record = 0, None
@@ -160,6 +168,7 @@ def capture(
             "logits": bool(logits),
             "ablate": ablate,
             "ablate_mean": bool(ablate_mean),
+            "ablate_tokens": ablate_tokens,
             "world_size": world,
             "shard": me,
         }
@@ -183,7 +192,7 @@ def capture(
         ):
             pb.advance(sum(len(chunks[b]) for b in mine[:done]))
             for b in mine[done:]:
-                run.batch(model, chunks[b].to(device), b)
+                run.batch(model, chunks[b].to(device), b, b * batch_size)
                 done += 1
                 pb.advance(len(chunks[b]))
                 if save_every and done % save_every == 0 and done < len(mine):
@@ -199,7 +208,7 @@ def capture(
         first = next((msg for msg, _ in gathered if msg is not None), None)
         if first is not None:
             raise DepthscopeError(f"another rank failed: {first}")
-        run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean)
+        run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean, limit)
         for _, state in gathered:  # rank order: a reproducible float64 sum
             run.merge(state)
     elif failure is not None:
@@ -239,15 +248,26 @@ def input_device(model: Any) -> torch.device:
 class Run:
     """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work."""
 
-    def __init__(self, ad: Adapter, skip: int, rank: bool, logits: bool, ablate: str | None, mean: bool):
+    def __init__(
+        self,
+        ad: Adapter,
+        skip: int,
+        rank: bool,
+        logits: bool,
+        ablate: str | None,
+        mean: bool,
+        ablate_windows: int | None = None,
+    ):
         self.ad, self.skip, self.ablate, self.ablate_mean = ad, skip, ablate, mean
+        self.ablate_windows = ablate_windows  # ablate the windows w < this (None: all)
         self.acc = Accumulator(ad.layout(), covariance=rank)
         self.probe = LogitProbe(ad, skip) if logits or ablate else None
         self.ablation = Ablation(ad, skip, ablate, mean) if ablate else None
         self.taps = Taps(ad, self.acc, skip, self.probe)
         self.callbacks = self.taps.callbacks()
 
-    def batch(self, model: Any, chunk: Tensor, b: int) -> None:
+    def batch(self, model: Any, chunk: Tensor, b: int, first: int = 0) -> None:
+        """Batch ``b``: windows ``first``, ``first + 1``, ... of the capture."""
         ad = self.ad
         self.acc.start_batch()
         self.taps.new_batch(chunk)
@@ -257,7 +277,9 @@ class Run:
         if self.probe is not None:
             self.probe.end_batch(ad.logits(output))
         if self.ablation is not None:
-            self.ablation.run(model, chunk)
+            n = len(chunk) if self.ablate_windows is None else min(len(chunk), self.ablate_windows - first)
+            if n > 0:  # the first windows of the capture, by global index: sharding does not move them
+                self.ablation.run(model, chunk[:n])
         self.acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - self.skip))
 
     def parts(self) -> dict[str, Any]:
@@ -285,8 +307,12 @@ class Run:
         ds = self.acc.dataset({**attrs, "dtype": str(self.taps.dtype or "").removeprefix("torch.")})
         extra = probe.variables(tol) if probe is not None else {}
         if ablation is not None:
-            extra.update(ablation.variables(probe.loss, probe.tokens, len(ad.consumers), len(ad.sources)))
-            ds.attrs.update(ablation=self.ablate, ablation_mean=int(self.ablate_mean))
+            extra.update(ablation.variables(len(ad.consumers), len(ad.sources)))
+            ds.attrs.update(
+                ablation=self.ablate,
+                ablation_mean=int(self.ablate_mean),
+                ablation_tokens=int(ablation.tokens),
+            )
         if probe is not None:
             ds.attrs.update(loss=probe.loss / max(probe.tokens, 1), logit_tokens=int(probe.tokens))
         for name, (dims, array) in extra.items():

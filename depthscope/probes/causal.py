@@ -201,7 +201,7 @@ def units(ad: Adapter, mode: str) -> list[tuple[int, int | None]]:
 class Ablation(Sums):
     """Runs the ablated forwards of one batch and sums their losses per unit."""
 
-    FIELDS = ("loss",)
+    FIELDS = ("loss", "clean", "tokens")
 
     def __init__(self, ad: Adapter, skip: int, mode: str, mean: bool = False, group: int = 4):
         require_head(ad, "--ablate")
@@ -218,10 +218,18 @@ class Ablation(Sums):
         self.ad, self.skip, self.mode, self.mean, self.group = ad, skip, mode, mean, group
         self.units = units(ad, mode)
         self.loss = np.zeros(len(self.units))
+        self.clean = 0.0  # the unablated loss summed over the same tokens
+        self.tokens = 0.0
 
     @torch.no_grad()
     def run(self, model: Any, chunk: Tensor) -> None:
+        """The unablated and the ablated forwards of ``chunk`` (windows [n, pos])."""
         nxt = chunk[:, self.skip + 1 :]
+        logits = self.ad.logits(self.ad.forward(model, chunk))[:, self.skip : -1].double()
+        self.clean += float(
+            F.cross_entropy(logits.flatten(0, 1), nxt.to(logits.device).flatten(), reduction="sum")
+        )
+        self.tokens += nxt.numel()
         for start in range(0, len(self.units), self.group):
             batch = self.units[start : start + self.group]
             tokens = chunk.repeat(len(batch), 1)
@@ -281,8 +289,8 @@ class Ablation(Sums):
         with ad.attach(model, taps):
             yield
 
-    def variables(self, clean_loss: float, tokens: int, layers: int, sources: int) -> dict[str, tuple]:
-        effect = (self.loss - clean_loss) / max(tokens, 1)
+    def variables(self, layers: int, sources: int) -> dict[str, tuple]:
+        effect = (self.loss - self.clean) / max(self.tokens, 1)
         if self.mode == "sources":
             out = np.full(sources, np.nan)
             for (j, _), e in zip(self.units, effect):

@@ -159,6 +159,23 @@ def test_cell_effects_sum_and_match_single_runs(tokens):
     assert float(cells.sel(layer="readout", source=last.label)) == pytest.approx(expect, abs=1e-6)
 
 
+def test_ablating_the_first_windows_only(tokens):
+    """``ablate_tokens``: the ablations cover the first windows (by their index in the capture, so
+    across batch boundaries), equal an ablation capture of those windows alone, and the rest of
+    the trace still covers every token."""
+    model = model_of("attnres")
+    part = capture(model, tokens, batch_size=3, ablate="cells", ablate_tokens=40)  # 2 windows of 32
+    alone = capture(model, tokens[:2], batch_size=2, ablate="cells")
+    assert part.attrs["ablation_tokens"] == alone.attrs["ablation_tokens"] == 2 * 31
+    np.testing.assert_allclose(
+        part["ablation_effect_cell"], alone["ablation_effect_cell"], rtol=1e-9, atol=1e-9
+    )
+    assert part.attrs["tokens"] == tokens.numel() and part.attrs["logit_tokens"] == 4 * 31
+    whole = capture(model, tokens, batch_size=3, ablate="cells", ablate_tokens=10**6)
+    every = capture(model, tokens, batch_size=3, ablate="cells")
+    np.testing.assert_allclose(whole["ablation_effect_cell"], every["ablation_effect_cell"], rtol=1e-12)
+
+
 def test_cli_logits_and_ablation(tmp_path, capsys):
     ckpt = tmp_path / "m.safetensors"
     small = [
