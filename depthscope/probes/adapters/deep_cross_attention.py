@@ -83,6 +83,13 @@ VIEWS = ("q", "k", "v")
 CTX = 1024  # rotary positions: no limit of its own
 
 
+def from_saved(args: dict) -> Any:
+    """The model a saved file describes (``probes.load``): ``DCAGPT(**args)``."""
+    from deep_cross_attention import DCAGPT
+
+    return DCAGPT(**args)
+
+
 def detect(model: Any) -> bool:
     package = sys.modules.get("deep_cross_attention.dca_gpt")  # a DCAGPT exists only once it is imported
     return package is not None and isinstance(model, package.DCAGPT)

@@ -105,6 +105,16 @@ def _xt() -> Any:
     return sys.modules.get("x_transformers.x_transformers")
 
 
+def from_saved(args: dict) -> Any:
+    """The model a saved file describes (``probes.load``): ``TransformerWrapper(**args["wrapper"],
+    attn_layers=Decoder(**args["layers"]))`` (``Encoder`` if ``args["encoder"]`` is true).
+    """
+    from x_transformers import Decoder, Encoder, TransformerWrapper
+
+    stack = Encoder if args.get("encoder") else Decoder
+    return TransformerWrapper(**args["wrapper"], attn_layers=stack(**args["layers"]))
+
+
 def detect(model: Any) -> bool:
     xt = _xt()
     if xt is None:
