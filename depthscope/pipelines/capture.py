@@ -13,6 +13,7 @@ import contextlib
 import multiprocessing
 import os
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -188,6 +189,7 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, errors: Any) -> N
     import torch
     import torch.distributed as dist
 
+    _die_with_parent()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -198,3 +200,16 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, errors: Any) -> N
         errors.put((rank, f"{type(err).__name__} in capture worker {rank}: {err}"))
     finally:
         dist.destroy_process_group()
+
+
+def _die_with_parent() -> None:
+    """On Linux, ask the kernel to kill this worker when the process that started it dies (even by
+    SIGKILL), so no orphan keeps capturing beside a resumed run.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
