@@ -196,7 +196,15 @@ def capture(
                 done += 1
                 pb.advance(len(chunks[b]))
                 if save_every and done % save_every == 0 and done < len(mine):
-                    save_partial(Path(partial), run.state(), {**record, "batches_done": done})
+                    save_partial(
+                        Path(partial),
+                        run.state(),
+                        {
+                            **record,
+                            "batches_done": done,
+                            "windows_done": sum(len(chunks[b]) for b in mine[:done]),
+                        },
+                    )
     except Exception as err:  # a failing rank tells the others before raising, so none waits forever
         failure = err
     if world > 1:

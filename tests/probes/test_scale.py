@@ -126,8 +126,9 @@ def test_resume_after_sigkill_equals_an_uninterrupted_capture(ckpt, tmp_path):
     assert proc.returncode == -signal.SIGKILL, "the capture finished before it could be killed"
     assert partial.exists() and not out.exists()
     with np.load(partial) as f:
-        done = json.loads(str(f["meta"]))["batches_done"]
-    assert 3 <= done < 64
+        meta = json.loads(str(f["meta"]))
+    done = meta["batches_done"]
+    assert 3 <= done < 64 and meta["windows_done"] == done  # one window per batch here
     assert main(cli(ckpt, "--out", out, *args)) == 2  # a partial exists: --resume or delete it
     assert main(cli(ckpt, "--out", out, *args, "--resume")) == 0
     assert not partial.exists()
