@@ -85,8 +85,9 @@ def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
         (lambda d, c: ["capture", str(d / "missing.safetensors")], "no such file"),
         (
             lambda d, c: ["capture", str(_write(d / "bad.safetensors", b"garbage" * 10))],
-            "neither a checkpoint",
+            "not a safetensors file",
         ),
+        (lambda d, c: ["capture", str(_write(d / "bad.dat", b"garbage" * 10))], "neither a checkpoint"),
         (lambda d, c: ["capture", str(c), "--tokens", "16"], "fewer than one context window"),
         (lambda d, c: ["capture", str(c), "--corpus", str(_write(d / "s.txt", b"tiny"))], "too short"),
         (lambda d, c: ["capture", str(c), "--batch-size", "0"], "Invalid value for '--batch-size'"),
