@@ -273,6 +273,8 @@ class Ablation(Sums):
                 for g, j in hit:
                     rows = slice(g * size, (g + 1) * size)
                     v = values[j][rows] if values[j].shape[0] > 1 else values[j]
+                    if w is not None:  # (on the weights' device: a device map may put them elsewhere)
+                        v = v.to(w.device)
                     term = (
                         v if w is None else (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v
                     )

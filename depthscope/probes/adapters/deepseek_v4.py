@@ -178,8 +178,8 @@ class _Streams:
         self.composite: Tensor | None = None  # [batch, pos, stream, stream]: product of the combs so far
 
     def embed(self, module, args, out: Tensor) -> None:
-        self.unroll = StreamUnroll.start(out.shape[:2], self.n)
-        eye = torch.eye(self.n, dtype=torch.float64)
+        self.unroll = StreamUnroll.start(out.shape[:2], self.n, device=out.device)
+        eye = torch.eye(self.n, dtype=torch.float64, device=out.device)
         self.composite = eye.expand(*out.shape[:2], self.n, self.n).clone()
         self.send(names.EMBED, out)
 
@@ -216,7 +216,7 @@ class _Streams:
         """How doubly stochastic this comb is; fold it into the composite over depth."""
         self._keep("comb_row_error_max", float((comb.sum(-1) - 1).abs().max()), max)
         self._keep("comb_col_error_max", float((comb.sum(-2) - 1).abs().max()), max)
-        self.composite = self.composite @ comb  # source-row convention: stream s -> t through both
+        self.composite = self.composite @ comb.to(self.composite)  # source-row: stream s -> t through both
 
     def _keep(self, key: str, value: float, pick: Callable[[float, float], float]) -> None:
         self.attrs[key] = pick(self.attrs[key], value) if key in self.attrs else value

@@ -530,7 +530,7 @@ class _Streams:
         if embed is not None:
             for j in range(s):
                 self.send(f"stream_embed.{j}", vectors[j].expand_as(first))
-        self.unroll = StreamUnroll.start(tuple(first.shape[:2]), s, init)
+        self.unroll = StreamUnroll.start(tuple(first.shape[:2]), s, init, device=first.device)
         self.next, self.pending, self.read = 0, None, False
 
     def on_norm(self, module, args, out) -> None:

@@ -195,7 +195,7 @@ class _Streams:
         self.held: dict[str, Tensor] = {}  # tensors of submodules, used by their parent's hook
 
     def embed(self, module, args, out: Tensor) -> None:
-        self.unroll = StreamUnroll.start(out.shape[:2], self.n)
+        self.unroll = StreamUnroll.start(out.shape[:2], self.n, device=out.device)
         self.send(names.EMBED, out)
 
     def hold(self, key: str) -> Hook:
@@ -233,7 +233,7 @@ class _Streams:
             self.send(f"{i}.ple", value)
             self.send(f"{i}.ple_gate", sigma)
             self.unroll.write(None, sigma)
-            one_hot = torch.eye(self.n, dtype=torch.float64)
+            one_hot = torch.eye(self.n, dtype=torch.float64, device=value.device)
             for s in range(self.n):
                 self.send(f"{i}.ple_conv.{s}", rest[:, :, s])
                 self.unroll.write(None, one_hot[s].expand(*value.shape[:2], self.n))

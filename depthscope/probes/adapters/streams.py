@@ -26,14 +26,20 @@ class StreamUnroll:
 
     @classmethod
     def start(
-        cls, batch_pos: tuple[int, int], streams: int, init: Tensor | None = None, dtype=torch.float64
+        cls,
+        batch_pos: tuple[int, int],
+        streams: int,
+        init: Tensor | None = None,
+        dtype=torch.float64,
+        device: torch.device | str | None = None,
     ) -> StreamUnroll:
         """Streams that are copies of the embedding (source 0): ``init`` [stream, k] gives the
         coefficients of k initial sources instead (e.g. the embedding and a stream embedding).
+        The coefficients live on ``device`` (the embedding's); every read and write is moved there.
         """
         if init is None:
             init = torch.ones(streams, 1, dtype=dtype)
-        return cls(init.to(dtype).expand(*batch_pos, *init.shape).clone())
+        return cls(init.to(device=device, dtype=dtype).expand(*batch_pos, *init.shape).clone())
 
     @property
     def n_sources(self) -> int:
@@ -44,7 +50,7 @@ class StreamUnroll:
         per stream: -> [batch, pos, source]) or [batch, pos, stream, d_model] (per channel:
         -> [batch, pos, source, d_model]).
         """
-        pre = pre.to(self.coef.dtype)
+        pre = pre.to(self.coef.device, self.coef.dtype)
         if pre.ndim == self.coef.ndim - 1:
             return torch.einsum("bps,bpsn->bpn", pre, self.coef)
         return torch.einsum("bpsd,bpsn->bpnd", pre, self.coef)
@@ -55,8 +61,8 @@ class StreamUnroll:
         """
         coef = self.coef
         if res is not None:
-            coef = torch.einsum("bpst,bpsn->bptn", res.to(coef.dtype), coef)
-        self.coef = torch.cat([coef, post.to(coef.dtype).unsqueeze(-1)], dim=-1)
+            coef = torch.einsum("bpst,bpsn->bptn", res.to(coef.device, coef.dtype), coef)
+        self.coef = torch.cat([coef, post.to(coef.device, coef.dtype).unsqueeze(-1)], dim=-1)
 
     def readout(self, head: Tensor | None = None) -> Tensor:
         """The read-out's weights: the streams summed (``head`` None) or weighed by ``head``."""

@@ -361,7 +361,7 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], opt: str, views: list[
             for s in range(streams):
                 state.send(f"stream_emb.{s}", layers.stream_emb[s].expand_as(x))
             init = torch.cat([torch.ones(streams, 1), torch.eye(streams)], dim=1)  # embed + own stream_emb
-            state.unroll = StreamUnroll.start(tuple(x.shape[:2]), streams, init)
+            state.unroll = StreamUnroll.start(tuple(x.shape[:2]), streams, init, device=x.device)
 
     def consumer_input(i: int):
         def hook(x: Tensor) -> Tensor | None:
