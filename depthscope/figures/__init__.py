@@ -5,6 +5,7 @@ from depthscope.figures.curves import (
     plot_dilution_panels,
     plot_pattern_scores,
     plot_retention,
+    plot_trajectories,
     plot_trajectory,
 )
 from depthscope.figures.heatmaps import plot_heatmap, plot_heatmap_grid
@@ -28,6 +29,7 @@ __all__ = [
     "plot_rank_profile",
     "plot_rank_vs_width",
     "plot_retention",
+    "plot_trajectories",
     "plot_trajectory",
     "save",
     "scheme_color",

@@ -26,7 +26,7 @@ from matplotlib.cm import ScalarMappable
 from matplotlib.colors import Normalize
 from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from depthscope.analysis import dilution as est
 from depthscope.figures.heatmaps import traces_by_model
@@ -263,6 +263,16 @@ def plot_pattern_scores(stacked_or_list, ax=None, k: int = 2):
     return ax
 
 
+def _steps_axis(ax, x, tokens: bool) -> None:
+    """Log x axis ticked at the checkpoints themselves (tokens in millions, or steps)."""
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    x = np.asarray(x, dtype=float)
+    if len(x) <= 8:  # a tick per checkpoint; more would crowd, and the decades remain
+        ax.set_xticks(x, [f"{v / 1e6:.3g}M" if tokens and v >= 1e5 else f"{v:.0f}" for v in x])
+    ax.set_xlabel("training tokens" if tokens else "step")
+
+
 TRAJECTORY_GROUPS = {  # summary group -> line style, legend text
     "sublayers": ("-", "all sublayer inputs"),
     "attn": ("--", "attention inputs"),
@@ -332,10 +342,52 @@ def plot_trajectory(trajectory: xr.Dataset, k: int = 2):
         axes[2].plot(x, trajectory["val_loss"].values, color=c, marker="o")
     axes[2].set_ylabel("validation loss (nats/token)")
     for ax, title in zip(axes, ("pattern score", "shares and dilution", "loss")):
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens" if "train_tokens" in trajectory.coords else "step")
+        _steps_axis(ax, x, "train_tokens" in trajectory.coords)
         ax.set_title(title, loc="left")
         style_axes(ax)
     label = str(trajectory["model"].values[0]).split("@", 1)[0]
     fig.suptitle(f"{label}: steps " + ", ".join(str(int(v)) for v in trajectory["step"].values))
+    return fig
+
+
+@styled
+def plot_trajectories(trajectories, k: int = 2):
+    """Several runs' pattern over training on one figure: a panel per consumer group.
+
+    ``trajectories``: a list of trajectory stacks (as for ``plot_trajectory``), one per run. Each
+    panel draws, for one consumer group of ``summary`` (all sublayer inputs, attention inputs,
+    MLP inputs, read-out), every run's pattern score against its training tokens (log axis), one
+    colour per scheme, with the uniform row at 1. A run without a group (no attention inputs)
+    leaves that panel without its line.
+
+    Returns:
+        The Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if not trajectories:
+        raise ValueError("plot_trajectories needs at least one trajectory")
+    labels = [str(tr["model"].values[0]).split("@", 1)[0] for tr in trajectories]
+    xs = []
+    colours = scheme_colors(labels)
+    fig, axes = plt.subplots(1, len(TRAJECTORY_GROUPS), figsize=(14.0, 3.6), sharey=True)
+    for label, tr in zip(labels, trajectories):
+        s = est.summary(tr, k)
+        x = tr["train_tokens"].values if "train_tokens" in tr.coords else tr["step"].values
+        xs.append(np.asarray(x, dtype=float))
+        for ax, group in zip(axes, TRAJECTORY_GROUPS):
+            y = s["pattern_score"].sel(group=group).values
+            if np.isfinite(y).any():
+                ax.plot(x, y, color=colours[label], marker="o", label=label)
+    tokens = all("train_tokens" in tr.coords for tr in trajectories)
+    for ax, (_, text) in zip(axes, TRAJECTORY_GROUPS.values()):
+        ax.axhline(1.0, **BASELINE_STYLE)
+        _steps_axis(ax, np.unique(np.concatenate(xs)), tokens)
+        ax.set_title(text, loc="left")
+        style_axes(ax)
+    axes[0].set_ylabel(f"pattern score (k = {k})")
+    handles = [Line2D([], [], color=colours[label], marker="o", label=label) for label in labels]
+    handles.append(Line2D([], [], label="uniform row (1.0)", **BASELINE_STYLE))
+    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    fig.suptitle("The input-and-recent pattern over training")
     return fig

@@ -101,6 +101,11 @@ CAPTIONS = {
         "the embedding, the dilution index of the first and latest sources, and the validation loss, against "
         "the training tokens seen.",
     ),
+    "trajectories": (
+        "The pattern over training, every run",
+        "Pattern score of each bundled or given run against the training tokens seen, per consumer group "
+        "(all sublayer inputs, attention inputs, MLP inputs, read-out); 1 is a uniform row.",
+    ),
     "trajectory-weights": (
         "{label}: weights at each step",
         "Row-normalised weights at each step, on one scale.",
@@ -135,6 +140,7 @@ def report_figures(
         plot_dilution_panels,
         plot_pattern_scores,
         plot_retention,
+        plot_trajectories,
         plot_trajectory,
     )
     from depthscope.figures.heatmaps import plot_heatmap_grid
@@ -158,6 +164,8 @@ def report_figures(
     for t in traces:
         if views(t).sizes.get("view", 0):
             out.append((spec("read-depth", _label(t)), plot_read_depth(t)))
+    if len(trajectories) > 1:
+        out.append((spec("trajectories"), plot_trajectories(list(trajectories), k=k)))
     for tr in trajectories:
         label = trajectory_label(tr)
         out.append((spec("trajectory", label), plot_trajectory(tr, k=k)))
