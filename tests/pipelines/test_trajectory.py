@@ -138,3 +138,26 @@ def test_the_zoo_bundles_a_trajectory_per_family():
         name: [250, 500, 1000, 2000, 4000]
         for name in ("denseformer", "dca", "attnres", "attnres-block4", "hc", "mhc")
     }
+
+
+def test_the_cross_run_trajectory_figure_draws_each_bundled_run_per_group():
+    """plot_trajectories: one line per run in each consumer-group panel, y = summary's pattern score."""
+    from depthscope.figures import plot_trajectories
+    from depthscope.figures.curves import TRAJECTORY_GROUPS
+
+    runs = [
+        load_trace(zoo.ZOO_DIR / m["trajectory"]["file"]) for m in zoo.read_manifest() if m.get("trajectory")
+    ]
+    assert len(runs) == 6
+    fig = plot_trajectories(runs)
+    for ax, group in zip(fig.axes, TRAJECTORY_GROUPS):
+        data = ax.lines[: len(runs)]  # data lines first, then the uniform row
+        assert len(ax.lines) == len(runs) + 1 and ax.lines[-1].get_ydata()[0] == 1.0
+        for line, run in zip(data, runs):
+            assert line.get_label() == str(run["variant"].values[0])
+            np.testing.assert_array_equal(line.get_xdata(), run["train_tokens"].values)
+            np.testing.assert_allclose(
+                line.get_ydata(), summary(run)["pattern_score"].sel(group=group).values
+            )
+    with pytest.raises(ValueError):
+        plot_trajectories([])
