@@ -282,7 +282,7 @@ def _causal_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
             continue
         rho = weight_effect_correlation(t)
         cells = t["ablation_effect_cell"].stack(cell=("layer", "source")).dropna("cell")
-        top = cells.isel(cell=int(cells.argmax()))
+        top = cells.isel(cell=int(cells.argmax("cell")))
         rows.append(
             {
                 "label": str(t.attrs.get("label", "")),
