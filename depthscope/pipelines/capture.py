@@ -159,47 +159,74 @@ def _free_port() -> int:
 
 
 def _spawn(job: CaptureJob) -> xr.Dataset:
-    """Start ``job.workers`` local processes in one gloo group; rank 0 writes the trace."""
+    """Start ``job.workers`` local processes in one gloo group; rank 0 writes the trace.
+
+    Each worker reports ``(rank, None)`` when its part is done (rank 0's trace written and every
+    rank told so) or ``(rank, message)`` when it failed. The lowest rank's failure is raised; a
+    worker that exits without a report died mid-capture. A worker that reported success and then
+    crashed while tearing its process group down (a rare SIGABRT in gloo's teardown, seen once on
+    this machine) does not undo a trace written and confirmed before it: that is a warning.
+    """
     from depthscope.probes import load_trace
 
     ctx = multiprocessing.get_context("spawn")
-    errors = ctx.SimpleQueue()
+    reports = ctx.SimpleQueue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, job.workers, port, job, errors), daemon=False)
+        ctx.Process(target=_worker, args=(r, job.workers, port, job, reports), daemon=False)
         for r in range(job.workers)
     ]
     for p in procs:
         p.start()
     for p in procs:
         p.join()
-    messages = []
-    while not errors.empty():
-        messages.append(errors.get())
-    if messages:
-        raise DepthscopeError(min(messages)[1])  # the lowest rank's error: the first in rank order
-    dead = [(r, p.exitcode) for r, p in enumerate(procs) if p.exitcode != 0]
+    done: dict[int, str | None] = {}
+    while not reports.empty():
+        rank, message = reports.get()
+        done[rank] = message
+    failed = sorted((r, m) for r, m in done.items() if m is not None)
+    if failed:
+        raise DepthscopeError(failed[0][1])  # the lowest rank's error: the first in rank order
+    dead = [(r, p.exitcode) for r, p in enumerate(procs) if r not in done]
     if dead:
         raise DepthscopeError(f"capture worker {dead[0][0]} died (exit code {dead[0][1]})")
+    for r, p in enumerate(procs):
+        if p.exitcode != 0:
+            print(
+                f"warning: capture worker {r} exited with code {p.exitcode} while shutting down, "
+                "after its part was done and the trace written",
+                file=sys.stderr,
+            )
     return load_trace(job.out)
 
 
-def _worker(rank: int, world: int, port: int, job: CaptureJob, errors: Any) -> None:
-    """One local rank: a gloo group over TCP on this machine, threads shared out between ranks."""
+def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> None:
+    """One local rank: a gloo group over TCP on this machine, threads shared out between ranks.
+
+    Reports once (see ``_spawn``), destroys the group, and leaves with ``os._exit``: nothing is
+    left to do, and skipping interpreter finalisation avoids tearing down gloo's threads twice.
+    """
     import torch
     import torch.distributed as dist
 
     _die_with_parent()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    report: str | None = f"capture worker {rank} stopped before finishing"
     try:
         capture_here(replace(job, workers=1))
+        report = None
     except DepthscopeError as err:
-        errors.put((rank, str(err)))
+        report = str(err)
     except Exception as err:  # a bug: still one line in the parent, and this rank exits cleanly
-        errors.put((rank, f"{type(err).__name__} in capture worker {rank}: {err}"))
+        report = f"{type(err).__name__} in capture worker {rank}: {err}"
     finally:
-        dist.destroy_process_group()
+        reports.put((rank, report))
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _die_with_parent() -> None:
