@@ -4,8 +4,10 @@ Each run is a fresh `depthscope capture` process (start-up, model loading in eve
 merge included: what a user waits for), on the same model, corpus and windows; the settings
 alternate run by run (1, N, 1, N ...) so that machine load hits both alike, and the median of
 --repeats runs is reported. One process uses every core for its threads; N workers share them
-(cores // N threads each). The traces are compared too: the largest relative difference over
-every variable.
+(cores // N threads each). A third setting, one process held to cores // N threads
+(OMP_NUM_THREADS), gives the scaling of the data split itself: what N ranks on N devices of their
+own would gain. The traces are compared too: the largest relative difference over every variable
+(the model's float32 arithmetic depends on the thread count, so it is not 0).
 
     .venv/bin/python benchmarks/capture_workers.py [--model PATH] [--tokens 65536] [--workers 2]
 """
@@ -25,11 +27,12 @@ from pathlib import Path
 import numpy as np
 
 
-def run(model: str, out: Path, tokens: int, workers: int, extra: list[str]) -> float:
+def run(model: str, out: Path, tokens: int, workers: int, extra: list[str], threads: int = 0) -> float:
     cmd = [sys.executable, "-m", "depthscope", "capture", model, "--out", str(out), "--tokens", str(tokens)]
     cmd += ["--workers", str(workers), "--quiet", *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
     t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
     return time.perf_counter() - t0
 
 
@@ -55,25 +58,28 @@ def main() -> None:
     p.add_argument("--extra", default="", help="more capture options, e.g. '--ctx 256 --rank'")
     args = p.parse_args()
     extra = args.extra.split()
-    times: dict[int, list[float]] = {1: [], args.workers: []}
+    share = max(1, (os.cpu_count() or 1) // args.workers)
+    settings = {"1": (1, 0), f"1x{share}thread": (1, share), str(args.workers): (args.workers, 0)}
+    times: dict[str, list[float]] = {k: [] for k in settings}
     with tempfile.TemporaryDirectory() as d:
-        outs = {n: Path(d) / f"w{n}.nc" for n in times}
+        outs = {k: Path(d) / f"w{k}.nc" for k in settings}
         for _ in range(args.repeats):
-            for n in times:
-                times[n].append(run(args.model, outs[n], args.tokens, n, extra))
-        diff = max_relative_difference(outs[1], outs[args.workers])
-    one, many = statistics.median(times[1]), statistics.median(times[args.workers])
+            for k, (n, threads) in settings.items():
+                times[k].append(run(args.model, outs[k], args.tokens, n, extra, threads))
+        diff = max_relative_difference(outs["1"], outs[str(args.workers)])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    many = med[str(args.workers)]
     print(
         json.dumps(
             {
                 "model": Path(args.model).name,
                 "tokens": args.tokens,
                 "cores": os.cpu_count(),
-                "seconds_1": round(one, 2),
-                f"seconds_{args.workers}": round(many, 2),
-                "speedup": round(one / many, 2),
+                **{f"seconds_{k}": round(v, 2) for k, v in med.items()},
+                "speedup_vs_1_process": round(med["1"] / many, 2),
+                f"speedup_vs_1_process_{share}_thread": round(med[f"1x{share}thread"] / many, 2),
                 "max_relative_difference": diff,
-                "runs": {str(k): [round(t, 2) for t in v] for k, v in times.items()},
+                "runs": {k: [round(t, 2) for t in v] for k, v in times.items()},
             },
             indent=1,
         )

@@ -203,8 +203,8 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
 def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> None:
     """One local rank: a gloo group over TCP on this machine, threads shared out between ranks.
 
-    Reports once (see ``_spawn``), destroys the group, and leaves with ``os._exit``: nothing is
-    left to do, and skipping interpreter finalisation avoids tearing down gloo's threads twice.
+    Reports once (see ``_spawn``) before destroying the group, so a crash in the teardown cannot
+    hide a finished part.
     """
     import torch
     import torch.distributed as dist
@@ -224,9 +224,6 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
         reports.put((rank, report))
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
 
 
 def _die_with_parent() -> None:
