@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import xarray as xr
+from matplotlib.ticker import FuncFormatter
 
 from depthscope.analysis.causal import views, weight_effect, weight_effect_correlation
 from depthscope.figures.heatmaps import make_norm, symlog_ticks, symmetric_vmax, traces_by_model
@@ -119,6 +120,7 @@ def _dwa(trace):
     ax.set_ylabel("depth-weighted average after block i")
     cb = fig.colorbar(im, ax=ax, pad=0.02)
     cb.set_ticks(symlog_ticks(vmax))
+    cb.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))  # plain text, no mathtext
     cb.set_label("alpha_{i,j}")
     ax.set_title(
         f"{trace.attrs.get('label', '')}: DWA weights as DenseFormer's Fig. 5 (arXiv 2402.02622)", loc="left"

@@ -1,6 +1,7 @@
 """The report page: which figures it holds, and the HTML it renders (a Jinja2 template).
 
-``report_figures`` draws every figure of a report from traces (nothing is captured here);
+``planned_figures`` lists every figure of a report with the function that draws it (nothing is
+captured here; ``report_figures`` draws them all at once);
 ``render_page`` fills ``templates/report.html`` with the tables (computed by the estimators of
 ``depthscope.analysis``) and the figures. Every string that comes from a trace, a file or the
 settings is escaped by the template. Orchestration (capturing, writing files) lives in
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,7 +137,17 @@ def report_figures(
     stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
 ) -> list[tuple[FigureSpec, Any]]:
     """(description, matplotlib Figure) for every figure of the report, in page order."""
-    from depthscope.figures.causal import plot_native, plot_read_depth, plot_weight_effect
+    return [(s, draw()) for s, draw in planned_figures(stacked, traces, k, trajectories)]
+
+
+def planned_figures(
+    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
+) -> list[tuple[FigureSpec, Callable[[], Any]]]:
+    """(description, function drawing the Figure) for every figure of the report, in page order.
+
+    Drawing is deferred so that a report draws, saves and closes one figure at a time.
+    """
+    from depthscope.figures.causal import has_native, plot_native, plot_read_depth, plot_weight_effect
     from depthscope.figures.curves import (
         plot_dilution_panels,
         plot_pattern_scores,
@@ -147,38 +159,47 @@ def report_figures(
     from depthscope.figures.rank import plot_rank_profile
 
     signed = any(_is_signed(t) for t in traces)
-    out = [
-        (spec("grid-weights"), plot_heatmap_grid(stacked)),
-        (spec("grid-share"), plot_heatmap_grid(stacked, "contribution_share")),
-        (spec("dilution"), plot_dilution_panels(stacked)),
+    out: list[tuple[FigureSpec, Callable[[], Any]]] = [
+        (spec("grid-weights"), lambda: plot_heatmap_grid(stacked)),
+        (spec("grid-share"), lambda: plot_heatmap_grid(stacked, "contribution_share")),
+        (spec("dilution"), lambda: plot_dilution_panels(stacked)),
         (
             spec("grid-mixing", scale=", symmetric-log (weights are signed)" if signed else ""),
-            plot_heatmap_grid(stacked, "mixing", symlog=signed),
+            lambda: plot_heatmap_grid(stacked, "mixing", symlog=signed),
         ),
-        (spec("pattern", k=k), plot_pattern_scores(stacked, k=k).figure),
-        (spec("retention"), plot_retention(stacked).figure),
+        (spec("pattern", k=k), lambda: plot_pattern_scores(stacked, k=k).figure),
+        (spec("retention"), lambda: plot_retention(stacked).figure),
     ]
     with_cells = [t for t in traces if "ablation_effect_cell" in t]
     if with_cells:
-        out.append((spec("weight-effect"), plot_weight_effect(with_cells)))
+        out.append((spec("weight-effect"), lambda: plot_weight_effect(with_cells)))
     for t in traces:
         if views(t).sizes.get("view", 0):
-            out.append((spec("read-depth", _label(t)), plot_read_depth(t)))
+            out.append((spec("read-depth", _label(t)), lambda t=t: plot_read_depth(t)))
     if len(trajectories) > 1:
-        out.append((spec("trajectories"), plot_trajectories(list(trajectories), k=k)))
+        out.append((spec("trajectories"), lambda: plot_trajectories(list(trajectories), k=k)))
     for tr in trajectories:
         label = trajectory_label(tr)
-        out.append((spec("trajectory", label), plot_trajectory(tr, k=k)))
-        out.append((spec("trajectory-weights", label), plot_heatmap_grid(tr, ncols=tr.sizes[STACK])))
+        out.append((spec("trajectory", label), lambda tr=tr: plot_trajectory(tr, k=k)))
+        out.append(
+            (
+                spec("trajectory-weights", label),
+                lambda tr=tr: plot_heatmap_grid(tr, ncols=tr.sizes[STACK]),
+            )
+        )
     if "source_spectrum" in stacked:
-        out.append((spec("rank"), plot_rank_profile(stacked).figure))
+        out.append((spec("rank"), lambda: plot_rank_profile(stacked).figure))
     for t in traces:
         deep = t.sizes["layer"] > DEEP
         blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
-        out.append((spec("model", _label(t), blocks=blocks if deep else ""), model_figure(t, deep)))
-        native = plot_native(t)
-        if native is not None:
-            out.append((spec("native", _label(t)), native))
+        out.append(
+            (
+                spec("model", _label(t), blocks=blocks if deep else ""),
+                lambda t=t, deep=deep: model_figure(t, deep),
+            )
+        )
+        if has_native(t):
+            out.append((spec("native", _label(t)), lambda t=t: plot_native(t)))
     return out
 
 

@@ -159,7 +159,7 @@ def build_report(
     import matplotlib.pyplot as plt
 
     from depthscope import zoo
-    from depthscope.figures.report import figure_html, render_page, report_figures
+    from depthscope.figures.report import figure_html, planned_figures, render_page
     from depthscope.figures.style import save
 
     start = time.perf_counter()
@@ -181,9 +181,10 @@ def build_report(
         stacked = stack_traces(traces)
         traces = split_models(stacked)  # unique labels
         figures = {}
-        made = report_figures(stacked, traces, settings.k, trajectories)
-        with bar("report: figures", len(made), enabled=progress) as pb:
-            for spec, fig in made:
+        planned = planned_figures(stacked, traces, settings.k, trajectories)
+        with bar("report: figures", len(planned), enabled=progress) as pb:
+            for spec, draw in planned:  # one figure open at a time
+                fig = draw()
                 written = save(fig, tmp / spec.name, formats=("png", "svg"))
                 png = next(p for p in written if p.suffix == ".png")
                 figures[spec.name] = figure_html(spec, png.read_bytes())
