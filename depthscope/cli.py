@@ -495,6 +495,9 @@ def zoo_build(
     recapture: Annotated[
         bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")
     ] = False,
+    collection: Annotated[
+        str, typer.Option(help="Which zoo: 'zoo' (8 blocks) or 'deep' (16 blocks, dilution versus depth).")
+    ] = "zoo",
     quiet: QuietOpt = False,
 ) -> None:
     """Train the zoo reproducibly (fixed seeds, default corpus; hours on 2 cores), skipping up-to-date models.
@@ -505,15 +508,17 @@ def zoo_build(
     from depthscope import zoo
     from depthscope.pipelines.zoo import build
 
+    coll = zoo.collection(collection)
     entries = build(
-        out_dir or zoo.ZOO_DIR,
-        steps=zoo.STEPS if steps is None else steps,
+        out_dir,
+        collection=coll,
+        steps=steps,
         only=only,
         recapture=recapture,
         progress=not quiet,
         log=out.print,
     )
-    out.print(f"{len(entries)} zoo entries in {out_dir or zoo.ZOO_DIR}")
+    out.print(f"{len(entries)} zoo entries in {out_dir or coll.directory}")
 
 
 class _RankGroup(typer.core.TyperGroup):

@@ -1,18 +1,20 @@
 """``depthscope zoo build``: train the bundled zoo, incrementally and reproducibly.
 
-Each zoo variant (declared by its scheme, ``Scheme.zoo``) is trained with the zoo's size, steps,
-batch, learning rate and seed on the default corpus, single-threaded (same thread count, same
-reductions: the same machine and build give the same weights, bit for bit), and written in
-bfloat16. The build is incremental and resumable: a model whose checkpoint matches its manifest
-entry (config, training settings, file digest) is skipped, the manifest is rewritten after every
-model, and an interrupted model leaves no file (writes are atomic), so a build killed halfway
-continues where it stopped.
+Each entry of a zoo collection (curated in ``depthscope.zoo``: ``ZOO``, 8 blocks; ``DEEP``, 16
+blocks) is trained with the collection's size, steps, batch, learning rate and seed on the default
+corpus, single-threaded (same thread count, same reductions: the same machine and build give the
+same weights, bit for bit), and written in bfloat16. The build is incremental and resumable: a
+model whose checkpoint matches its manifest entry (config, training settings, file digest) is
+skipped, the manifest is rewritten after every model, and an interrupted model leaves no file
+(writes are atomic), so a build killed halfway continues where it stopped.
 
-Models that keep a trajectory (``Scheme.trajectories``) also save intermediate checkpoints at
+Models that keep a trajectory (``Entry.trajectory``) also save intermediate checkpoints at
 ``zoo.trajectory_steps(steps)`` under ``steps/`` (not bundled), and the build captures them and
 the final model into one small trace file per model under ``trajectories/`` (bundled: a report
 shows the trajectory without training anything). A trajectory is captured when its trace is
-missing or ``recapture`` is set, from the step checkpoints of the same build.
+missing or ``recapture`` is set, from the step checkpoints of the same build; an up-to-date model
+that should keep a trajectory but has neither the trace nor its step checkpoints is retrained
+(reproducibly, so its weights come out the same) to get them.
 """
 
 from __future__ import annotations
@@ -29,20 +31,20 @@ from depthscope.probes import save_trace
 TRAJECTORY_TOKENS = 8192  # tokens captured per trajectory step (the report's default)
 
 
-def _spec(name: str, scheme: str, options: dict, steps: int) -> dict[str, Any]:
+def _spec(coll: zoo.Collection, e: zoo.Entry, steps: int) -> dict[str, Any]:
     """What an entry's checkpoint must have been built from to count as up to date."""
     from depthscope.schemes import ModelConfig
     from depthscope.train import TrainConfig
 
-    cfg = ModelConfig(scheme=scheme, options=options, **zoo.SIZE)
-    tcfg = TrainConfig(steps=steps, batch_size=zoo.BATCH, lr=zoo.LR, seed=zoo.SEED)
+    cfg = ModelConfig(scheme=e.scheme, options=e.options, **coll.size)
+    tcfg = TrainConfig(steps=steps, batch_size=coll.batch, lr=coll.lr, seed=coll.seed)
     return {
-        "name": name,
-        "scheme": scheme,
+        "name": e.name,
+        "scheme": e.scheme,
         "config": cfg.to_dict(),
         "train": asdict(tcfg),
         "steps": steps,
-        "seed": zoo.SEED,
+        "seed": coll.seed,
     }
 
 
@@ -59,33 +61,34 @@ def step_path(out: Path, name: str, step: int) -> Path:
 
 
 def build(
-    out: str | Path = zoo.ZOO_DIR,
+    out: str | Path | None = None,
     *,
-    steps: int = zoo.STEPS,
+    collection: zoo.Collection = zoo.ZOO,
+    steps: int | None = None,
     only: list[str] | None = None,
     recapture: bool = False,
     progress: bool = True,
     log=print,
 ) -> list[dict[str, Any]]:
-    """Train the zoo into ``out`` (skipping up-to-date models) and rewrite its manifest.
+    """Train a zoo collection into ``out`` (default: its bundled directory), skipping up-to-date
+    models, and rewrite its manifest.
 
-    ``only`` restricts the work to some entries; the manifest keeps every other entry it holds.
-    Returns the manifest entries.
+    ``steps`` overrides the collection's training steps; ``only`` restricts the work to some
+    entries (the manifest keeps every other entry it holds). Returns the manifest entries.
     """
     import torch
 
     from depthscope.corpus import load_corpus
-    from depthscope.schemes.base import zoo_variants
     from depthscope.train import TrainConfig, train
 
-    spec = zoo_variants()
-    names = [name for name, *_ in spec]
+    names = collection.names()
+    steps = collection.steps if steps is None else steps
     unknown = sorted(set(only or []) - set(names))
     if unknown:
         raise DepthscopeError(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(names)})")
     if steps < 1:
         raise DepthscopeError(f"zoo steps must be at least 1, got {steps}")
-    out = Path(out)
+    out = Path(collection.directory if out is None else out)
     try:
         existing = {m["name"]: m for m in zoo.read_manifest(out)}
     except DepthscopeError:
@@ -93,13 +96,14 @@ def build(
     torch.set_num_threads(1)  # reproducible weights: same thread count, same reductions
     corpus = None
     current = dict(existing)
-    for name, scheme, options, keeps_trajectory in spec:
+    for e in collection.entries:
+        name = e.name
         if only and name not in only:
             continue
         old = existing.get(name)
-        want = _spec(name, scheme, options, steps)
-        snapshots = zoo.trajectory_steps(steps) if keeps_trajectory else []
-        if up_to_date(out, old, want):
+        want = _spec(collection, e, steps)
+        snapshots = zoo.trajectory_steps(steps) if e.trajectory else []
+        if up_to_date(out, old, want) and not _needs_steps(out, old, snapshots):
             log(f"zoo {name}: up to date, skipped")
             entry = old
         else:
@@ -136,6 +140,12 @@ def build(
         current[name] = entry
         _write_manifest(out, [current[n] for n in names if n in current])
     return [current[n] for n in names if n in current]
+
+
+def _needs_steps(out: Path, entry: dict[str, Any], snapshots: list[int]) -> bool:
+    """Whether a trajectory is wanted that neither exists nor can be captured from kept steps."""
+    wanted = bool(snapshots) and not entry.get("trajectory")
+    return wanted and not all(step_path(out, entry["name"], s).is_file() for s in snapshots)
 
 
 def _config(spec: dict[str, Any]):

@@ -3,7 +3,7 @@
 ``manifest.json`` lists each checkpoint with its scheme, config, training settings, validation
 loss and digests, and for the models that keep one, the bundled training trajectory (a small
 trace file under ``trajectories/``: captures at several steps of the same run). Which variants
-the zoo holds is declared by each scheme (``Scheme.zoo``, ``Scheme.trajectories``);
+each collection holds is curated here (``ZOO``: 8 blocks; ``DEEP``: 16 blocks, under ``deep/``);
 ``depthscope zoo build`` (``depthscope.pipelines.zoo``) retrains them with fixed seeds on the
 default corpus, single-threaded, so the same machine and build reproduce the same weights bit for
 bit; weights are stored in bfloat16 to keep the whole zoo under 10 MB.
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,14 +24,95 @@ MANIFEST = "manifest.json"
 TRAJECTORY_DIR = "trajectories"  # bundled trajectory traces, one stacked trace file per model
 STEPS_DIR = "steps"  # intermediate checkpoints of a build (not bundled)
 
-# One model size for every scheme: 8 blocks (16 sublayers) so that the depth pattern can show.
-SIZE = dict(n_layers=8, d_model=64, n_heads=4, ctx=128)
-# 4000 steps of 16 x 128 bytes (8.2 M tokens): 5x the first zoo's 800 steps, the budget at which
-# full AttnRes and DCA were measured to form the input-and-recent pattern.
-STEPS, BATCH, LR, SEED = 4000, 16, 3e-3, 0
 # Trajectory captures at these fractions of the run: steps 250, 500, 1000, 2000 (and the final
 # model) at 4000 steps.
 TRAJECTORY_FRACTIONS = (1 / 16, 1 / 8, 1 / 4, 1 / 2)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One zoo model: its name (a variant label), scheme, options and whether it keeps a trajectory."""
+
+    name: str
+    scheme: str
+    options: dict[str, Any] = field(default_factory=dict)
+    trajectory: bool = False
+
+
+@dataclass(frozen=True)
+class Collection:
+    """A set of zoo models trained alike: one size, one training budget, one directory."""
+
+    name: str
+    directory: Path
+    size: dict[str, int]  # n_layers, d_model, n_heads, ctx
+    steps: int
+    entries: tuple[Entry, ...]
+    batch: int = 16
+    lr: float = 3e-3
+    seed: int = 0
+
+    def names(self) -> list[str]:
+        return [e.name for e in self.entries]
+
+
+# The zoo: 8 blocks (16 sublayers) so that the depth pattern can show, 4000 steps of 16 x 128
+# bytes (8.2 M tokens): 5x the first zoo's 800 steps, the budget at which full AttnRes and DCA were
+# measured to form the input-and-recent pattern. The standard residual keeps a trajectory too: it
+# is the baseline of every comparison at an intermediate step (the deep zoo's, at step 2000).
+ZOO = Collection(
+    name="zoo",
+    directory=ZOO_DIR,
+    size=dict(n_layers=8, d_model=64, n_heads=4, ctx=128),
+    steps=4000,
+    entries=(
+        Entry("standard", "standard", {}, True),
+        Entry("denseformer", "denseformer", {}, True),
+        Entry("dca", "dca", {}, True),
+        Entry("grn-v1", "dca", {"grn": "v1"}),
+        Entry("attnres", "attnres", {}, True),
+        Entry("attnres-block4", "attnres", {"blocks": 4}, True),
+        Entry("hc", "hc", {}, True),
+        Entry("mhc", "mhc", {}, True),
+        Entry("ddl", "ddl", {}),
+        Entry("shortswa", "shortswa", {}),
+        Entry("shortswa-seq", "shortswa", {"axis": "sequence", "window": 16}),
+    ),
+)
+
+# The deep zoo (dilution versus depth): the same families at 16 blocks, trained for 2000 steps, so
+# that a model costs about what a zoo model at 4000 steps did (a step at 16 blocks costs about twice
+# one at 8) and sees the tokens the zoo's models had seen at step 2000 of their trajectories. Block
+# AttnRes keeps the zoo's block size (S = 4 sublayers, two layers per block), so it has 8 blocks:
+# the paper's N ~ 8 (arXiv 2603.15031 Sec. 3.2) and the S = 4 of its ablation.
+DEEP = Collection(
+    name="deep",
+    directory=ZOO_DIR / "deep",
+    size=dict(n_layers=16, d_model=64, n_heads=4, ctx=128),
+    steps=2000,
+    entries=(
+        Entry("standard", "standard", {}, True),
+        Entry("denseformer", "denseformer", {}, True),
+        Entry("dca", "dca", {}, True),
+        Entry("attnres", "attnres", {}, True),
+        Entry("attnres-block8", "attnres", {"blocks": 8}, True),
+        Entry("hc", "hc", {}, True),
+        Entry("mhc", "mhc", {}, True),
+    ),
+)
+
+COLLECTIONS = {c.name: c for c in (ZOO, DEEP)}
+
+# the zoo's size and budget, as names (kept for readers of the first zoo)
+SIZE = ZOO.size
+STEPS, BATCH, LR, SEED = ZOO.steps, ZOO.batch, ZOO.lr, ZOO.seed
+
+
+def collection(name: str) -> Collection:
+    """The zoo collection called ``name`` (``zoo`` or ``deep``)."""
+    if name not in COLLECTIONS:
+        raise DepthscopeError(f"unknown zoo collection {name!r} (known: {', '.join(COLLECTIONS)})")
+    return COLLECTIONS[name]
 
 
 def trajectory_steps(steps: int) -> list[int]:
