@@ -37,7 +37,7 @@ def run(model: str, out: Path, tokens: int, workers: int, extra: list[str], thre
 
 
 def max_relative_difference(a: Path, b: Path) -> float:
-    from depthscope.probes import load_trace
+    from depthscope.trace import load_trace
 
     x, y = load_trace(a), load_trace(b)
     worst = 0.0

@@ -258,19 +258,23 @@ def report(
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
     from depthscope.pipelines.report import ReportSettings, build_report
+    from depthscope.probes.settings import CaptureSettings
 
-    settings = ReportSettings(
-        tokens=tokens,
+    captured = CaptureSettings(
+        n_tokens=tokens,
         batch_size=batch_size,
         seed=seed,
-        k=k,
-        corpus=str(corpus) if corpus else None,
         ctx=ctx,
         skip_positions=skip_positions,
+        ablate_tokens=ablate_tokens,
+    )
+    settings = ReportSettings(
+        capture=captured,
+        k=k,
+        corpus=str(corpus) if corpus else None,
         trajectory=trajectory,
         logits=logits,
         ablate=ablate,
-        ablate_tokens=ablate_tokens,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -336,13 +340,11 @@ def capture(
     """Capture a trace: what each layer's input is made of, in the delta basis."""
     from depthscope.pipelines.capture import CaptureJob, run_capture
     from depthscope.probes.load import Placement
+    from depthscope.probes.settings import CaptureSettings, Partial
 
     _output_file(out_path)
-    job = CaptureJob(
-        model=str(checkpoint),
-        out=out_path,
-        corpus=corpus,
-        tokens=tokens,
+    settings = CaptureSettings(
+        n_tokens=tokens,
         batch_size=batch_size,
         seed=seed,
         ctx=ctx,
@@ -352,12 +354,10 @@ def capture(
         ablate=ablate,
         ablate_mean=ablate_mean,
         ablate_tokens=ablate_tokens,
-        progress=not quiet,
         placement=Placement(device=device, dtype=dtype, device_map=device_map),
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-        workers=workers,
+        partial=Partial(save_every=checkpoint_every, resume=resume),
     )
+    job = CaptureJob(str(checkpoint), out_path, corpus, settings, progress=not quiet, workers=workers)
     trace = run_capture(job)
     if trace is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
@@ -378,7 +378,7 @@ def dilution(
 ) -> None:
     """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
     from depthscope.analysis.dilution import consumer_table, summary
-    from depthscope.probes import load_trace, split_models
+    from depthscope.trace import load_trace, split_models
 
     for t in split_models(load_trace(trace_path)):
         table = consumer_table(t, k)
@@ -573,8 +573,8 @@ def rank_measure(
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
     from depthscope.analysis.rank import rank_summary
     from depthscope.probes import capture as run_capture
-    from depthscope.probes import load_trace, split_models
     from depthscope.probes.load import input_kind, load_model
+    from depthscope.trace import load_trace, split_models
 
     if input_kind(path) == "trace":
         traces = split_models(load_trace(path))

@@ -23,7 +23,8 @@ from depthscope import zoo
 from depthscope.analysis.dilution import summary
 from depthscope.figures.curves import plot_dilution, plot_pattern_scores
 from depthscope.figures.heatmaps import plot_heatmap_grid
-from depthscope.probes import capture, stack_traces
+from depthscope.probes import capture
+from depthscope.trace import stack_traces
 
 TOKENS = int(os.environ.get("DEPTHSCOPE_NOTEBOOK_TOKENS", "8192"))  # the tests use fewer
 

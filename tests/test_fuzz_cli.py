@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from depthscope.cli import main
-from depthscope.probes import capture, save_trace
+from depthscope.probes import capture
+from depthscope.trace import save_trace
 from tests.helpers import build, tiny
 
 HUGE = "9" * 30

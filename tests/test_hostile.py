@@ -20,9 +20,9 @@ import xarray as xr
 
 from depthscope.cli import main
 from depthscope.errors import CheckpointError, TraceError
-from depthscope.probes import load_trace, save_trace
 from depthscope.schemes import load_checkpoint
 from depthscope.schemes.checkpoint import META_KEY, read_meta
+from depthscope.trace import load_trace, save_trace
 
 SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
 EVIL = "<script>alert(1)</script> \"double\" 'single' & &amp; </code></p><img src=x onerror=alert(2)>"

@@ -1,5 +1,6 @@
-"""The house rules: data flows one way (schemes -> probes -> analysis -> figures, pipelines and cli
-above), and no import cycle anywhere in the package, function-local imports included."""
+"""The house rules: data flows one way (trace at the bottom; schemes -> probes -> analysis ->
+figures, pipelines and cli above), the trace room, analysis and figures import only what DESIGN.md
+allows them, and no import cycle anywhere in the package, function-local imports included."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ ROOMS = {
     "depthscope.progress": 0,
     "depthscope.corpus": 0,
     "depthscope.zoo": 0,
+    "depthscope.trace": 0,
     "depthscope.schemes": 1,
     "depthscope.train": 1,
     "depthscope.probes": 2,
@@ -68,6 +70,37 @@ def test_rooms_import_only_downwards():
         if room(d) > room(m)
     ]
     assert not wrong, "\n".join(wrong)
+
+
+# What a room may import besides itself (function-local imports included): the trace room is the
+# ground floor; analysis and figures know traces, never the models that produced them.
+GROUND = {"depthscope.errors", "depthscope.atomic", "depthscope._version"}
+ALLOWED = {
+    "depthscope.trace": GROUND,
+    "depthscope.analysis": GROUND | {"depthscope.trace"},
+    "depthscope.figures": GROUND | {"depthscope.trace", "depthscope.analysis"},
+}
+
+
+def _room_name(module: str) -> str:
+    return max((k for k in ROOMS if module == k or module.startswith(k + ".")), key=len)
+
+
+def test_trace_analysis_and_figures_import_only_what_they_may():
+    wrong = [
+        f"{m} imports {d}"
+        for m, deps in graph().items()
+        if (own := _room_name(m)) in ALLOWED
+        for d in deps
+        if _room_name(d) != own and _room_name(d) not in ALLOWED[own]
+    ]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_rule_sees_function_local_imports(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from depthscope.schemes import base\n    import depthscope.probes.capture\n")
+    assert imports(f) == {"depthscope.schemes.base", "depthscope.probes.capture"}
 
 
 def test_no_import_cycles():

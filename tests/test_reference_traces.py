@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import xarray as xr
 
-from depthscope.probes import capture, load_trace
+from depthscope.probes import capture
+from depthscope.trace import load_trace
 from tests.fixtures.reference.models import CASES
 
 HERE = Path(__file__).parent / "fixtures" / "reference"

@@ -18,8 +18,8 @@ import xarray as xr
 from scipy.stats import spearmanr
 
 from depthscope.analysis.dilution import row_normalized
-from depthscope.probes.trace import STACK, split_models
-from depthscope.schemes.names import EMBED
+from depthscope.trace import STACK, split_models
+from depthscope.trace.labels import EMBED
 
 
 def weight_effect(trace: xr.Dataset) -> xr.Dataset:

@@ -23,8 +23,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
-from depthscope.probes.trace import STACK, split_models
-from depthscope.schemes.names import ATTN, BLOCK, EMBED, MLP, READOUT, SWA
+from depthscope.trace import STACK, split_models, stack_traces, with_blocks
+from depthscope.trace.labels import ATTN, BLOCK, EMBED, MLP, READOUT, SWA
 
 
 def n_available(trace: xr.Dataset) -> xr.DataArray:
@@ -250,15 +250,6 @@ def stack_summaries(summaries: list[xr.Dataset], labels) -> xr.Dataset:
     return out.assign_attrs(k=summaries[0].attrs.get("k"))
 
 
-def block_of(label: str) -> str:
-    """The block a source or consumer label belongs to.
-
-    ``"3.attn.q"`` -> ``"3"``; embeddings (and their LayerNorm bias) -> ``"embed"``; ``"readout"`` stays.
-    """
-    head = str(label).split(".", 1)[0]
-    return head if head.isdigit() or head == READOUT else EMBED
-
-
 def block_view(trace: xr.Dataset) -> xr.Dataset:
     """The trace at block level, for deep models (a 30-block LM has 61 x 61 cells).
 
@@ -268,15 +259,15 @@ def block_view(trace: xr.Dataset) -> xr.Dataset:
     of the view is each block's part of the row), ``mixing`` the block's total M.
     """
     if STACK in trace.dims:
-        from depthscope.probes.trace import stack_traces
-
         return stack_traces([block_view(t).assign_attrs(t.attrs) for t in split_models(trace)])
-    src_block = [block_of(s) for s in trace["source"].values]
-    row_block = [block_of(layer) for layer in trace["layer"].values]
+    trace = with_blocks(trace)  # traces built by hand may lack the block coordinates
+    src_block = [str(b) for b in trace["source_block"].values]
+    row_block = [str(b) for b in trace["layer_block"].values]
     by_source = xr.DataArray(src_block, dims="source", name="source_block")
     by_row = xr.DataArray(row_block, dims="layer", name="layer_block")
     # a block's consumers are averaged with 0 where one of them cannot read a source yet (its own
     # block's attention output, for the block's attention input), so every row still sums to 1
+    trace = trace.drop_vars(["layer_block", "source_block"])
     seen = trace["mixing"].notnull().groupby(by_source).any().groupby(by_row).any()
     data = {}
     for name in ("mixing", "mixing_abs", "contribution_share"):

@@ -37,7 +37,7 @@ from depthscope.figures.style import (
     style_axes,
     styled,
 )
-from depthscope.schemes.names import EMBED
+from depthscope.trace.labels import EMBED
 
 SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
     "embed": ("-", "o", "embedding"),

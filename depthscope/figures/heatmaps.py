@@ -27,7 +27,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 from depthscope.analysis.dilution import block_view, row_normalized
 from depthscope.errors import DepthscopeError
 from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, SEQUENTIAL_CMAP, styled
-from depthscope.probes.trace import STACK, select_model
+from depthscope.trace import STACK, select_model
 
 # --- data in --------------------------------------------------------------------------------
 

@@ -8,7 +8,7 @@ import xarray as xr
 from depthscope.analysis.rank import effective_ranks
 from depthscope.figures.heatmaps import traces_by_model
 from depthscope.figures.style import scheme_color, styled
-from depthscope.schemes.names import EMBED
+from depthscope.trace.labels import EMBED
 
 
 @styled

@@ -24,7 +24,7 @@ from markupsafe import Markup
 from depthscope.analysis.causal import views, weight_effect_correlation
 from depthscope.analysis.dilution import consumer_table, summary
 from depthscope.figures.style import styled
-from depthscope.probes.trace import STACK
+from depthscope.trace import STACK
 
 DEEP = 40  # more consumers than this: the model's section adds a block-level view
 

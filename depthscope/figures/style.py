@@ -116,12 +116,18 @@ def style_axes(ax, *, spines: bool = False):
     return ax
 
 
-def _scheme_colors() -> dict[str, str]:
-    """Each scheme's colour (``Scheme.color``) under its name and every variant label."""
-    from depthscope.schemes import get_scheme
-    from depthscope.schemes.base import variants
-
-    return {key: get_scheme(name).color for label, name, _ in variants() for key in (label, name)}
+# One colour per scheme family in every figure (keyed by the ``scheme`` a trace records); the
+# colours are PALETTE's, so they stay colour-blind safe. A scheme not listed hashes into PALETTE.
+SCHEME_COLORS = {
+    "standard": "#949494",
+    "denseformer": "#0173b2",
+    "dca": "#de8f05",
+    "attnres": "#029e73",
+    "hc": "#d55e00",
+    "mhc": "#cc78bc",
+    "ddl": "#ca9161",
+    "shortswa": "#56b4e9",
+}
 
 
 def _family(label: str) -> str:
@@ -136,7 +142,7 @@ def scheme_color(label: str) -> str:
     label or scheme family); unknown labels hash into PALETTE.
     """
     label = str(label)
-    colors = _scheme_colors()
+    colors = SCHEME_COLORS
     for key in (label, label.split("#", 1)[0].split("@", 1)[0], _family(label)):
         if key in colors:
             return colors[key]

@@ -23,36 +23,27 @@ import xarray as xr
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes.load import Placement
+from depthscope.probes.settings import CaptureSettings
 
 
 @dataclass(frozen=True)
 class CaptureJob:
-    """Everything `depthscope capture` was asked to do."""
+    """Everything `depthscope capture` was asked to do: which model, where to, and its settings.
+
+    ``settings.partial`` says how often to save the partial state and whether to resume; its path
+    is chosen per rank beside ``out`` (``probes.partial.partial_path``).
+    """
 
     model: str  # a checkpoint, a Hugging Face directory, a .gguf file, or a short name
     out: Path
     corpus: Any = None
-    tokens: int = 16384
-    batch_size: int = 16
-    seed: int = 0
-    ctx: int | None = None
-    skip_positions: int | None = None
-    rank: bool = False
-    logits: bool = False
-    ablate: str | None = None
-    ablate_mean: bool = False
-    ablate_tokens: int | None = None
+    settings: CaptureSettings = field(default_factory=CaptureSettings)
     progress: bool = True
-    placement: Placement = field(default_factory=Placement)
-    checkpoint_every: int = 0  # batches (per rank) between partial-state saves; 0: never
-    resume: bool = False
     workers: int = 1
 
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise DepthscopeError(f"--workers must be >= 1, got {self.workers}")
-        if self.checkpoint_every < 0:
-            raise DepthscopeError(f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
 
 
 def run_capture(job: CaptureJob) -> xr.Dataset | None:
@@ -67,40 +58,25 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
 
 def capture_here(job: CaptureJob) -> xr.Dataset | None:
     """This process's part of the job (all of it outside a process group)."""
-    from depthscope.probes import capture, save_trace
+    from depthscope.probes import capture
     from depthscope.probes.load import load_model
     from depthscope.probes.partial import partial_path
     from depthscope.probes.shard import all_gather, shard
+    from depthscope.trace import save_trace
 
     me, world = shard()
+    asked = job.settings.partial
     partial = partial_path(job.out, me, world)
-    keep = bool(job.checkpoint_every or job.resume)
-    if job.checkpoint_every and not job.resume and partial.exists():
+    keep = bool(asked.save_every or asked.resume)
+    if asked.save_every and not asked.resume and partial.exists():
         raise DepthscopeError(
             f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
         )
-    if job.resume and me == 0 and not partial.exists() and job.progress:
+    if asked.resume and me == 0 and not partial.exists() and job.progress:
         print(f"no partial capture at {partial}: starting from the beginning")
-    model = load_model(job.model, _local(job.placement))
-    trace = capture(
-        model,
-        job.corpus,
-        n_tokens=job.tokens,
-        batch_size=job.batch_size,
-        seed=job.seed,
-        ctx=job.ctx,
-        skip_positions=job.skip_positions,
-        progress=job.progress,
-        checkpoint=str(job.model),
-        rank=job.rank,
-        logits=job.logits,
-        ablate=job.ablate,
-        ablate_mean=job.ablate_mean,
-        ablate_tokens=job.ablate_tokens,
-        partial=partial if keep else None,
-        save_every=job.checkpoint_every,
-        resume=job.resume,
-    )
+    settings = job.settings.replace(partial=replace(asked, path=partial if keep else None))
+    model = load_model(job.model, _local(settings.placement))
+    trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model))
     failed = None
     if me == 0:
         try:
@@ -167,7 +143,7 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
     crashed while tearing its process group down (a rare SIGABRT in gloo's teardown, seen once on
     this machine) does not undo a trace written and confirmed before it: that is a warning.
     """
-    from depthscope.probes import load_trace
+    from depthscope.trace import load_trace
 
     ctx = multiprocessing.get_context("spawn")
     reports = ctx.SimpleQueue()

@@ -1,4 +1,5 @@
-"""``depthscope rank sweep``: train small models at several widths and measure r*/d of each.
+"""``depthscope rank``: measure r*/d of a checkpoint or trace, and ``rank sweep``: train small
+models at several widths and measure r*/d of each.
 
 The training and capture are orchestration; the ranks come from ``depthscope.analysis.rank``.
 """
@@ -10,9 +11,39 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from depthscope.analysis.rank import KINDS, collective_rank
+from depthscope.analysis.rank import KINDS, collective_rank, rank_summary
 from depthscope.atomic import atomic_path
+from depthscope.errors import ConfigError
 from depthscope.pipelines.files import save_figures, write_json
+from depthscope.probes import capture
+from depthscope.probes.load import input_kind, load_model
+from depthscope.probes.settings import CaptureSettings
+from depthscope.trace import load_trace, split_models
+
+
+def measure(
+    path: Path,
+    settings: CaptureSettings,
+    corpus=None,
+    energy: float = 0.99,
+    kappa: float | None = None,
+    variant: str = "v1",
+    *,
+    progress: bool = False,
+) -> list[dict]:
+    """``rank_summary`` of each model in a trace captured with ``--rank``, or of a checkpoint or
+    model directory captured now with ``settings`` (``rank`` on).
+    """
+    if input_kind(path) == "trace":
+        traces = split_models(load_trace(path))
+    else:
+        model = load_model(path, settings.placement)
+        ranked = settings.replace(rank=True)
+        traces = [capture(model, corpus, ranked, progress=progress, checkpoint=str(path))]
+    for t in traces:
+        if "source_spectrum" not in t:
+            raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
+    return [rank_summary(t, energy, kappa, variant) for t in traces]
 
 
 def rank_sweep(
@@ -33,7 +64,6 @@ def rank_sweep(
     (at least 2), so the head size stays 16.
     """
     from depthscope.corpus import load_corpus
-    from depthscope.probes import capture
     from depthscope.schemes import ModelConfig
     from depthscope.train import TrainConfig, train
 
@@ -52,7 +82,8 @@ def rank_sweep(
                 progress=progress,
                 label=f"sweep {scheme} d={width}",
             )
-            ranks = collective_rank(capture(model, corpus, n_tokens=tokens, seed=seed, rank=True), energy)
+            settings = CaptureSettings(n_tokens=tokens, seed=seed, rank=True)
+            ranks = collective_rank(capture(model, corpus, settings), energy)
             r[i, j] = ranks["collective_rank"].values
             loss[i, j] = model.training_summary["val_loss"]
     coords = {

@@ -27,40 +27,60 @@ import re
 import shutil
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any, Literal
 
 import xarray as xr
 
 from depthscope.analysis.rank import add_ranks
 from depthscope.errors import DepthscopeError
-from depthscope.probes import capture, load_trace, save_trace, split_models, stack_traces
+from depthscope.probes import capture
 from depthscope.probes.load import input_kind, load_model
-from depthscope.probes.trace import STACK
+from depthscope.probes.settings import CaptureSettings
 from depthscope.progress import bar
 from depthscope.schemes import DepthModel
+from depthscope.trace import STACK, load_trace, save_trace, split_models, stack_traces
 
 RUN_KEYS = ("batch_size", "lr", "seed", "steps", "warmup", "weight_decay", "corpus")  # one run: same settings
 
 
+REPORT_CAPTURE = CaptureSettings(n_tokens=8192, ablate_tokens=512)  # the report's capture defaults
+
+
 @dataclass(frozen=True)
 class ReportSettings:
-    """How traces are captured and summarised."""
+    """How traces are captured (``capture``) and summarised.
 
-    tokens: int = 8192  # tokens captured per checkpoint
-    batch_size: int = 16
-    seed: int = 0
+    Every checkpoint is captured with ``capture`` and ``rank=True``; ``logits`` and ``ablate``
+    choose the causal views per model. "auto" turns them on for depthscope's own models (vocabulary
+    256, 17 sources: cheap; cell ablations of ``capture.ablate_tokens`` tokens, 153 forwards per
+    window on the zoo) and off for others (a logit lens over 61 inputs of a 49k vocabulary is ~13
+    forwards of SmolLM2).
+    """
+
+    capture: CaptureSettings = field(default_factory=lambda: REPORT_CAPTURE)
     k: int = 2  # recent sources counted by the pattern score
     corpus: str | None = None  # None = the Python standard library
     energy: float = 0.99  # energy fraction of the numerical rank
-    ctx: int | None = None  # window length (None: the model's context)
-    skip_positions: int | None = None  # None: the family's default (1 for pretrained causal LMs)
     trajectory: bool = False  # treat every checkpoint given as one run
-    # causal views: "auto" = on for depthscope's own models (vocabulary 256, 17 sources: cheap),
-    # off for others (a logit lens over 61 inputs of a 49k vocabulary is ~13 forwards of SmolLM2)
-    logits: str = "auto"  # "auto", "on", "off"
-    ablate: str = "auto"  # "auto" (cells on depthscope's own models), "off", "sources", "cells"
-    ablate_tokens: int | None = 512  # tokens ablated per model: 153 forwards per window on the zoo
+    logits: Literal["auto", "on", "off"] = "auto"
+    ablate: Literal["auto", "off", "sources", "cells"] = "auto"
+
+    def for_model(self, own: bool) -> CaptureSettings:
+        """The capture settings of one model (``own``: one of depthscope's own)."""
+        logits = self.logits == "on" or (self.logits == "auto" and own)
+        ablate = {"auto": "cells" if own else None, "off": None}.get(self.ablate, self.ablate)
+        return self.capture.replace(rank=True, logits=logits or ablate is not None, ablate=ablate)
+
+    def table(self) -> dict[str, Any]:
+        """The settings as one flat table (the report page's "Settings")."""
+        c = self.capture
+        shown = ("n_tokens", "batch_size", "seed", "ctx", "skip_positions", "ablate_tokens")
+        return {
+            **{("tokens" if k == "n_tokens" else k): getattr(c, k) for k in shown},
+            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "capture"},
+        }
 
 
 def _run_info(model, path: Path) -> dict:
@@ -108,22 +128,7 @@ def collect(
                 if settings.trajectory:
                     info["run"] = "given"
                 own = isinstance(model, DepthModel)
-                logits = settings.logits == "on" or (settings.logits == "auto" and own)
-                ablate = {"auto": "cells" if own else None, "off": None}.get(settings.ablate, settings.ablate)
-                t = capture(
-                    model,
-                    settings.corpus,
-                    n_tokens=settings.tokens,
-                    batch_size=settings.batch_size,
-                    seed=settings.seed,
-                    ctx=settings.ctx,
-                    skip_positions=settings.skip_positions,
-                    checkpoint=str(path),
-                    rank=True,
-                    logits=logits or ablate is not None,
-                    ablate=ablate,
-                    ablate_tokens=settings.ablate_tokens,
-                )
+                t = capture(model, settings.corpus, settings.for_model(own), checkpoint=str(path))
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:
                     runs.setdefault(info["run"], []).append(len(traces))
@@ -196,7 +201,7 @@ def build_report(
         page = render_page(
             traces,
             figures,
-            asdict(settings),
+            settings.table(),
             k=settings.k,
             elapsed=time.perf_counter() - start,
             trajectories=trajectories,

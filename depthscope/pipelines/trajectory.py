@@ -7,8 +7,10 @@ from pathlib import Path
 import xarray as xr
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes import capture, stack_traces
+from depthscope.probes import capture
+from depthscope.probes.settings import CaptureSettings
 from depthscope.schemes import load_checkpoint as load
+from depthscope.trace import stack_traces
 
 
 def capture_trajectory(
@@ -21,7 +23,8 @@ def capture_trajectory(
     """
     traces = []
     for path in paths:
-        t = capture(load(path), None, n_tokens=n_tokens, seed=seed, checkpoint=str(path), progress=progress)
+        settings = CaptureSettings(n_tokens=n_tokens, seed=seed)
+        t = capture(load(path), None, settings, checkpoint=str(path), progress=progress)
         t.attrs["label"] = f"{t.attrs['variant']}@{t.attrs['step']}"
         traces.append(t)
     steps = [t.attrs["step"] for t in traces]

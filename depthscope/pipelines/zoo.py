@@ -26,7 +26,7 @@ from typing import Any
 from depthscope import zoo
 from depthscope.errors import DepthscopeError
 from depthscope.pipelines.trajectory import capture_trajectory
-from depthscope.probes import save_trace
+from depthscope.trace import save_trace
 
 TRAJECTORY_TOKENS = 8192  # tokens captured per trajectory step (the report's default)
 

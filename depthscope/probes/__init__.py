@@ -1,21 +1,8 @@
-"""Hooks and capture: a model (any family with an adapter) + tokens -> a trace (xarray.Dataset)."""
+"""Hooks and capture: a model (any family with an adapter) + tokens -> a trace (xarray.Dataset).
+
+Reading, writing and stacking traces is the trace room's (``depthscope.trace``).
+"""
 
 from depthscope.probes.capture import capture
-from depthscope.probes.trace import (
-    TRACE_FORMAT,
-    load_trace,
-    save_trace,
-    select_model,
-    split_models,
-    stack_traces,
-)
 
-__all__ = [
-    "TRACE_FORMAT",
-    "capture",
-    "load_trace",
-    "save_trace",
-    "select_model",
-    "split_models",
-    "stack_traces",
-]
+__all__ = ["capture"]

@@ -15,9 +15,9 @@ checked again. A model that fails is refused with one line.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,14 +27,16 @@ from torch import Tensor
 
 from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError, TraceError
+from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.bridge import encoder
-from depthscope.probes.causal import ABLATE, TARGETS, Ablation, LogitProbe, require_head
+from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
+from depthscope.probes.settings import CaptureSettings, Partial
 from depthscope.probes.shard import all_gather, shard
-from depthscope.probes.trace import Accumulator
 from depthscope.progress import bar
-from depthscope.schemes.names import READOUT
+from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
+from depthscope.trace.labels import READOUT
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
 # half precision: measured on SmolLM2 (see the README, "Running at scale"), with a margin
@@ -44,78 +46,33 @@ LOW_PRECISION = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 # length, so a fixed, stated default keeps traces of different models comparable.
 DEFAULT_WINDOW = 1024
 FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
-CAUSAL_ATTRS = {
-    "logit_attribution": (
-        "direct logit attribution of each source (token mean; targets: correct, top1, margin)",
-        "logit",
-    ),
-    "logit_bias": ("the final norm's and unembedding's biases in the logit (token mean)", "logit"),
-    "logit_error": ("relative error of the attribution against the actual logits", "1"),
-    "lens_loss": (
-        "logit lens: cross-entropy of the consumer input decoded by the final norm and unembedding",
-        "nats/token",
-    ),
-    "lens_agreement": ("logit lens: fraction of tokens whose top-1 is the model's final top-1", "fraction"),
-    "ablation_effect": (
-        "increase in loss when the source is removed from every later consumer's input",
-        "nats/token",
-    ),
-    "ablation_effect_cell": (
-        "increase in loss when the source is removed from this consumer's input only",
-        "nats/token",
-    ),
-}
 
 
 def capture(
     model: Any,
     data: Any = None,
+    settings: CaptureSettings | None = None,
     *,
-    n_tokens: int = 16384,
-    batch_size: int = 16,
-    seed: int = 0,
-    ctx: int | None = None,
-    skip_positions: int | None = None,
     progress: bool = False,
     checkpoint: str = "",
-    rank: bool = False,
     adapter: str | Adapter | None = None,
     tokenizer: Any = None,
     forward: Callable[[Tensor], Any] | None = None,
-    logits: bool = False,
-    ablate: str | None = None,
-    ablate_mean: bool = False,
-    ablate_tokens: int | None = None,
-    partial: str | Path | None = None,
-    save_every: int = 0,
-    resume: bool = False,
+    **options: Any,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
     Args:
         model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
-        ctx: window length (at most the model's context; default the model's context, at most
-            ``DEFAULT_WINDOW`` = 1024 tokens).
-        skip_positions: leave the first K positions of every window out of every statistic
-            (attention sinks); they still run through the model. Default: the family's (1 for
-            pretrained causal LMs, whose first position holds an attention sink; 0 otherwise).
-        rank: also stream each source's covariance over tokens (d x d per source) and store its
-            spectrum as ``source_spectrum`` (source, component) for ``depthscope.analysis.rank``.
+        settings: what to compute (``CaptureSettings``); or give its fields as keyword
+            ``options`` (``n_tokens=8192, rank=True``). ``partial`` may be a path, with
+            ``save_every`` and ``resume`` beside it.
+        checkpoint: where the model came from (recorded in the trace).
         adapter: an adapter family name (or an Adapter) instead of detection.
         tokenizer: a Hugging Face tokenizer for reading a corpus (default: the model's own, if
             it carries one as ``model.tokenizer``).
         forward: how to run the model on a batch of token ids [batch, pos], for models called
             another way than ``model(tokens)``.
-        logits: also direct logit attribution per source (checked to add up to the logits) and the
-            logit lens over consumers (``probes.causal``); needs the model's LM head.
-        ablate: ``"sources"`` (remove each source from every later consumer's input) or
-            ``"cells"`` (from one consumer at a time): the increase in loss, one forward per
-            source or cell; ``ablate_mean`` replaces the term by its token mean instead;
-            ``ablate_tokens`` limits the ablations to the first batches holding that many tokens
-            (default: every batch), the rest of the trace still covering ``n_tokens``.
-        partial: where to keep the partial state (``probes.partial``); ``save_every`` batches
-            write it (atomically), ``resume`` continues from it if it exists (refused if it was
-            made with another model, corpus, seed or settings).
 
     In a torch.distributed process group (torchrun), each rank captures its share of the batches
     and every rank returns the merged trace (``probes.shard``); the trace records ``world_size``.
@@ -124,103 +81,25 @@ def capture(
         DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
         TraceError for a model whose inputs cannot be rebuilt from its sources.
     """
-    ad = resolve(model, adapter)
-    if tokenizer is not None:
-        ad.encode = encoder(tokenizer)
-    if forward is not None:
-        ad.forward = lambda _model, tokens: forward(tokens)
-    if batch_size < 1:
-        raise DepthscopeError(f"batch size must be >= 1, got {batch_size}")
-    if save_every < 0:
-        raise DepthscopeError(f"save_every must be >= 0, got {save_every}")
-    if (save_every or resume) and partial is None:
-        raise DepthscopeError("saving or resuming a partial capture needs its path (partial=)")
-    if ablate is not None and ablate not in ABLATE:
-        raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {ablate!r}")
-    if ablate_tokens is not None and ablate_tokens < 1:
-        raise DepthscopeError(f"ablate_tokens must be >= 1, got {ablate_tokens}")
-    if logits or ablate:  # before the slow work: a model without an LM head is refused at once
-        require_head(ad, "--logits" if logits else "--ablate")
-    window = min(ad.ctx, DEFAULT_WINDOW) if ctx is None else int(ctx)
-    if not 1 <= window <= ad.ctx:
-        raise DepthscopeError(
-            f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
-        )
-    windows, corpus_name = token_windows(data, window, n_tokens, seed, encode=ad.encode, vocab=ad.vocab)
-    skip_positions = ad.skip_positions if skip_positions is None else skip_positions
-    if not 0 <= skip_positions < windows.shape[1]:
-        raise DepthscopeError(
-            f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
-            f"got {skip_positions}"
-        )
+    settings = _settings(settings, options)
+    ad = _adapter(model, adapter, tokenizer, forward)
+    if settings.causal:  # before the slow work: a model without an LM head is refused at once
+        require_head(ad, "--logits" if settings.logits else "--ablate")
+    windows, corpus_name, skip = _windows(ad, data, settings)
     me, world = shard()
-    # ablated batches: the first ones, by their global index, so sharding does not change them
-    limit = None if ablate_tokens is None else math.ceil(ablate_tokens / windows.shape[1])
-    run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean, limit)
-    chunks = windows.split(batch_size)
+    chunks = windows.split(settings.batch_size)
     mine = list(range(me, len(chunks), world))
-    done, record = 0, None
-    if partial is not None:
-        settings = {
-            "batch_size": batch_size,
-            "skip_positions": int(skip_positions),
-            "rank": bool(rank),
-            "logits": bool(logits),
-            "ablate": ablate,
-            "ablate_mean": bool(ablate_mean),
-            "ablate_tokens": ablate_tokens,
-            "world_size": world,
-            "shard": me,
-        }
+    run = Run(ad, settings, skip, windows.shape[1])
+    record = None
+    if settings.partial.active:
         record = {
             "model": model_fingerprint(model, ad.attrs),
             "windows": windows_fingerprint(windows, corpus_name),
-            "settings": settings,
+            "settings": settings.fingerprint(skip_positions=skip, world_size=world, shard=me),
         }
-        if resume and Path(partial).is_file():
-            state, meta = load_partial(Path(partial), record)
-            run.merge(state)
-            done = int(meta["batches_done"])
-    device = input_device(model)
-    label = "capture" + (f" + ablate {ablate} ({len(run.ablation.units)} per batch)" if run.ablation else "")
-    failure = None
-    try:
-        with (
-            evaluating(model),
-            torch.no_grad(),
-            bar(label, sum(len(chunks[b]) for b in mine), enabled=progress and me == 0) as pb,
-        ):
-            pb.advance(sum(len(chunks[b]) for b in mine[:done]))
-            for b in mine[done:]:
-                run.batch(model, chunks[b].to(device), b, b * batch_size)
-                done += 1
-                pb.advance(len(chunks[b]))
-                if save_every and done % save_every == 0 and done < len(mine):
-                    save_partial(
-                        Path(partial),
-                        run.state(),
-                        {
-                            **record,
-                            "batches_done": done,
-                            "windows_done": sum(len(chunks[b]) for b in mine[:done]),
-                        },
-                    )
-    except Exception as err:  # a failing rank tells the others before raising, so none waits forever
-        failure = err
-    if world > 1:
-        gathered = all_gather(
-            (None if failure is None else _describe(failure), None if failure else run.state())
-        )
-        if failure is not None:
-            raise failure
-        first = next((msg for msg, _ in gathered if msg is not None), None)
-        if first is not None:
-            raise DepthscopeError(f"another rank failed: {first}")
-        run = Run(ad, skip_positions, rank, logits, ablate, ablate_mean, limit)
-        for _, state in gathered:  # rank order: a reproducible float64 sum
-            run.merge(state)
-    elif failure is not None:
-        raise failure
+    done = _resume(run, settings.partial, record)
+    failure = _batches(model, run, chunks, mine, done, record, progress and me == 0)
+    run = _gather(run, failure, world)
     from depthscope._version import __version__
 
     return run.dataset(
@@ -228,13 +107,114 @@ def capture(
             **ad.attrs,
             "checkpoint": str(checkpoint),
             "corpus": corpus_name,
-            "seed": seed,
+            "seed": settings.seed,
             "ctx": int(windows.shape[1]),
-            "skip_positions": int(skip_positions),
+            "skip_positions": int(skip),
             "depthscope_version": __version__,
             "world_size": world,
         }
     )
+
+
+def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> CaptureSettings:
+    """``settings``, or the CaptureSettings that keyword options describe (not both)."""
+    if settings is not None:
+        if options:
+            raise DepthscopeError(f"give capture settings or options, not both ({', '.join(options)})")
+        return settings
+    partial = options.pop("partial", None)
+    save_every, resume = options.pop("save_every", 0), options.pop("resume", False)
+    if not isinstance(partial, Partial):
+        partial = Partial(partial, save_every, resume)
+    known = {f.name for f in dataclasses.fields(CaptureSettings)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise DepthscopeError(f"unknown capture option(s): {', '.join(unknown)} (known: {', '.join(known)})")
+    return CaptureSettings(**options, partial=partial)
+
+
+def _adapter(model: Any, adapter: str | Adapter | None, tokenizer: Any, forward: Any) -> Adapter:
+    """The model's adapter, with the tokenizer or forward the caller gives (a copy: never mutated)."""
+    ad = resolve(model, adapter)
+    if tokenizer is not None:
+        ad = dataclasses.replace(ad, encode=encoder(tokenizer))
+    if forward is not None:
+        ad = dataclasses.replace(ad, forward=lambda _model, tokens: forward(tokens))
+    return ad
+
+
+def _windows(ad: Adapter, data: Any, settings: CaptureSettings) -> tuple[Tensor, str, int]:
+    """The token windows [n, window] of ``data``, the corpus's name and the positions skipped."""
+    window = min(ad.ctx, DEFAULT_WINDOW) if settings.ctx is None else settings.ctx
+    if not 1 <= window <= ad.ctx:
+        raise DepthscopeError(
+            f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
+        )
+    windows, corpus_name = token_windows(
+        data, window, settings.n_tokens, settings.seed, encode=ad.encode, vocab=ad.vocab
+    )
+    skip = ad.skip_positions if settings.skip_positions is None else settings.skip_positions
+    if not 0 <= skip < windows.shape[1]:
+        raise DepthscopeError(
+            f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
+            f"got {skip}"
+        )
+    return windows, corpus_name, int(skip)
+
+
+def _resume(run: Run, partial: Partial, record: dict | None) -> int:
+    """Merge the partial state into ``run`` if resuming from one; the batches it had done."""
+    if record is None or not partial.resume or not partial.path.is_file():
+        return 0
+    state, meta = load_partial(partial.path, record)
+    run.merge(state)
+    return int(meta["batches_done"])
+
+
+def _batches(
+    model: Any, run: Run, chunks: tuple, mine: list[int], done: int, record: dict | None, progress: bool
+) -> Exception | None:
+    """Run this rank's batches from ``done`` on (saving the partial state as asked); the error that
+    stopped them, if any (a failing rank tells the others before raising, so none waits forever).
+    """
+    partial, size, mode = run.settings.partial, run.settings.batch_size, run.settings.ablate
+    ablating = f" + ablate {mode} ({len(run.ablation.units)} per batch)" if run.ablation else ""
+    device = input_device(model)
+    try:
+        with (
+            evaluating(model),
+            torch.no_grad(),
+            bar("capture" + ablating, sum(len(chunks[b]) for b in mine), enabled=progress) as pb,
+        ):
+            pb.advance(sum(len(chunks[b]) for b in mine[:done]))
+            for b in mine[done:]:
+                run.batch(model, chunks[b].to(device), b, b * size)
+                done += 1
+                pb.advance(len(chunks[b]))
+                if partial.save_every and done % partial.save_every == 0 and done < len(mine):
+                    meta = {"batches_done": done, "windows_done": sum(len(chunks[b]) for b in mine[:done])}
+                    save_partial(partial.path, run.state(), {**record, **meta})
+    except Exception as err:
+        return err
+    return None
+
+
+def _gather(run: Run, failure: Exception | None, world: int) -> Run:
+    """This rank's run alone, or every rank's merged in rank order (a reproducible float64 sum)."""
+    if world == 1:
+        if failure is not None:
+            raise failure
+        return run
+    gathered = all_gather((None if failure is None else _describe(failure), None if failure else run.state()))
+    if failure is not None:
+        raise failure
+    first = next((msg for msg, _ in gathered if msg is not None), None)
+    if first is not None:
+        raise DepthscopeError(f"another rank failed: {first}")
+    merged = Run(run.ad, run.settings, run.skip, run.window)
+    for _, state in gathered:
+        merged.merge(state)
+    return merged
 
 
 def _describe(err: Exception) -> str:
@@ -254,23 +234,20 @@ def input_device(model: Any) -> torch.device:
 
 
 class Run:
-    """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work."""
+    """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work.
 
-    def __init__(
-        self,
-        ad: Adapter,
-        skip: int,
-        rank: bool,
-        logits: bool,
-        ablate: str | None,
-        mean: bool,
-        ablate_windows: int | None = None,
-    ):
-        self.ad, self.skip, self.ablate, self.ablate_mean = ad, skip, ablate, mean
-        self.ablate_windows = ablate_windows  # ablate the windows w < this (None: all)
-        self.acc = Accumulator(ad.layout(), covariance=rank)
-        self.probe = LogitProbe(ad, skip) if logits or ablate else None
-        self.ablation = Ablation(ad, skip, ablate, mean) if ablate else None
+    ``skip`` and ``window`` are what the capture resolved (positions skipped, window length).
+    """
+
+    def __init__(self, ad: Adapter, settings: CaptureSettings, skip: int, window: int):
+        self.ad, self.settings, self.skip, self.window = ad, settings, skip, window
+        # ablated batches: the first ones, by their global index, so sharding does not change them
+        tokens = settings.ablate_tokens
+        self.ablate_windows = None if tokens is None else math.ceil(tokens / window)  # None: all
+        self.acc = Accumulator(ad.layout(), covariance=settings.rank)
+        self.probe = LogitProbe(ad, skip) if settings.causal else None
+        ablate = settings.ablate
+        self.ablation = Ablation(ad, skip, ablate, settings.ablate_mean) if ablate else None
         self.taps = Taps(ad, self.acc, skip, self.probe)
         self.callbacks = self.taps.callbacks()
 
@@ -317,8 +294,8 @@ class Run:
         if ablation is not None:
             extra.update(ablation.variables(len(ad.consumers), len(ad.sources)))
             ds.attrs.update(
-                ablation=self.ablate,
-                ablation_mean=int(self.ablate_mean),
+                ablation=self.settings.ablate,
+                ablation_mean=int(self.settings.ablate_mean),
                 ablation_tokens=int(ablation.tokens),
             )
         if probe is not None:

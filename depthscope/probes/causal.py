@@ -43,9 +43,9 @@ from torch import Tensor
 
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters.base import Adapter, Head
+from depthscope.probes.settings import ABLATE
 
 TARGETS = ("correct", "top1", "margin")
-ABLATE = ("sources", "cells")
 
 
 def require_head(ad: Adapter, what: str) -> Head:

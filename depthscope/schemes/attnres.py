@@ -135,9 +135,6 @@ class AttnRes(Scheme):
     paper = "arXiv 2603.15031: Attention Residuals"
     Options = AttnResOptions
     variants = {"attnres": {}, "attnres-block4": {"blocks": 4}}
-    zoo = ("attnres", "attnres-block4")
-    trajectories = ("attnres", "attnres-block4")
-    color = "#029e73"
 
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:

@@ -244,20 +244,17 @@ class Scheme(abc.ABC):
 
     Everything the rest of depthscope needs to know about a scheme is declared here, so adding
     one is its module plus one import in ``schemes/__init__.py``: its named variants (tables,
-    tests, benchmarks), which of them the bundled zoo holds (``zoo``) and which of those keep a
-    training trajectory (``trajectories``), its colour in every figure, and whether its weights
-    are static (``is_static``, used by the benchmarks' targets).
+    tests, benchmarks) and whether its weights are static (``is_static``, used by the benchmarks'
+    targets). Which variants the zoo bundles is the zoo's curation (``depthscope.zoo``), a
+    scheme's colour a figure concern (``figures.style.SCHEME_COLORS``).
     """
 
     name: ClassVar[str]
     paper: ClassVar[str]  # "arXiv id: short title"
     Options: ClassVar[type] = NoOptions
-    # Named option sets shown in the demo table, benchmarks, zoo and the generic tests;
+    # Named option sets shown in the demo table, benchmarks and the generic tests;
     # an empty dict means one variant, named after the scheme, with default options.
     variants: ClassVar[dict[str, dict[str, Any]]] = {}
-    zoo: ClassVar[tuple[str, ...]] = ()  # variant labels bundled in the zoo
-    trajectories: ClassVar[tuple[str, ...]] = ()  # zoo variants whose training trajectory is bundled
-    color: ClassVar[str] = "#949494"  # one colour per scheme family in every figure
 
     @classmethod
     def is_static(cls, options: Any) -> bool:
@@ -327,17 +324,6 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
     for name, cls in _REGISTRY.items():
         out += [(label, name, dict(opts)) for label, opts in (cls.variants or {name: {}}).items()]
     return out
-
-
-def zoo_variants() -> list[tuple[str, str, dict[str, Any], bool]]:
-    """(label, scheme name, options, keeps a trajectory) of every variant the zoo bundles, in
-    registration order.
-    """
-    return [
-        (label, name, opts, label in get_scheme(name).trajectories)
-        for label, name, opts in variants()
-        if label in get_scheme(name).zoo
-    ]
 
 
 def scheme_names() -> list[str]:

@@ -274,9 +274,6 @@ class DCA(Scheme):
         "grn-v2": {"grn": "v2"},
         "grn-v3": {"grn": "v3"},
     }
-    zoo = ("dca", "grn-v1")
-    trajectories = ("dca",)
-    color = "#de8f05"
 
     @classmethod
     def is_static(cls, options: DCAOptions) -> bool:

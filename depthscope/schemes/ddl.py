@@ -122,8 +122,6 @@ class DDL(Scheme):
     name = "ddl"
     paper = "arXiv 2601.00417: Deep Delta Learning"
     variants = {"ddl": {}}
-    zoo = ("ddl",)
-    color = "#ca9161"
 
     @classmethod
     def is_static(cls, options) -> bool:

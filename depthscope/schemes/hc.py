@@ -265,9 +265,6 @@ class HC(StreamScheme):
     paper = "arXiv 2409.19606: Hyper-Connections"
     Options = HCOptions
     variants = {"hc": {}, "hc-static": {"mode": "static"}}
-    zoo = ("hc",)
-    trajectories = ("hc",)
-    color = "#d55e00"
 
     @classmethod
     def is_static(cls, options: HCOptions) -> bool:

@@ -164,9 +164,6 @@ class MHC(StreamScheme):
     paper = "arXiv 2512.24880: mHC: Manifold-Constrained Hyper-Connections"
     Options = MHCOptions
     variants = {"mhc": {}}
-    zoo = ("mhc",)
-    trajectories = ("mhc",)
-    color = "#cc78bc"
     connection = ManifoldHyperConnection
 
     @classmethod

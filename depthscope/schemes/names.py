@@ -14,25 +14,42 @@ A consumer with several inputs (DCA's attention) has one view per input:
     blocks.{i}.attn_mix.{q,k,v}.hook_in / hook_weights
 Native per-scheme hooks hang off the same mixer prefix (e.g. blocks.{i}.attn_mix.hook_h_res).
 
-Also here: the kinds of sources and consumers (``Kind``), trace labels, and the TransformerLens
-names of a standard residual stream that the TransformerBridge adapter reads.
+Also here: the TransformerLens names of a standard residual stream that the TransformerBridge
+adapter reads. The kinds of sources and consumers and the trace labels are the trace's vocabulary
+(``depthscope.trace.labels``), re-exported here for the schemes.
 """
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from depthscope.trace.labels import (  # the label vocabulary lives with the trace; schemes use it
+    ATTN,
+    BIAS,
+    BLOCK,
+    EMBED,
+    KINDS,
+    MLP,
+    READOUT,
+    SSM,
+    SUBLAYER_KINDS,
+    SWA,
+    Kind,
+    label,
+)
 
-# The kinds of sources and consumers: every kind label in a trace is one of these.
-Kind = Literal["attn", "mlp", "swa", "readout", "embed", "bias", "block"]
-ATTN: Kind = "attn"
-MLP: Kind = "mlp"
-SWA: Kind = "swa"  # sequence-axis ShortSWA's extra sublayer
-READOUT: Kind = "readout"
-EMBED: Kind = "embed"
-BIAS: Kind = "bias"  # a post-LN model's LayerNorm bias: a source of its own
-BLOCK: Kind = "block"  # a whole block, in a block-level view of a deep model
-KINDS: tuple[Kind, ...] = get_args(Kind)
-SUBLAYER_KINDS: tuple[Kind, ...] = (ATTN, MLP, SWA)  # sources written by a sublayer
+__all__ = [
+    "ATTN",
+    "BIAS",
+    "BLOCK",
+    "EMBED",
+    "KINDS",
+    "MLP",
+    "READOUT",
+    "SSM",
+    "SUBLAYER_KINDS",
+    "SWA",
+    "Kind",
+    "label",
+]
 
 HOOK_EMBED = "hook_embed"
 HOOK_POS_EMBED = "hook_pos_embed"  # learned positions (TransformerLens models)
@@ -67,11 +84,6 @@ def sublayer_hook(block: int, kind: str, name: str) -> str:
 def mixer_hook(block: int, kind: str, name: str) -> str:
     """Hook name of a native quantity on a consumer's mixer, e.g. ``blocks.3.attn_mix.hook_h_res``."""
     return f"{mixer(block, kind)}.{name}"
-
-
-def label(block: int, kind: str) -> str:
-    """Trace label of a sublayer (a source or consumer): ``3.attn``; the read-out is ``readout``."""
-    return READOUT if kind == READOUT else f"{block}.{kind}"
 
 
 # TransformerLens names of a standard residual stream (TransformerBridge models)

@@ -137,8 +137,6 @@ class ShortSWA(Scheme):
     paper = "arXiv 2603.16039: Residual Stream Duality"
     Options = ShortSWAOptions
     variants = {"shortswa": {}, "shortswa-seq": {"axis": "sequence", "window": 16}}
-    zoo = ("shortswa", "shortswa-seq")
-    color = "#56b4e9"
 
     @classmethod
     def is_static(cls, options: ShortSWAOptions) -> bool:

@@ -42,8 +42,6 @@ class Standard(Scheme):
 
     name = "standard"
     paper = "arXiv 1512.03385: Deep Residual Learning (pre-norm: arXiv 2002.04745)"
-    zoo = ("standard",)
-    color = "#949494"
 
     @classmethod
     def is_static(cls, options) -> bool:

@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from depthscope.analysis import dilution as est
-from depthscope.probes import stack_traces
+from depthscope.trace import stack_traces
 
 NAN = np.nan
 

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from depthscope.analysis.rank import entropy_rank, numerical_rank, participation_ratio
-from depthscope.probes.trace import Accumulator, Layout
+from depthscope.probes.accumulate import Accumulator
+from depthscope.trace import Layout
 
 LAYOUT = Layout(["a", "b"], [1, 2], ["attn", "mlp"], [1, 2], ["embed", "0.attn"], [0, 1], ["embed", "attn"])
 

@@ -15,9 +15,10 @@ from depthscope.analysis.rank import (
     numerical_rank,
     participation_ratio,
 )
-from depthscope.probes import capture, load_trace, save_trace
-from depthscope.probes.trace import Accumulator, Layout
+from depthscope.probes import capture
+from depthscope.probes.accumulate import Accumulator
 from depthscope.schemes import sources
+from depthscope.trace import Layout, load_trace, save_trace
 from tests.helpers import build, random_tokens, tiny
 
 D = 24

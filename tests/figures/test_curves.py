@@ -17,7 +17,7 @@ from depthscope.figures import (
     plot_retention,
 )
 from depthscope.figures.style import scheme_colors
-from depthscope.probes.trace import stack_traces
+from depthscope.trace import stack_traces
 from tests.figures.test_heatmaps import perturbed_trace
 
 SCHEMES = ("standard", "denseformer", "attnres", "dca")

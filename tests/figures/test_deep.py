@@ -11,7 +11,8 @@ import pytest
 
 from depthscope.analysis.dilution import block_view, row_normalized
 from depthscope.figures.report import report_figures
-from depthscope.probes import capture, stack_traces
+from depthscope.probes import capture
+from depthscope.trace import stack_traces
 from tests.helpers import build, perturb, random_tokens, tiny
 
 

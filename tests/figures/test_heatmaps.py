@@ -15,7 +15,7 @@ from depthscope.errors import DepthscopeError
 from depthscope.figures import plot_heatmap, plot_heatmap_grid
 from depthscope.figures.heatmaps import symlog_ticks
 from depthscope.probes import capture
-from depthscope.probes.trace import select_model, stack_traces
+from depthscope.trace import select_model, stack_traces
 from tests.helpers import build, perturb, random_tokens, tiny
 
 SCHEMES = ("standard", "denseformer", "attnres", "dca")

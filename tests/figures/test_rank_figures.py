@@ -8,7 +8,7 @@ import xarray as xr
 from depthscope.analysis.rank import effective_ranks
 from depthscope.figures.rank import plot_rank_profile, plot_rank_vs_width
 from depthscope.probes import capture
-from depthscope.probes.trace import stack_traces
+from depthscope.trace import stack_traces
 from tests.helpers import build, random_tokens, tiny
 
 

@@ -35,9 +35,12 @@ def test_palette_is_seaborn_colorblind():
     import seaborn as sns
 
     assert list(PALETTE) == sns.color_palette("colorblind").as_hex()
-    from depthscope.schemes import get_scheme, scheme_names
+    from depthscope.figures.style import SCHEME_COLORS
+    from depthscope.schemes import scheme_names
 
-    assert {get_scheme(n).color for n in scheme_names()} <= set(PALETTE)
+    assert set(scheme_names()) == set(SCHEME_COLORS)  # every scheme has its colour
+    assert set(SCHEME_COLORS.values()) <= set(PALETTE)
+    assert len(set(SCHEME_COLORS.values())) == len(SCHEME_COLORS)
 
 
 def test_house_style_applies_and_restores():
@@ -51,16 +54,11 @@ def test_house_style_applies_and_restores():
 
 
 def test_scheme_colours_are_stable_and_family_wide():
-    from depthscope.schemes import get_scheme
+    from depthscope.figures.style import SCHEME_COLORS
 
-    assert scheme_color("denseformer") == get_scheme("denseformer").color
+    assert scheme_color("denseformer") == SCHEME_COLORS["denseformer"]
     assert scheme_color("attnres-block4") == scheme_color("attnres") == scheme_color("attnres#2")
-    assert (
-        scheme_color("dca(k=2)")
-        == scheme_color("grn-v1")
-        == scheme_color("dca@250")
-        == get_scheme("dca").color
-    )
+    assert scheme_color("dca(k=2)") == scheme_color("dca@250") == SCHEME_COLORS["dca"]
     unknown = scheme_color("my-new-scheme")
     assert unknown in PALETTE
     assert unknown == PALETTE[zlib.crc32(b"my-new-scheme") % len(PALETTE)]  # not the salted hash()

@@ -10,7 +10,7 @@ import pytest
 from depthscope import zoo
 from depthscope.analysis.dilution import summary
 from depthscope.cli import main
-from depthscope.probes import load_trace, select_model
+from depthscope.trace import load_trace, select_model
 
 SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
 

@@ -120,7 +120,7 @@ def gpt2_dir(tmp_path_factory):
 
 
 def test_local_gpt2_directory_from_the_cli(gpt2_dir, tmp_path, capsys):
-    from depthscope.probes import load_trace
+    from depthscope.trace import load_trace
 
     out = tmp_path / "g.nc"
     assert (

@@ -8,9 +8,10 @@ import torch
 import xarray as xr
 
 from depthscope.errors import CorpusError, TraceError
-from depthscope.probes import capture, load_trace, save_trace
+from depthscope.probes import capture
 from depthscope.probes.adapters import resolve
 from depthscope.schemes.base import variants
+from depthscope.trace import load_trace, save_trace
 from tests.helpers import build, perturb, random_tokens, tiny
 
 VARIANTS = variants()

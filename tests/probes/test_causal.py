@@ -10,11 +10,12 @@ import torch.nn.functional as F
 
 from depthscope.cli import main
 from depthscope.errors import DepthscopeError
-from depthscope.probes import capture, load_trace
+from depthscope.probes import capture
 from depthscope.probes.adapters import resolve
 from depthscope.probes.causal import Ablation
 from depthscope.schemes import consumers, sources
 from depthscope.schemes.base import variants
+from depthscope.trace import load_trace
 from tests.helpers import build, perturb, random_tokens, tiny
 
 VARIANTS = variants()

@@ -8,7 +8,7 @@ import xarray as xr
 
 from depthscope.analysis.dilution import consumer_table
 from depthscope.cli import main
-from depthscope.probes import load_trace, save_trace
+from depthscope.trace import load_trace, save_trace
 
 SMALL = ["--layers", "2", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
 
@@ -65,7 +65,7 @@ def test_capture_rank_ctx_and_skip_positions(ckpt, tmp_path):
 
 
 def test_dilution_of_stacked_traces(ckpt, tmp_path, capsys):
-    from depthscope.probes.trace import stack_traces
+    from depthscope.trace import stack_traces
 
     a = tmp_path / "a.nc"
     main(["capture", str(ckpt), "--out", str(a), "--tokens", "64", "--quiet"])

@@ -8,7 +8,7 @@ import torch
 
 from depthscope.corpus import load_corpus
 from depthscope.probes import capture
-from depthscope.probes.trace import stack_traces
+from depthscope.trace import stack_traces
 from depthscope.train import TrainConfig, train
 from tests.helpers import build, perturb, random_tokens, tiny
 

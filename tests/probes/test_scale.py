@@ -17,10 +17,12 @@ import torch
 
 from depthscope.cli import main
 from depthscope.errors import DepthscopeError
-from depthscope.probes import capture, load_trace
+from depthscope.probes import capture
 from depthscope.probes.capture import Run
 from depthscope.probes.load import Placement, load_model
 from depthscope.probes.partial import partial_path
+from depthscope.probes.settings import CaptureSettings
+from depthscope.trace import load_trace
 from tests.helpers import build, perturb, tiny
 from tests.probes.test_huggingface import llama_dir  # noqa: F401 (a fixture)
 
@@ -64,12 +66,12 @@ def test_merged_states_equal_one_pass(ckpt):
 
     ad = resolve(model)
     chunks = torch.randint(0, 256, (8, 32), generator=torch.Generator().manual_seed(3)).split(2)
-    runs = [Run(ad, 0, True, True, "cells", False) for _ in range(3)]
+    runs = [Run(ad, CaptureSettings(rank=True, logits=True, ablate="cells"), 0, 32) for _ in range(3)]
     with torch.no_grad():
         for b, chunk in enumerate(chunks):
             runs[0].batch(model, chunk, b)
             runs[1 + b % 2].batch(model, chunk, b)
-    merged = Run(ad, 0, True, True, "cells", False)
+    merged = Run(ad, CaptureSettings(rank=True, logits=True, ablate="cells"), 0, 32)
     merged.merge(runs[1].state())
     merged.merge(runs[2].state())
     assert_same_trace(runs[0].dataset({}), merged.dataset({}))

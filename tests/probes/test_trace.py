@@ -7,7 +7,8 @@ import torch
 import xarray as xr
 
 from depthscope.probes import capture
-from depthscope.probes.trace import Accumulator, Layout, select_model, stack_traces
+from depthscope.probes.accumulate import Accumulator
+from depthscope.trace import Layout, select_model, stack_traces
 from tests.helpers import build, random_tokens, tiny
 
 
@@ -95,7 +96,7 @@ def test_format_1_files_are_read_and_converted():
     """Fixtures written by the format-1 code (one trace, and three stacked along ``scheme``)."""
     from pathlib import Path
 
-    from depthscope.probes import load_trace, split_models
+    from depthscope.trace import load_trace, split_models
 
     here = Path(__file__).parent.parent / "fixtures"
     one = load_trace(here / "format1-single.nc")

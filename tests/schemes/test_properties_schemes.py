@@ -145,6 +145,7 @@ def test_sharded_states_merged_in_rank_order_equal_one_process(label, data):
     1e-12 (the gloo path itself: tests/probes/test_scale.py)."""
     from depthscope.probes.adapters import resolve
     from depthscope.probes.capture import Run
+    from depthscope.probes.settings import CaptureSettings
 
     cfg, seed = data.draw(configs(label))
     world = data.draw(st.integers(2, 3), label="world size")
@@ -152,14 +153,14 @@ def test_sharded_states_merged_in_rank_order_equal_one_process(label, data):
     ad = resolve(model)
     chunks = random_tokens(cfg, batch=5, seed=seed).split(1)
     one, shards = (
-        Run(ad, 0, True, True, None, False),
-        [Run(ad, 0, True, True, None, False) for _ in range(world)],
+        Run(ad, CaptureSettings(rank=True, logits=True), 0, cfg.ctx),
+        [Run(ad, CaptureSettings(rank=True, logits=True), 0, cfg.ctx) for _ in range(world)],
     )
     with torch.no_grad():
         for b, chunk in enumerate(chunks):
             one.batch(model, chunk, b)
             shards[b % world].batch(model, chunk, b)
-    merged = Run(ad, 0, True, True, None, False)
+    merged = Run(ad, CaptureSettings(rank=True, logits=True), 0, cfg.ctx)
     for shard in shards:
         merged.merge(shard.state())
     a, b = one.dataset({}), merged.dataset({})

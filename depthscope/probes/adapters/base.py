@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from depthscope.corpus import Encode
-from depthscope.probes.trace import Layout
-from depthscope.schemes.names import Kind
+from depthscope.trace import Layout
+from depthscope.trace.labels import Kind
 
 Callback = Callable[[Tensor], Tensor | None]  # a tap's callback: may return a replacement
 Hook = Callable[[Any, tuple, Any], None]  # a plain forward hook: (module, args, output)

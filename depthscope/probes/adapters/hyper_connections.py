@@ -99,7 +99,7 @@ from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, NativeSpec, SourceSpec, router
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
-from depthscope.schemes.names import Kind
+from depthscope.trace.labels import Kind
 
 FAMILY = "hyper-connections"
 PACKAGE = "hyper-connections"

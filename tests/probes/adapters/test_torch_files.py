@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from depthscope.cli import main
-from depthscope.probes import capture, load_trace
+from depthscope.probes import capture
 from depthscope.probes.load import load_model
+from depthscope.trace import load_trace
 
 
 def dca_args():

@@ -39,7 +39,7 @@ def test_a_foreign_model_beside_ours_in_one_report(tmp_path):
     import transformers
 
     from depthscope.cli import main
-    from depthscope.probes import load_trace, select_model
+    from depthscope.trace import load_trace, select_model
     from tests.helpers import build, tiny
 
     torch.manual_seed(0)
