@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from depthscope.analysis.theory import derived_bound, threshold
+
 KINDS = ("numerical", "entropy", "participation")
 
 
@@ -127,8 +129,6 @@ def rank_summary(
     """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d and, for a
     task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound.
     """
-    from depthscope.analysis.theory import derived_bound, threshold
-
     r = collective_rank(trace, energy)
     d = int(r.attrs["d_model"])
     res = {

@@ -22,8 +22,12 @@ from typing import Any
 import xarray as xr
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.load import Placement
+from depthscope.probes import capture
+from depthscope.probes.load import Placement, load_model
+from depthscope.probes.partial import partial_path
 from depthscope.probes.settings import CaptureSettings
+from depthscope.probes.shard import all_gather, shard
+from depthscope.trace import load_trace, save_trace
 
 
 @dataclass(frozen=True)
@@ -58,12 +62,6 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
 
 def capture_here(job: CaptureJob) -> xr.Dataset | None:
     """This process's part of the job (all of it outside a process group)."""
-    from depthscope.probes import capture
-    from depthscope.probes.load import load_model
-    from depthscope.probes.partial import partial_path
-    from depthscope.probes.shard import all_gather, shard
-    from depthscope.trace import save_trace
-
     me, world = shard()
     asked = job.settings.partial
     partial = partial_path(job.out, me, world)
@@ -143,8 +141,6 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
     crashed while tearing its process group down (a rare SIGABRT in gloo's teardown, seen once on
     this machine) does not undo a trace written and confirmed before it: that is a warning.
     """
-    from depthscope.trace import load_trace
-
     ctx = multiprocessing.get_context("spawn")
     reports = ctx.SimpleQueue()
     port = _free_port()

@@ -13,12 +13,16 @@ import xarray as xr
 
 from depthscope.analysis.rank import KINDS, collective_rank, rank_summary
 from depthscope.atomic import atomic_path
+from depthscope.corpus import load_corpus
 from depthscope.errors import ConfigError
+from depthscope.figures.rank import plot_rank_vs_width
 from depthscope.pipelines.files import save_figures, write_json
 from depthscope.probes import capture
 from depthscope.probes.load import input_kind, load_model
 from depthscope.probes.settings import CaptureSettings
+from depthscope.schemes import ModelConfig
 from depthscope.trace import load_trace, split_models
+from depthscope.train import TrainConfig, train
 
 
 def measure(
@@ -63,10 +67,6 @@ def rank_sweep(
     ``collective_rank_ratio`` and the final ``val_loss`` of each model. Heads are width / 16
     (at least 2), so the head size stays 16.
     """
-    from depthscope.corpus import load_corpus
-    from depthscope.schemes import ModelConfig
-    from depthscope.train import TrainConfig, train
-
     corpus = load_corpus()
     r = np.full((len(schemes), len(widths), len(KINDS)), np.nan)
     loss = np.full((len(schemes), len(widths)), np.nan)
@@ -115,8 +115,6 @@ def run_sweep(out_dir: Path, widths: list[int], schemes: tuple[str, ...], **kwar
     Returns:
         The JSON record.
     """
-    from depthscope.figures.rank import plot_rank_vs_width
-
     table = rank_sweep(widths, schemes, **kwargs)
     with atomic_path(out_dir / "sweep.nc") as tmp:
         table.to_netcdf(tmp, engine="netcdf4")

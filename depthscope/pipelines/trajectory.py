@@ -13,17 +13,15 @@ from depthscope.schemes import load_checkpoint as load
 from depthscope.trace import stack_traces
 
 
-def capture_trajectory(
-    paths: list[Path], *, n_tokens: int = 8192, seed: int = 0, progress: bool = False
-) -> xr.Dataset:
-    """Capture every checkpoint of one run and stack the traces in step order (labels ``variant@step``).
+def capture_trajectory(paths: list[Path], settings: CaptureSettings, *, progress: bool = False) -> xr.Dataset:
+    """Capture every checkpoint of one run with ``settings`` and stack the traces in step order
+    (labels ``variant@step``).
 
     Each checkpoint's metadata gives its ``step``, ``train_tokens`` and ``val_loss``, which become
     coordinates along ``model``.
     """
     traces = []
     for path in paths:
-        settings = CaptureSettings(n_tokens=n_tokens, seed=seed)
         t = capture(load(path), None, settings, checkpoint=str(path), progress=progress)
         t.attrs["label"] = f"{t.attrs['variant']}@{t.attrs['step']}"
         traces.append(t)

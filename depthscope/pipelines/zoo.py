@@ -19,23 +19,29 @@ that should keep a trajectory but has neither the trace nor its step checkpoints
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from depthscope import zoo
+from depthscope._version import __version__
+from depthscope.atomic import atomic_path
+from depthscope.corpus import load_corpus
 from depthscope.errors import DepthscopeError
 from depthscope.pipelines.trajectory import capture_trajectory
+from depthscope.probes.settings import CaptureSettings
+from depthscope.schemes import ModelConfig
 from depthscope.trace import save_trace
+from depthscope.train import TrainConfig, train
 
-TRAJECTORY_TOKENS = 8192  # tokens captured per trajectory step (the report's default)
+# each trajectory step is captured like a report's model: 8192 tokens, with the sources' spectra
+# (collective rank over training)
+TRAJECTORY = CaptureSettings(n_tokens=8192, rank=True)
 
 
 def _spec(coll: zoo.Collection, e: zoo.Entry, steps: int) -> dict[str, Any]:
     """What an entry's checkpoint must have been built from to count as up to date."""
-    from depthscope.schemes import ModelConfig
-    from depthscope.train import TrainConfig
-
     cfg = ModelConfig(scheme=e.scheme, options=e.options, **coll.size)
     tcfg = TrainConfig(steps=steps, batch_size=coll.batch, lr=coll.lr, seed=coll.seed)
     return {
@@ -77,9 +83,6 @@ def build(
     entries (the manifest keeps every other entry it holds). Returns the manifest entries.
     """
     import torch
-
-    from depthscope.corpus import load_corpus
-    from depthscope.train import TrainConfig, train
 
     names = collection.names()
     steps = collection.steps if steps is None else steps
@@ -149,7 +152,6 @@ def _needs_steps(out: Path, entry: dict[str, Any], snapshots: list[int]) -> bool
 
 
 def _config(spec: dict[str, Any]):
-    from depthscope.schemes import ModelConfig
 
     return ModelConfig.from_dict(spec["config"])
 
@@ -168,7 +170,7 @@ def _trajectory(
             "steps)"
         )
         return entry
-    trace = capture_trajectory([*paths, out / entry["file"]], n_tokens=TRAJECTORY_TOKENS, progress=False)
+    trace = capture_trajectory([*paths, out / entry["file"]], TRAJECTORY, progress=False)
     target = save_trace(trace, out / zoo.TRAJECTORY_DIR / f"{entry['name']}.nc")
     log(f"zoo {entry['name']}: trajectory captured at steps {[*snapshots, entry['steps']]}")
     return {
@@ -176,17 +178,13 @@ def _trajectory(
         "trajectory": {
             "file": f"{zoo.TRAJECTORY_DIR}/{target.name}",
             "steps": [*snapshots, entry["steps"]],
-            "tokens": TRAJECTORY_TOKENS,
+            "tokens": TRAJECTORY.n_tokens,
             "sha256": zoo.sha256(target),
         },
     }
 
 
 def _write_manifest(out: Path, entries: list[dict[str, Any]]) -> None:
-    import json
-
-    from depthscope._version import __version__
-    from depthscope.atomic import atomic_path
 
     with atomic_path(out / zoo.MANIFEST) as tmp:
         tmp.write_text(json.dumps({"depthscope_version": __version__, "models": entries}, indent=1) + "\n")

@@ -25,6 +25,7 @@ import torch
 import xarray as xr
 from torch import Tensor
 
+from depthscope._version import __version__
 from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.accumulate import Accumulator
@@ -100,7 +101,6 @@ def capture(
     done = _resume(run, settings.partial, record)
     failure = _batches(model, run, chunks, mine, done, record, progress and me == 0)
     run = _gather(run, failure, world)
-    from depthscope._version import __version__
 
     return run.dataset(
         {

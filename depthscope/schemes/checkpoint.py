@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from depthscope._version import __version__
 from depthscope.atomic import atomic_path
 from depthscope.errors import CheckpointError
 
@@ -35,8 +36,6 @@ def write(
     """Write ``tensors`` and the metadata ``meta`` (the ``model`` and ``training`` parts) atomically;
     ``dtype`` (e.g. torch.bfloat16) shrinks floating-point tensors.
     """
-    from depthscope._version import __version__
-
     path = Path(path)
     meta = {"format": FORMAT, "depthscope_version": __version__, **meta}
     tensors = {

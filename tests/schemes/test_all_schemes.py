@@ -64,13 +64,23 @@ def test_checkpoint_round_trip(variant, tmp_path):
 
 
 def test_logits_shape_and_hook_order(variant):
+    """The hooks fire in execution order: the embedding first, each consumer's input after every
+    source it reads and before the output of its own sublayer, the sources in trace order."""
     model = build(variant)
-    logits = model(random_tokens(variant, pos=5))
+    fired: list[str] = []
+    watched = [s.hook for s in sources(variant)] + [c.hook_in for c in consumers(variant)]
+    hooks = [(name, lambda t, hook: fired.append(hook.name)) for name in watched]
+    with model.hooks(fwd_hooks=hooks):
+        logits = model(random_tokens(variant, pos=5))
     assert logits.shape == (2, 5, 256)
-    hooks = list(model.hook_dict)
-    assert hooks[0] == "hook_embed"
-    # every consumer's hook_in fires before the output of its sublayer and after earlier outputs
-    for s in sources(variant)[1:]:
-        assert s.hook in hooks
+    order = {name: i for i, name in enumerate(fired)}
+    assert len(order) == len(fired) == len(watched)  # each hook fired once
+    srcs = sources(variant)
+    assert fired[0] == "hook_embed" == srcs[0].hook
+    assert [order[s.hook] for s in srcs] == sorted(order[s.hook] for s in srcs)
+    by_label = {s.label: s.hook for s in srcs}
     for c in consumers(variant):
-        assert c.hook_in in hooks and c.hook_weights in hooks
+        assert all(order[s.hook] < order[c.hook_in] for s in srcs[: c.site.n_sources]), c.label
+        own = by_label.get(c.label.rsplit(".", 1)[0] if c.label.count(".") > 1 else c.label)
+        if own is not None:
+            assert order[c.hook_in] < order[own], f"{c.label} read after its sublayer wrote"
