@@ -57,3 +57,20 @@ def test_every_option_in_the_readme_exists():
                 assert option in names, f"{option} is not an option of `depthscope {' '.join(words[:2])}`"
             seen += 1
     assert seen >= 15
+
+
+def test_readme_is_a_guide():
+    """The README stays short and has the two how-to sections as headed sections."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 170
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    assert "Adding a scheme" in headings and "Adding a model family" in headings
+
+
+def test_every_relative_link_in_the_readme_exists():
+    """Each relative link or image of the README names a file or directory of the repository."""
+    targets = re.findall(r"\]\(([^)\s]+)\)", README.read_text())
+    relative = [t.split("#")[0] for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:|#", t)]
+    assert relative, "the README links nothing"
+    missing = [t for t in relative if not (README.parent / t).exists()]
+    assert not missing, f"README links to missing files: {missing}"

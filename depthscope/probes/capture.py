@@ -40,7 +40,7 @@ from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
 from depthscope.trace.labels import READOUT
 
 TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
-# half precision: measured on SmolLM2 (see the README, "Running at scale"), with a margin
+# half precision: measured on SmolLM2 (docs/results.md, "Running at scale"), with a margin
 LOW_PRECISION = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 # Default window length: the model's context, at most this. Long-context models (SmolLM2: 8192)
 # would otherwise cost minutes and gigabytes per window on a CPU, and shares depend on the window
