@@ -1,0 +1,475 @@
+"""The capture engine: any model with an adapter + tokens -> a trace (xarray.Dataset).
+
+One loop for every model family (``probes/adapters``): the model is put in eval mode and run
+under no_grad (both restored after), the adapter's taps are attached for the duration and removed
+in a ``finally``, and per batch the engine keeps one buffer of source outputs
+[batch, pos, source, d_model], folds each consumer into float64 sums as soon as its input (and
+weights) have been seen, so memory does not grow with the number of tokens analysed.
+
+Checks, for every batch of every family: every source's tap fired (a source that does not fire
+is an error, never uninitialised memory), every consumer was folded, and every input is rebuilt
+from its sources within ``TOLERANCE`` (relative, on that batch's tokens); the final trace is
+checked again. A model that fails is refused with one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import xarray as xr
+from torch import Tensor
+
+from depthscope._version import __version__
+from depthscope.corpus import token_windows
+from depthscope.errors import DepthscopeError, TraceError
+from depthscope.probes.adapters import Adapter, resolve
+from depthscope.probes.adapters.bridge import encoder
+from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
+from depthscope.probes.settings import CaptureSettings, Partial
+from depthscope.probes.shard import all_gather, shard
+from depthscope.progress import bar
+from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
+from depthscope.trace.labels import READOUT
+from tests.reference_engine.accumulate import Accumulator
+from tests.reference_engine.causal import TARGETS, Ablation, LogitProbe, require_head
+
+TOLERANCE = 1e-4  # residual_error above this (float32) means the decomposition is not exact
+# half precision: measured on SmolLM2 (docs/results.md, "Running at scale"), with a margin
+LOW_PRECISION = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
+# Default window length: the model's context, at most this. Long-context models (SmolLM2: 8192)
+# would otherwise cost minutes and gigabytes per window on a CPU, and shares depend on the window
+# length, so a fixed, stated default keeps traces of different models comparable.
+DEFAULT_WINDOW = 1024
+FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
+
+
+def capture(
+    model: Any,
+    data: Any = None,
+    settings: CaptureSettings | None = None,
+    *,
+    progress: bool = False,
+    checkpoint: str = "",
+    adapter: str | Adapter | None = None,
+    tokenizer: Any = None,
+    forward: Callable[[Tensor], Any] | None = None,
+    **options: Any,
+) -> xr.Dataset:
+    """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
+
+    Args:
+        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
+        settings: what to compute (``CaptureSettings``); or give its fields as keyword
+            ``options`` (``n_tokens=8192, rank=True``). ``partial`` may be a path, with
+            ``save_every`` and ``resume`` beside it.
+        checkpoint: where the model came from (recorded in the trace).
+        adapter: an adapter family name (or an Adapter) instead of detection.
+        tokenizer: a Hugging Face tokenizer for reading a corpus (default: the model's own, if
+            it carries one as ``model.tokenizer``).
+        forward: how to run the model on a batch of token ids [batch, pos], for models called
+            another way than ``model(tokens)``.
+
+    In a torch.distributed process group (torchrun), each rank captures its share of the batches
+    and every rank returns the merged trace (``probes.shard``); the trace records ``world_size``.
+
+    Raises:
+        DepthscopeError for bad input (too-short corpus, unknown model, bad settings) and
+        TraceError for a model whose inputs cannot be rebuilt from its sources.
+    """
+    settings = _settings(settings, options)
+    ad = _adapter(model, adapter, tokenizer, forward)
+    if settings.causal:  # before the slow work: a model without an LM head is refused at once
+        require_head(ad, "--logits" if settings.logits else "--ablate")
+    windows, corpus_name, skip = _windows(ad, data, settings)
+    me, world = shard()
+    chunks = windows.split(settings.batch_size)
+    mine = list(range(me, len(chunks), world))
+    run = Run(ad, settings, skip, windows.shape[1])
+    record = None
+    if settings.partial.active:
+        record = {
+            "model": model_fingerprint(model, ad.attrs),
+            "windows": windows_fingerprint(windows, corpus_name),
+            "settings": settings.fingerprint(skip_positions=skip, world_size=world, shard=me),
+        }
+    done = _resume(run, settings.partial, record)
+    failure = _batches(model, run, chunks, mine, done, record, progress and me == 0)
+    run = _gather(run, failure, world)
+
+    return run.dataset(
+        {
+            **ad.attrs,
+            "checkpoint": str(checkpoint),
+            "corpus": corpus_name,
+            "seed": settings.seed,
+            "ctx": int(windows.shape[1]),
+            "skip_positions": int(skip),
+            "depthscope_version": __version__,
+            "world_size": world,
+        }
+    )
+
+
+def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> CaptureSettings:
+    """``settings``, or the CaptureSettings that keyword options describe (not both)."""
+    if settings is not None:
+        if options:
+            raise DepthscopeError(f"give capture settings or options, not both ({', '.join(options)})")
+        return settings
+    partial = options.pop("partial", None)
+    save_every, resume = options.pop("save_every", 0), options.pop("resume", False)
+    if not isinstance(partial, Partial):
+        partial = Partial(partial, save_every, resume)
+    known = {f.name for f in dataclasses.fields(CaptureSettings)}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise DepthscopeError(f"unknown capture option(s): {', '.join(unknown)} (known: {', '.join(known)})")
+    return CaptureSettings(**options, partial=partial)
+
+
+def _adapter(model: Any, adapter: str | Adapter | None, tokenizer: Any, forward: Any) -> Adapter:
+    """The model's adapter, with the tokenizer or forward the caller gives (a copy: never mutated)."""
+    ad = resolve(model, adapter)
+    if tokenizer is not None:
+        ad = dataclasses.replace(ad, encode=encoder(tokenizer))
+    if forward is not None:
+        ad = dataclasses.replace(ad, forward=lambda _model, tokens: forward(tokens))
+    return ad
+
+
+def _windows(ad: Adapter, data: Any, settings: CaptureSettings) -> tuple[Tensor, str, int]:
+    """The token windows [n, window] of ``data``, the corpus's name and the positions skipped."""
+    window = min(ad.ctx, DEFAULT_WINDOW) if settings.ctx is None else settings.ctx
+    if not 1 <= window <= ad.ctx:
+        raise DepthscopeError(
+            f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
+        )
+    windows, corpus_name = token_windows(
+        data, window, settings.n_tokens, settings.seed, encode=ad.encode, vocab=ad.vocab
+    )
+    skip = ad.skip_positions if settings.skip_positions is None else settings.skip_positions
+    if not 0 <= skip < windows.shape[1]:
+        raise DepthscopeError(
+            f"skip_positions must be between 0 and {windows.shape[1] - 1} (window of {windows.shape[1]}), "
+            f"got {skip}"
+        )
+    return windows, corpus_name, int(skip)
+
+
+def _resume(run: Run, partial: Partial, record: dict | None) -> int:
+    """Merge the partial state into ``run`` if resuming from one; the batches it had done."""
+    if record is None or not partial.resume or not partial.path.is_file():
+        return 0
+    state, meta = load_partial(partial.path, record)
+    run.merge(state)
+    return int(meta["batches_done"])
+
+
+def _batches(
+    model: Any, run: Run, chunks: tuple, mine: list[int], done: int, record: dict | None, progress: bool
+) -> Exception | None:
+    """Run this rank's batches from ``done`` on (saving the partial state as asked); the error that
+    stopped them, if any (a failing rank tells the others before raising, so none waits forever).
+    """
+    partial, size, mode = run.settings.partial, run.settings.batch_size, run.settings.ablate
+    ablating = f" + ablate {mode} ({len(run.ablation.units)} per batch)" if run.ablation else ""
+    device = input_device(model)
+    try:
+        with (
+            evaluating(model),
+            torch.no_grad(),
+            bar("capture" + ablating, sum(len(chunks[b]) for b in mine), enabled=progress) as pb,
+        ):
+            pb.advance(sum(len(chunks[b]) for b in mine[:done]))
+            for b in mine[done:]:
+                run.batch(model, chunks[b].to(device), b, b * size)
+                done += 1
+                pb.advance(len(chunks[b]))
+                if partial.save_every and done % partial.save_every == 0 and done < len(mine):
+                    meta = {"batches_done": done, "windows_done": sum(len(chunks[b]) for b in mine[:done])}
+                    save_partial(partial.path, run.state(), {**record, **meta})
+    except Exception as err:
+        return err
+    return None
+
+
+def _gather(run: Run, failure: Exception | None, world: int) -> Run:
+    """This rank's run alone, or every rank's merged in rank order (a reproducible float64 sum)."""
+    if world == 1:
+        if failure is not None:
+            raise failure
+        return run
+    gathered = all_gather((None if failure is None else _describe(failure), None if failure else run.state()))
+    if failure is not None:
+        raise failure
+    first = next((msg for msg, _ in gathered if msg is not None), None)
+    if first is not None:
+        raise DepthscopeError(f"another rank failed: {first}")
+    merged = Run(run.ad, run.settings, run.skip, run.window)
+    for _, state in gathered:
+        merged.merge(state)
+    return merged
+
+
+def _describe(err: Exception) -> str:
+    return str(err) if isinstance(err, DepthscopeError) else f"{type(err).__name__}: {err}"
+
+
+def input_device(model: Any) -> torch.device:
+    """Where a batch of token ids goes: the model's first parameter's device; the CPU for a model
+    dispatched over devices by accelerate (its hooks move each module's inputs themselves).
+    """
+    if getattr(model, "hf_device_map", None):
+        return torch.device("cpu")
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")
+
+
+class Run:
+    """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work.
+
+    ``skip`` and ``window`` are what the capture resolved (positions skipped, window length).
+    """
+
+    def __init__(self, ad: Adapter, settings: CaptureSettings, skip: int, window: int):
+        self.ad, self.settings, self.skip, self.window = ad, settings, skip, window
+        # ablated batches: the first ones, by their global index, so sharding does not change them
+        tokens = settings.ablate_tokens
+        self.ablate_windows = None if tokens is None else math.ceil(tokens / window)  # None: all
+        self.acc = Accumulator(ad.layout(), covariance=settings.rank)
+        self.probe = LogitProbe(ad, skip) if settings.causal else None
+        ablate = settings.ablate
+        self.ablation = Ablation(ad, skip, ablate, settings.ablate_mean) if ablate else None
+        self.taps = Taps(ad, self.acc, skip, self.probe)
+        self.callbacks = self.taps.callbacks()
+
+    def batch(self, model: Any, chunk: Tensor, b: int, first: int = 0) -> None:
+        """Batch ``b``: windows ``first``, ``first + 1``, ... of the capture."""
+        ad = self.ad
+        self.acc.start_batch()
+        self.taps.new_batch(chunk)
+        with ad.attach(model, self.callbacks):
+            output = ad.forward(model, chunk)
+        self.taps.end_batch(b)
+        if self.probe is not None:
+            self.probe.end_batch(ad.logits(output))
+        if self.ablation is not None:
+            n = len(chunk) if self.ablate_windows is None else min(len(chunk), self.ablate_windows - first)
+            if n > 0:  # the first windows of the capture, by global index: sharding does not move them
+                self.ablation.run(model, chunk[:n])
+        self.acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - self.skip))
+
+    def parts(self) -> dict[str, Any]:
+        return {"acc": self.acc, "probe": self.probe, "ablation": self.ablation}
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Every accumulator's state, keys prefixed by the accumulator (``acc.``, ``probe.`` ...)."""
+        out = {"dtype": np.array(str(self.taps.dtype or ""))}
+        for name, part in self.parts().items():
+            if part is not None:
+                out.update({f"{name}.{k}": v for k, v in part.state().items()})
+        return out
+
+    def merge(self, state: dict[str, np.ndarray]) -> None:
+        """Add a state (of the windows after this run's) into this run's accumulators."""
+        for name, part in self.parts().items():
+            if part is not None:
+                part.merge({k[len(name) + 1 :]: v for k, v in state.items() if k.startswith(name + ".")})
+        if str(state["dtype"]):
+            self.taps.dtype = self.taps.dtype or getattr(torch, str(state["dtype"]).removeprefix("torch."))
+
+    def dataset(self, attrs: dict) -> xr.Dataset:
+        ad, probe, ablation = self.ad, self.probe, self.ablation
+        tol = tolerance(self.taps.dtype)
+        ds = self.acc.dataset({**attrs, "dtype": str(self.taps.dtype or "").removeprefix("torch.")})
+        extra = probe.variables(tol) if probe is not None else {}
+        if ablation is not None:
+            extra.update(ablation.variables(len(ad.consumers), len(ad.sources)))
+            ds.attrs.update(
+                ablation=self.settings.ablate,
+                ablation_mean=int(self.settings.ablate_mean),
+                ablation_tokens=int(ablation.tokens),
+            )
+        if probe is not None:
+            ds.attrs.update(loss=probe.loss / max(probe.tokens, 1), logit_tokens=int(probe.tokens))
+        for name, (dims, array) in extra.items():
+            ds[name] = (dims, array)
+            ds[name].attrs.update(long_name=CAUSAL_ATTRS[name][0], units=CAUSAL_ATTRS[name][1])
+        if "logit_attribution" in ds:
+            ds = ds.assign_coords(target=np.array(TARGETS, dtype=object))
+        for name, (dims, array, coords) in ad.static_native().items():
+            ds[name] = xr.DataArray(array, dims=dims, coords=coords)
+            ds[name].attrs.update(long_name=f"{name} (native, static)", units="1")
+        check_additive(ds, tol, ad.hint)
+        return ds
+
+
+def tolerance(dtype: torch.dtype | None) -> float:
+    """The rebuild tolerance for a model computing in ``dtype``: ``TOLERANCE`` for float32 and
+    float64; for half precision, where every residual addition rounds to 8 (bfloat16) or 11
+    (float16) bits, ``LOW_PRECISION[dtype]``.
+    """
+    return LOW_PRECISION.get(dtype, TOLERANCE)
+
+
+@contextlib.contextmanager
+def evaluating(model: Any) -> Iterator[None]:
+    """Eval mode inside the block; the model's previous mode afterwards."""
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+class Taps:
+    """The engine's callbacks, batch by batch: source buffer, consumer folding and checks."""
+
+    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int, probe: LogitProbe | None = None):
+        self.ad, self.acc, self.skip, self.probe = adapter, acc, skip, probe
+        self.n_sources = len(adapter.sources)
+        self.values: Tensor | None = None  # [batch, pos, source, d_model]
+        self.norms: Tensor | None = None  # [batch, pos, source]
+        self.fired = np.zeros(self.n_sources, dtype=bool)
+        self.pending: dict[int, dict[str, Tensor]] = {}
+        self.deferred: list[tuple[int, Tensor, Tensor]] = []
+        self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
+        self.dtype: torch.dtype | None = None  # the model's compute dtype, from its first source
+
+    def callbacks(self) -> list[tuple[str, Any]]:
+        out = [(s.tap, self._on_source(j)) for j, s in enumerate(self.ad.sources)]
+        for i, c in enumerate(self.ad.consumers):
+            out.append((c.tap, self._on_consumer(i, "h")))
+            if c.weights is not None:
+                out.append((c.weights, self._on_consumer(i, "w")))
+        out += [(n.tap, self._on_native(n.name, n.dims, self.row[n.layer])) for n in self.ad.native]
+        return out
+
+    def new_batch(self, chunk: Tensor | None = None) -> None:
+        self.pending, self.deferred = {}, []
+        self.fired[:] = False
+        if self.probe is not None:
+            self.probe.new_batch(chunk)
+
+    def end_batch(self, b: int) -> None:
+        """Fold the waiting consumers, then check this batch: every source, every consumer, the identity."""
+        self._flush()
+        if not self.fired.all():
+            j = int(np.flatnonzero(~self.fired)[0])
+            s = self.ad.sources[j]
+            raise TraceError(
+                f"source {s.label} ({s.tap}) did not fire in batch {b}: the model never wrote it"
+            )
+        folded = self.acc.batch_folded()
+        if not folded.all():
+            c = self.ad.consumers[int(np.flatnonzero(~folded)[0])]
+            raise TraceError(f"consumer {c.label} ({c.tap}) was not seen in batch {b}")
+        err = self.acc.batch_error()
+        tol = tolerance(self.dtype)
+        if not np.all(err <= tol):
+            worst = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
+            raise TraceError(
+                f"{self.ad.family} model is not additive: its input at {self.ad.consumers[worst].label} is "
+                "not the sum "
+                f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance "
+                f"{tol:g}){self.ad.hint}"
+            )
+
+    def _cut(self, t: Tensor) -> Tensor:
+        return t[:, self.skip :] if self.skip else t
+
+    def _on_source(self, j: int):
+        def hook(t: Tensor) -> None:
+            t = self._cut(t)
+            self.dtype = self.dtype or t.dtype
+            if t.dtype in LOW_PRECISION:  # sums of half-precision terms are formed in float32
+                t = t.float()
+            if not self.fired.any():  # first source of a batch: (re)use one buffer of all source outputs
+                shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
+                if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
+                    self.values = t.new_empty(shape)
+                    self.norms = t.new_empty(shape[:-1])
+            want = (*self.values.shape[:2], self.values.shape[-1])
+            if t.shape[0] == 1 and want[0] > 1:  # shared over the batch (GPT-2's position embedding)
+                t = t.expand(want[0], *t.shape[1:])
+            if tuple(t.shape) != want:
+                label = self.ad.sources[j].label
+                raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
+            self.values[:, :, j] = t
+            self.norms[:, :, j] = self.acc.source(j, t)
+            self.fired[j] = True
+
+        return hook
+
+    def _on_consumer(self, i: int, key: str):
+        spec = self.ad.consumers[i]
+
+        def hook(t) -> None:
+            got = self.pending.setdefault(i, {})
+            if key == "h":
+                self.acc.positions(i, t)
+            got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
+            if key == "h" and self.probe is not None:
+                self.probe.lens(i, got["h"])
+            if "h" in got and ("w" in got or spec.weights is None):
+                del self.pending[i]
+                n = spec.n_sources
+                if not self.fired[:n].all():
+                    j = int(np.flatnonzero(~self.fired[:n])[0])
+                    raise TraceError(
+                        f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not "
+                        "fired before it"
+                    )
+                dev, dtype = self.values.device, self.values.dtype
+                h = got["h"].to(dev, dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(dev)
+                w = got.get("w")
+                if w is None:
+                    w = h.new_ones(*h.shape[:-1], n)
+                elif spec.terms:
+                    w = tuple(x.to(dev) for x in w)
+                else:  # weights unrolled in float64, or on another device, meet the sources
+                    w = w.to(dev, dtype)
+                if self.probe is not None and spec.kind == READOUT:
+                    self.probe.readout(h, (w[0], None, True) if spec.terms else (w, self.values, False))
+                if spec.terms:
+                    self.acc.consumer_terms(i, h, *w)
+                    return
+                if w.ndim == 3:  # scalar weights: fold a few together, cache-friendly
+                    self.deferred.append((i, h, w))
+                    if len(self.deferred) >= FLUSH:
+                        self._flush()
+                else:  # per-feature weights are large: fold now and let them go
+                    self.acc.consumer(i, h, w, self.values, self.norms)
+
+        return hook
+
+    def _flush(self) -> None:
+        if self.deferred:
+            self.acc.consumers(self.deferred, self.values, self.norms)
+            self.deferred = []
+
+    def _on_native(self, name: str, dims: tuple[str, ...], i: int):
+        def hook(t: Tensor) -> None:
+            self.acc.native_mean(name, dims, i, self._cut(t))
+
+        return hook
+
+
+def check_additive(trace: xr.Dataset, tol: float = TOLERANCE, hint: str = "") -> None:
+    """Refuse a trace whose inputs were not rebuilt from their sources within ``tol``."""
+    err = trace["residual_error"]
+    worst = int(err.fillna(np.inf).argmax("layer"))
+    if not float(err.max()) <= tol or bool(err.isnull().any()):
+        raise TraceError(
+            f"inputs are not the sum of the captured sources: rebuilding {trace.layer.values[worst]} "
+            f"leaves a relative error of {float(err[worst]):.3g} (tolerance {tol:g}){hint}"
+        )

@@ -1,0 +1,304 @@
+"""Does the weight matter? Direct logit attribution, the logit lens, and source ablation.
+
+A heatmap of mixing weights says where a layer reads from, not whether that reading matters. These
+views need the model's final norm and unembedding (``Adapter.head``) and run inside a capture
+(``capture(..., logits=True, ablate=...)``); every statistic is over the positions that have a next
+token, after any skipped positions, as float64 sums merged batch by batch.
+
+* **Direct logit attribution** (Elhage et al. 2021): the read-out's final norm is linearised at
+  each token's own statistics, x -> gamma * (x - mean x) / sigma(x) + beta for a LayerNorm and
+  x -> gamma * x / rms(x) for an RMSNorm, which is exact for that forward pass; so the logit of a
+  target token is sum_s <gamma * c_s' / sigma, W_U[t]> + <beta, W_U[t]> + b_U[t] over the
+  read-out's terms c_s (c_s' centred for a LayerNorm). Targets: ``correct`` (the next token),
+  ``top1`` (the model's own prediction) and ``margin`` (correct minus the best wrong token: the
+  most telling of the three, since a source that raises every logit alike moves neither the
+  prediction nor the loss). ``logit_attribution`` (source, target) is the token mean,
+  ``logit_bias`` (target) the norm's and unembedding's biases, and ``logit_error`` (target) the
+  relative error of the sum against the model's actual logits: checked, and refused above 1e-4.
+* **Logit lens** (nostalgebraist 2020): each consumer's input (the mixed input the sublayer
+  actually reads; for a multi-stream model that is the collapsed input, not one stream) decoded by
+  the final norm and the unembedding: ``lens_loss`` (layer), cross-entropy in nats per token
+  against the next token, and ``lens_agreement`` (layer), the fraction of tokens whose top-1 is
+  the model's final top-1.
+* **Source ablation**: ``ablation_effect`` (source) is the increase in loss (nats per token) when
+  source s is removed from every later consumer's input: its term c[l, s] is subtracted at each
+  consumer's mixed input (``mean`` ablation: replaced by its token mean), with the weights and
+  sources of the ablated forward itself; ``ablation_effect_cell`` (layer, source) removes it from
+  one consumer only. One forward per source (per cell), several in one batch. Needs consumer taps
+  that are views of the stream (``Adapter.views``).
+
+Legend: batch, pos, d_model, source, target (correct, top1, margin), vocab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from depthscope.errors import DepthscopeError, TraceError
+from depthscope.probes.adapters.base import Adapter, Head
+from depthscope.probes.settings import ABLATE
+
+TARGETS = ("correct", "top1", "margin")
+
+
+def require_head(ad: Adapter, what: str) -> Head:
+    if ad.head is None:
+        raise DepthscopeError(
+            f"{what} needs the model's LM head, and this {ad.family} model has none (an encoder?)"
+        )
+    return ad.head
+
+
+class Sums:
+    """Plain float64 sums over tokens (``FIELDS``), so a probe's state saves and merges by addition."""
+
+    FIELDS: tuple[str, ...] = ()
+
+    def state(self) -> dict[str, np.ndarray]:
+        return {f: np.array(getattr(self, f), dtype=np.float64) for f in self.FIELDS}
+
+    def merge(self, state: dict[str, np.ndarray]) -> None:
+        for f in self.FIELDS:
+            value = getattr(self, f) + state[f]
+            setattr(self, f, value if isinstance(value, np.ndarray) else float(value))
+
+
+class LogitProbe(Sums):
+    """Direct logit attribution and the logit lens, summed over a capture's batches."""
+
+    FIELDS = ("attr", "bias", "err", "actual", "lens_ce", "lens_agree", "loss", "tokens")
+
+    def __init__(self, ad: Adapter, skip: int):
+        self.head = require_head(ad, "--logits")
+        self.skip = skip
+        n_l, n_s = len(ad.consumers), len(ad.sources)
+        self.attr = np.zeros((n_s, len(TARGETS)))
+        self.bias = np.zeros(len(TARGETS))
+        self.err = np.zeros(len(TARGETS))
+        self.actual = np.zeros(len(TARGETS))
+        self.lens_ce = np.zeros(n_l)
+        self.lens_agree = np.zeros(n_l)
+        self.loss = 0.0
+        self.tokens = 0.0
+        self._top1: dict[int, Tensor] = {}
+        self._readout: tuple | None = None
+        self._next: Tensor | None = None
+
+    def new_batch(self, chunk: Tensor) -> None:
+        if chunk.shape[1] - 1 <= self.skip:
+            raise DepthscopeError(
+                f"windows of {chunk.shape[1]} leave no position with a next token after {self.skip} skipped"
+            )
+        self._next, self._top1, self._readout = chunk[:, self.skip + 1 :], {}, None
+
+    @staticmethod
+    def _cut(t: Tensor) -> Tensor:
+        """Tensors arrive with the skipped positions already cut: drop the last (no next token)."""
+        return t[:, :-1]
+
+    @torch.no_grad()
+    def lens(self, i: int, h: Tensor) -> None:
+        """Consumer i's input [batch, pos, d_model] (skipped positions cut): decoded, scored."""
+        logits = self.head.logits(self._cut(h).to(self.head.W_U.device)).double()
+        nxt = self._next.to(logits.device)
+        self.lens_ce[i] += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
+        self._top1[i] = logits.argmax(-1)
+
+    def readout(self, h: Tensor, parts: tuple[Tensor, Tensor | None, bool]) -> None:
+        """The read-out's input and its terms: (weights or terms, source values or None, per-term?)."""
+        self._readout = (h, parts)
+
+    @torch.no_grad()
+    def end_batch(self, logits: Tensor) -> None:
+        logits = logits[:, self.skip : -1].double()
+        nxt = self._next = self._next.to(logits.device)
+        self.loss += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
+        self.tokens += nxt.numel()
+        top1 = logits.argmax(-1)
+        for i, pred in self._top1.items():
+            self.lens_agree[i] += float((pred.to(top1.device) == top1).sum())
+        if self._readout is None:
+            raise TraceError("the read-out consumer did not fire: no logit attribution")
+        self._attribute(logits, top1)
+
+    def _attribute(self, logits: Tensor, top1: Tensor) -> None:
+        head = self.head
+        dev = head.W_U.device
+        nxt, logits, top1 = self._next.to(dev), logits.to(dev), top1.to(dev)
+        h, (w, values, is_terms) = self._readout
+        h = self._cut(h).to(dev, torch.float64)
+        w = self._cut(w).to(dev, torch.float64)
+        terms = w if is_terms else _terms(w, self._cut(values).to(dev, torch.float64))
+        if head.centred:
+            h = h - h.mean(-1, keepdim=True)
+            terms = terms - terms.mean(-1, keepdim=True)
+        inv = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + head.eps)  # [batch, pos, 1]
+        gamma = head.weight.double() if head.weight is not None else 1.0
+        wrong = logits.masked_fill(F.one_hot(nxt, logits.shape[-1]).bool(), -torch.inf).argmax(-1)
+        W_U = head.W_U.double()  # noqa: N806 (the usual name)
+        b_U = head.b_U.double() if head.b_U is not None else W_U.new_zeros(W_U.shape[0])
+        beta = head.bias.double() if head.bias is not None else W_U.new_zeros(W_U.shape[1])
+        for k, target in enumerate(TARGETS):
+            if target == "margin":
+                u, b = W_U[nxt] - W_U[wrong], b_U[nxt] - b_U[wrong]
+                actual = logits.gather(-1, nxt[..., None]) - logits.gather(-1, wrong[..., None])
+            else:
+                t = nxt if target == "correct" else top1
+                u, b, actual = W_U[t], b_U[t], logits.gather(-1, t[..., None])
+            attr = torch.einsum("bpsd,bpd->bps", terms, u * gamma) * inv  # [batch, pos, source]
+            bias = u @ beta + b
+            total = attr.sum(-1) + bias
+            n = attr.shape[-1]
+            self.attr[:n, k] += attr.sum((0, 1)).cpu().numpy()
+            self.bias[k] += float(bias.sum())
+            self.err[k] += float((total - actual.squeeze(-1)).pow(2).sum())
+            self.actual[k] += float(actual.pow(2).sum())
+
+    def check(self, tol: float) -> np.ndarray:
+        """Relative error of the attribution against the actual logits, per target; refused above tol."""
+        err = np.sqrt(self.err / np.maximum(self.actual, 1e-300))
+        if not np.all(err <= tol):
+            k = int(np.argmax(err))
+            raise TraceError(
+                f"direct logit attribution does not add up to the {TARGETS[k]} logits (relative error "
+                f"{err[k]:.3g}, tolerance {tol:g}): the final norm or unembedding is not the one read"
+            )
+        return err
+
+    def variables(self, tol: float) -> dict[str, tuple]:
+        n = max(self.tokens, 1)
+        err = self.check(tol)
+        return {
+            "logit_attribution": (("source", "target"), self.attr / n),
+            "logit_bias": (("target",), self.bias / n),
+            "logit_error": (("target",), err),
+            "lens_loss": (("layer",), self.lens_ce / n),
+            "lens_agreement": (("layer",), self.lens_agree / n),
+        }
+
+
+def _terms(w: Tensor, values: Tensor) -> Tensor:
+    """c_s = w_s (*) v_s for scalar [.., source] or per-feature [.., source, d_model] weights."""
+    n = w.shape[2]
+    v = values[:, :, :n]
+    return (w.unsqueeze(-1) if w.ndim == 3 else w) * v
+
+
+def units(ad: Adapter, mode: str) -> list[tuple[int, int | None]]:
+    """(source, consumer or None = every consumer that reads it) of each ablation."""
+    if mode == "sources":
+        return [(j, None) for j in range(len(ad.sources)) if any(c.n_sources > j for c in ad.consumers)]
+    return [(j, i) for i, c in enumerate(ad.consumers) for j in range(c.n_sources)]
+
+
+class Ablation(Sums):
+    """Runs the ablated forwards of one batch and sums their losses per unit."""
+
+    FIELDS = ("loss", "clean", "tokens")
+
+    def __init__(self, ad: Adapter, skip: int, mode: str, mean: bool = False, group: int = 4):
+        require_head(ad, "--ablate")
+        if mode not in ABLATE:
+            raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {mode!r}")
+        if not ad.views:
+            raise DepthscopeError(
+                f"ablation needs consumer inputs that are views of the stream; a {ad.family} model's are not"
+            )
+        if any(c.terms for c in ad.consumers):
+            raise DepthscopeError(
+                f"ablation of a {ad.family} model (terms through its norms) is not supported"
+            )
+        self.ad, self.skip, self.mode, self.mean, self.group = ad, skip, mode, mean, group
+        self.units = units(ad, mode)
+        self.loss = np.zeros(len(self.units))
+        self.clean = 0.0  # the unablated loss summed over the same tokens
+        self.tokens = 0.0
+
+    @torch.no_grad()
+    def run(self, model: Any, chunk: Tensor) -> None:
+        """The unablated and the ablated forwards of ``chunk`` (windows [n, pos])."""
+        nxt = chunk[:, self.skip + 1 :]
+        logits = self.ad.logits(self.ad.forward(model, chunk))[:, self.skip : -1].double()
+        self.clean += float(
+            F.cross_entropy(logits.flatten(0, 1), nxt.to(logits.device).flatten(), reduction="sum")
+        )
+        self.tokens += nxt.numel()
+        for start in range(0, len(self.units), self.group):
+            batch = self.units[start : start + self.group]
+            tokens = chunk.repeat(len(batch), 1)
+            with self.attach(model, batch, chunk.shape[0]):
+                logits = self.ad.logits(self.ad.forward(model, tokens))
+            logits = logits[:, self.skip : -1].double().unflatten(0, (len(batch), chunk.shape[0]))
+            nxt = nxt.to(logits.device)
+            for g in range(len(batch)):
+                ce = F.cross_entropy(logits[g].flatten(0, 1), nxt.flatten(), reduction="sum")
+                self.loss[start + g] += float(ce)
+
+    @contextlib.contextmanager
+    def attach(self, model: Any, batch: list[tuple[int, int | None]], size: int) -> Iterator[None]:
+        ad = self.ad
+        values: dict[int, Tensor] = {}
+        weights: dict[int, Tensor] = {}
+
+        def on_source(j: int):
+            def hook(t: Tensor) -> None:
+                values[j] = t
+
+            return hook
+
+        def on_weights(i: int):
+            def hook(t: Tensor) -> None:
+                weights[i] = t
+
+            return hook
+
+        def on_input(i: int):
+            spec = ad.consumers[i]
+
+            def hook(h: Tensor) -> Tensor | None:
+                hit = [
+                    (g, j) for g, (j, only) in enumerate(batch) if j < spec.n_sources and only in (None, i)
+                ]
+                if not hit:
+                    return None
+                h = h.clone()
+                w = weights.get(i)
+                for g, j in hit:
+                    rows = slice(g * size, (g + 1) * size)
+                    v = values[j][rows] if values[j].shape[0] > 1 else values[j]
+                    if w is not None:  # (on the weights' device: a device map may put them elsewhere)
+                        v = v.to(w.device)
+                    term = (
+                        v if w is None else (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v
+                    )
+                    if self.mean:
+                        term = term - term.mean((0, 1), keepdim=True)
+                    h[rows] = h[rows] - term.to(h.device, h.dtype)
+                return h
+
+            return hook
+
+        taps = [(s.tap, on_source(j)) for j, s in enumerate(ad.sources)]
+        taps += [(c.weights, on_weights(i)) for i, c in enumerate(ad.consumers) if c.weights is not None]
+        taps += [(c.tap, on_input(i)) for i, c in enumerate(ad.consumers)]
+        with ad.attach(model, taps):
+            yield
+
+    def variables(self, layers: int, sources: int) -> dict[str, tuple]:
+        effect = (self.loss - self.clean) / max(self.tokens, 1)
+        if self.mode == "sources":
+            out = np.full(sources, np.nan)
+            for (j, _), e in zip(self.units, effect):
+                out[j] = e
+            return {"ablation_effect": (("source",), out)}
+        cells = np.full((layers, sources), np.nan)
+        for (j, i), e in zip(self.units, effect):
+            cells[i, j] = e
+        return {"ablation_effect_cell": (("layer", "source"), cells)}
