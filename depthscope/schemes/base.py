@@ -339,26 +339,47 @@ def get_scheme(name: str) -> type[Scheme]:
 
 
 def _convert(value: str, kind: Any, key: str) -> Any:
+    """One option value as the type its field declares: parsed from a string, or checked if already typed."""
     origin = typing.get_origin(kind)
     if origin is typing.Literal:
-        choices = typing.get_args(kind)
-        for c in choices:
-            if str(c) == str(value):
-                return c
-        raise ConfigError(f"option {key}={value!r} is not one of {', '.join(map(str, choices))}")
+        return _choice(value, kind, key)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        if value in (None, "none", "None"):
-            return None
-        return _convert(value, args[0], key)
+        return _optional(value, kind, key)
     if not isinstance(value, str):
-        if kind is float and isinstance(value, int):
-            return float(value)
-        if kind is bool and not isinstance(value, bool):
-            raise ConfigError(f"option {key} must be true or false, got {value!r}")
-        if not isinstance(value, kind):
-            raise ConfigError(f"option {key} must be {kind.__name__}, got {value!r}")
-        return value
+        return _typed(value, kind, key)
+    return _parsed(value, kind, key)
+
+
+def _choice(value: Any, kind: Any, key: str) -> Any:
+    """The ``Literal`` choice whose string form is the value's."""
+    choices = typing.get_args(kind)
+    for c in choices:
+        if str(c) == str(value):
+            return c
+    raise ConfigError(f"option {key}={value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _optional(value: Any, kind: Any, key: str) -> Any:
+    """None for None, "none" or "None"; otherwise the value as the union's first type other than None."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if value in (None, "none", "None"):
+        return None
+    return _convert(value, args[0], key)
+
+
+def _typed(value: Any, kind: type, key: str) -> Any:
+    """A value given already typed: an int widened to float where a float is due, else checked as it is."""
+    if kind is float and isinstance(value, int):
+        return float(value)
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"option {key} must be true or false, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"option {key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _parsed(value: str, kind: type, key: str) -> Any:
+    """A value given as a string: a bool from 1/true/yes or 0/false/no (any case), else ``kind(value)``."""
     try:
         if kind is bool:
             if value.lower() in ("1", "true", "yes"):
