@@ -116,6 +116,7 @@ def from_saved(args: dict) -> Any:
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a TransformerWrapper whose layers use layer integrators or HyperConnections."""
     xt = _xt()
     if xt is None:
         return False
@@ -206,6 +207,9 @@ def h_res_all_ones(hc: Any) -> bool:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a TransformerWrapper with one depth-mixing option (HC, AttentionResidual, LIMe);
+    DepthscopeError for what it cannot decompose, a warning for HC's H_res defect.
+    """
     if not detect(model):
         raise DepthscopeError(
             f"x-transformers: expected a TransformerWrapper with hyper-connections, attention residuals or "
