@@ -27,6 +27,7 @@ _SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "_
 
 
 def stdlib_root() -> Path:
+    """The directory of the running Python's standard library."""
     return Path(sysconfig.get_paths()["stdlib"])
 
 
@@ -58,10 +59,14 @@ class Corpus:
 
     @cached_property
     def train(self) -> Tensor:
+        """The training split as bytes (uint8): every chunk but each 10th (a corpus under two chunks: all
+        but its last tenth).
+        """
         return _split(self.data, train=True)
 
     @cached_property
     def val(self) -> Tensor:
+        """The validation split as bytes (uint8): every 10th chunk (under two chunks: the last tenth)."""
         return _split(self.data, train=False)
 
     def require(self, n: int, what: str = "one context window") -> None:

@@ -25,6 +25,7 @@ class Bar:
         self._progress, self._task = progress, task
 
     def advance(self, n: float = 1, **fields) -> None:
+        """Advance the task by ``n`` and set the extra fields given."""
         self._progress.update(self._task, advance=n, **fields)
 
 

@@ -21,6 +21,7 @@ def json_default(o: Any) -> Any:
 
 
 def write_json(path: Path, doc: Any) -> Path:
+    """Write ``doc`` to ``path`` as indented JSON (numpy values as lists and numbers), atomically."""
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(doc, indent=1, default=json_default) + "\n")
     return path

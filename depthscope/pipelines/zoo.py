@@ -63,6 +63,7 @@ def up_to_date(out: Path, entry: dict[str, Any] | None, spec: dict[str, Any]) ->
 
 
 def step_path(out: Path, name: str, step: int) -> Path:
+    """Entry ``name``'s checkpoint at ``step`` in the build at ``out`` (in its ``steps/`` directory)."""
     return out / zoo.STEPS_DIR / f"{name}.step-{step:06d}.safetensors"
 
 

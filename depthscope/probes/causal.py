@@ -49,6 +49,7 @@ TARGETS = ("correct", "top1", "margin")
 
 
 def require_head(ad: Adapter, what: str) -> Head:
+    """The adapter's final norm and unembedding; DepthscopeError naming ``what`` if the model has none."""
     if ad.head is None:
         raise DepthscopeError(
             f"{what} needs the model's LM head, and this {ad.family} model has none (an encoder?)"
@@ -62,9 +63,11 @@ class Sums:
     FIELDS: tuple[str, ...] = ()
 
     def state(self) -> dict[str, np.ndarray]:
+        """The sums as float64 arrays by field name: what a partial capture saves and ``merge`` adds."""
         return {f: np.array(getattr(self, f), dtype=np.float64) for f in self.FIELDS}
 
     def merge(self, state: dict[str, np.ndarray]) -> None:
+        """Add the sums of another ``state`` (a saved partial capture, another process's) to these."""
         for f in self.FIELDS:
             value = getattr(self, f) + state[f]
             setattr(self, f, value if isinstance(value, np.ndarray) else float(value))
@@ -92,6 +95,10 @@ class LogitProbe(Sums):
         self._next: Tensor | None = None
 
     def new_batch(self, chunk: Tensor) -> None:
+        """Start the windows ``chunk`` [batch, pos]: keep their next tokens after the skipped positions.
+
+        Raises DepthscopeError when the windows leave no position with a next token.
+        """
         if chunk.shape[1] - 1 <= self.skip:
             raise DepthscopeError(
                 f"windows of {chunk.shape[1]} leave no position with a next token after {self.skip} skipped"
@@ -117,6 +124,9 @@ class LogitProbe(Sums):
 
     @torch.no_grad()
     def end_batch(self, logits: Tensor) -> None:
+        """Score the batch against the model's logits: loss, each lens' top-1 agreement, and the direct
+        logit attribution of the read-out's terms; TraceError if the read-out did not fire.
+        """
         logits = logits[:, self.skip : -1].double()
         nxt = self._next = self._next.to(logits.device)
         self.loss += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
@@ -173,6 +183,10 @@ class LogitProbe(Sums):
         return err
 
     def variables(self, tol: float) -> dict[str, tuple]:
+        """Token means as trace variables: logit attribution, bias and error, lens loss and agreement.
+
+        Raises TraceError (through ``check``) when the attribution misses the logits by more than ``tol``.
+        """
         n = max(self.tokens, 1)
         err = self.check(tol)
         return {
@@ -243,6 +257,12 @@ class Ablation(Sums):
 
     @contextlib.contextmanager
     def attach(self, model: Any, batch: list[tuple[int, int | None]], size: int) -> Iterator[None]:
+        """While active, the forward of ``batch`` (the windows repeated, ``size`` rows per unit) loses each
+        unit's source term at the consumers it names (all that read it when None), in that unit's rows.
+
+        The term comes from the ablated forward's own sources and weights; with ``mean`` its token mean
+        stays (mean ablation).
+        """
         ad = self.ad
         values: dict[int, Tensor] = {}
         weights: dict[int, Tensor] = {}
@@ -292,6 +312,9 @@ class Ablation(Sums):
             yield
 
     def variables(self, layers: int, sources: int) -> dict[str, tuple]:
+        """The loss increase in nats per token: ``ablation_effect`` (source) or ``ablation_effect_cell``
+        (layer, source), NaN where nothing was ablated.
+        """
         effect = (self.loss - self.clean) / max(self.tokens, 1)
         if self.mode == "sources":
             out = np.full(sources, np.nan)

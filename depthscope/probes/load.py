@@ -161,6 +161,7 @@ class Placement:
 
     @property
     def torch_dtype(self) -> Any:
+        """The torch dtype ``dtype`` names, or None (the model keeps its own)."""
         import torch
 
         return getattr(torch, self.dtype) if self.dtype else None

@@ -45,10 +45,13 @@ from depthscope.schemes.base import (
 
 @dataclass(frozen=True)
 class AttnResOptions:
+    """Block AttnRes' number of blocks N (Sec. 3.2); None is Full AttnRes, one block per sublayer."""
+
     blocks: int | None = None  # number of blocks N; None = Full AttnRes (N = number of sublayers)
 
 
 def n_blocks(cfg: ModelConfig) -> int:
+    """The number of blocks N: the ``blocks`` option, or the number of sublayers for Full AttnRes."""
     return cfg.options.blocks or cfg.n_sublayers
 
 
@@ -94,6 +97,9 @@ class DepthAttention(Mixer):
         self.n_slots = n_blocks(cfg) + 2  # embed, the N block sums, the partial sum
 
     def read(self, state: BlockState) -> tuple[Tensor, BlockState]:
+        """h_l = sum_i alpha_{i->l} v_i, alpha_{i->l} = softmax_i(w_l . RMSNorm_l(v_i)) (Sec. 3.1), over the
+        completed entries and the current block's partial sum (Sec. 3.2); the state goes on unchanged.
+        """
         values, normed = state.entries, state.normed
         if state.partial is not None:
             values, normed = values + [state.partial], normed + [rms_norm(state.partial)]
@@ -121,6 +127,7 @@ class DepthAttention(Mixer):
         return out
 
     def write(self, state: BlockState, out: Tensor) -> BlockState:
+        """Add the output to the block's partial sum; the block's last sublayer commits it as entry b_n."""
         partial = out if state.partial is None else state.partial + out
         if self.last_in_block:
             return BlockState(state.entries + [partial], state.normed + [rms_norm(partial)], None)
@@ -150,14 +157,19 @@ class AttnRes(Scheme):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse a number of blocks N outside 1..number of sublayers."""
         n = cfg.options.blocks
         if n is not None and not 1 <= n <= cfg.n_sublayers:
             raise ConfigError(f"attnres blocks must be between 1 and {cfg.n_sublayers} (sublayers), got {n}")
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> BlockState:
+        """The entries start as the embedding b_0 = h_1 (with its weightless RMS norm), no partial sum yet."""
         return BlockState([x0], [rms_norm(x0)])
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """A softmax over depth with its own pseudo-query and key norm (``DepthAttention``) for every
+        consumer, read-out included.
+        """
         return DepthAttention(cfg, site)

@@ -83,6 +83,7 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
+        """The config a ``to_dict`` dict describes (options as a plain dict); ConfigError for unknown keys."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known
         if unknown:
@@ -90,6 +91,7 @@ class ModelConfig:
         return cls(**d)
 
     def to_json(self) -> str:
+        """``to_dict`` as JSON with sorted keys (the ``config`` attr of a trace)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @property
@@ -99,6 +101,7 @@ class ModelConfig:
 
     @property
     def n_sublayers(self) -> int:
+        """Sublayers in the whole model: blocks times sublayer kinds per block."""
         return self.n_layers * len(self.kinds)
 
 
@@ -117,14 +120,17 @@ class Site:
 
     @property
     def label(self) -> str:
+        """Trace label of the sublayer, e.g. ``3.attn``; ``readout`` for the read-out."""
         return names.label(self.block, self.kind)
 
     @property
     def depth(self) -> int:
+        """Depth index + 1: its output's source depth (embed = 0), and the T of its input's 1/T share."""
         return self.index + 1
 
     @property
     def n_sources(self) -> int:
+        """Sources written before this consumer reads: the embedding and every earlier sublayer output."""
         return self.index + 1
 
 
@@ -135,6 +141,7 @@ def sublayer_sites(cfg: ModelConfig) -> list[Site]:
 
 
 def readout_site(cfg: ModelConfig) -> Site:
+    """The read-out's site: block ``n_layers``, index = number of sublayers (all are written before it)."""
     return Site(cfg.n_layers, names.READOUT, cfg.n_sublayers)
 
 
@@ -147,14 +154,17 @@ class Consumer:
 
     @property
     def label(self) -> str:
+        """Trace label of the row: the site's, plus ``.view`` for one of several inputs (``3.attn.q``)."""
         return f"{self.site.label}.{self.view}" if self.view else self.site.label
 
     @property
     def hook_in(self) -> str:
+        """Hook name of the mixed input this row describes."""
         return names.mix_in(self.site.block, self.site.kind, self.view)
 
     @property
     def hook_weights(self) -> str:
+        """Hook name of this row's per-token delta-basis weights over the sources."""
         return names.mix_weights(self.site.block, self.site.kind, self.view)
 
 
@@ -263,6 +273,7 @@ class Scheme(abc.ABC):
 
     @classmethod
     def kinds(cls, options: Any) -> tuple[names.Kind, ...]:
+        """Sublayer kinds of one block in execution order; by default attention, then MLP."""
         return (names.ATTN, names.MLP)
 
     @classmethod
@@ -292,6 +303,7 @@ class Scheme(abc.ABC):
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
+        """The sublayer at ``site``: rotary causal attention or a GELU MLP, each applying its own pre-norm."""
         if site.kind == names.ATTN:
             return Attention(cfg.d_model, cfg.n_heads, cfg.ctx)
         if site.kind == names.MLP:
@@ -327,6 +339,7 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
 
 
 def scheme_names() -> list[str]:
+    """Names of the registered schemes, in registration order."""
     return list(_REGISTRY)
 
 
@@ -339,26 +352,47 @@ def get_scheme(name: str) -> type[Scheme]:
 
 
 def _convert(value: str, kind: Any, key: str) -> Any:
+    """One option value as the type its field declares: parsed from a string, or checked if already typed."""
     origin = typing.get_origin(kind)
     if origin is typing.Literal:
-        choices = typing.get_args(kind)
-        for c in choices:
-            if str(c) == str(value):
-                return c
-        raise ConfigError(f"option {key}={value!r} is not one of {', '.join(map(str, choices))}")
+        return _choice(value, kind, key)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(kind) if a is not type(None)]
-        if value in (None, "none", "None"):
-            return None
-        return _convert(value, args[0], key)
+        return _optional(value, kind, key)
     if not isinstance(value, str):
-        if kind is float and isinstance(value, int):
-            return float(value)
-        if kind is bool and not isinstance(value, bool):
-            raise ConfigError(f"option {key} must be true or false, got {value!r}")
-        if not isinstance(value, kind):
-            raise ConfigError(f"option {key} must be {kind.__name__}, got {value!r}")
-        return value
+        return _typed(value, kind, key)
+    return _parsed(value, kind, key)
+
+
+def _choice(value: Any, kind: Any, key: str) -> Any:
+    """The ``Literal`` choice whose string form is the value's."""
+    choices = typing.get_args(kind)
+    for c in choices:
+        if str(c) == str(value):
+            return c
+    raise ConfigError(f"option {key}={value!r} is not one of {', '.join(map(str, choices))}")
+
+
+def _optional(value: Any, kind: Any, key: str) -> Any:
+    """None for None, "none" or "None"; otherwise the value as the union's first type other than None."""
+    args = [a for a in typing.get_args(kind) if a is not type(None)]
+    if value in (None, "none", "None"):
+        return None
+    return _convert(value, args[0], key)
+
+
+def _typed(value: Any, kind: type, key: str) -> Any:
+    """A value given already typed: an int widened to float where a float is due, else checked as it is."""
+    if kind is float and isinstance(value, int):
+        return float(value)
+    if kind is bool and not isinstance(value, bool):
+        raise ConfigError(f"option {key} must be true or false, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"option {key} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _parsed(value: str, kind: type, key: str) -> Any:
+    """A value given as a string: a bool from 1/true/yes or 0/false/no (any case), else ``kind(value)``."""
     try:
         if kind is bool:
             if value.lower() in ("1", "true", "yes"):

@@ -74,6 +74,8 @@ Variant = Literal["v1", "v2", "v3", "dca"]
 
 @dataclass(frozen=True)
 class DCAOptions:
+    """The GRN variant (v1, v2, v3, or dca: three v3 for q, k, v) and k-DCA's k (None: the full stack)."""
+
     grn: Variant = "dca"
     k: int | None = None  # k-DCA: keep the last k outputs, sum the older ones; None = full stack
 
@@ -145,6 +147,7 @@ class GRN:
     decayed = ("w",)  # the gate's projection is the dynamic part; the static b keeps its init
 
     def init_grn(self, variant: Variant, n: int, d_model: int) -> None:
+        """Create b (ones: [n] for v1, [n, d_model] otherwise) and, for v3, w (zeros) and ``hook_gate``."""
         self.variant = variant
         self.b = nn.Parameter(torch.ones(n) if variant == "v1" else torch.ones(n, d_model))
         if variant == "v3":
@@ -189,11 +192,16 @@ class GRNMixer(GRN, Mixer):
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
+        """The GRN output g = sum_i c_i (*) g_i over the stack (v1, v2: c_i = b_i; v3: b_i + relu(w.N(g_i))).
+
+        The returned state carries g and the c_i: the MLP's skip and the base of its weights.
+        """
         x, coef = self.mix(*state.stacked())
         self.emit(lambda: delta_weights(coef, self.index, x))
         return self.hook_in(x), replace(state, x=x, coef=coef)  # the MLP's skip and its weights
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
+        """Keep the attention output: the MLP reads x_t + attn_out (only attention consumers write)."""
         return state.attn_written(out)
 
 
@@ -215,6 +223,10 @@ class DCAAttentionMixer(ViewsMixer):
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[tuple[Tensor, Tensor, Tensor], DCAState]:
+        """The (query, key, value) inputs: three GRN-v3 over the same stack, their gates in one product.
+
+        The query GRN's output and coefficients go on in the state as the MLP's skip (Sec. 3, Fig. 4).
+        """
         stack, inv = state.stacked()
         views = (self.q, self.k, self.v)
         gate = gates(torch.stack([view.w for view in views], dim=-1), stack, inv)  # [entry, batch, pos, view]
@@ -228,6 +240,7 @@ class DCAAttentionMixer(ViewsMixer):
         return tuple(out), replace(state, x=x, coef=coef)
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
+        """Keep the attention output: the MLP reads x_t + attn_out, x_t the query GRN's output."""
         return state.attn_written(out)
 
 
@@ -241,6 +254,7 @@ class SkipMixer(Mixer):
         self.register_buffer("index", torch.tensor(entry_of_source(cfg, site.block)), persistent=False)
 
     def read(self, state: DCAState) -> tuple[Tensor, DCAState]:
+        """The MLP reads x_t + attn_out: weights x_t's coefficients, plus 1 on this block's attention."""
         self.emit(lambda: self._weights(state))
         return self.hook_in(state.h), state
 
@@ -249,6 +263,7 @@ class SkipMixer(Mixer):
         return torch.cat([w, torch.ones_like(w[:, :, :1])], dim=2)  # + 1 on this block's attn output
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
+        """Push f_t = attn_out + mlp_out on the stack; in k-DCA the oldest kept output may join the sum."""
         f = state.attn_out + out
         entries = state.entries + [f]
         inv = state.inv_rms + [entry_inv_rms(f)] if self.gated else []
@@ -277,14 +292,17 @@ class DCA(Scheme):
 
     @classmethod
     def is_static(cls, options: DCAOptions) -> bool:
+        """True for v1 and v2 (static b only); v3 and dca add input-dependent gates."""
         return options.grn in ("v1", "v2")
 
     @classmethod
     def views(cls, options: DCAOptions, kind: str) -> tuple[str, ...]:
+        """The attention of dca reads three inputs, q, k and v; every other consumer one."""
         return ("q", "k", "v") if options.grn == "dca" and kind == names.ATTN else ()
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse an unknown GRN variant, and a k that is neither None nor a positive integer."""
         opts = cfg.options
         if opts.grn not in typing.get_args(Variant):
             choices = ", ".join(typing.get_args(Variant))
@@ -294,10 +312,14 @@ class DCA(Scheme):
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> DCAState:
+        """The stack G_0 = [x] (the embedding), with its inverse RMS for the gated variants (v3, dca)."""
         return DCAState([x0], [entry_inv_rms(x0)] if gated(cfg) else [])
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer | ViewsMixer:
+        """A ``SkipMixer`` for each MLP, the three-view ``DCAAttentionMixer`` for dca's attention, and a
+        single ``GRNMixer`` for the other attentions and every read-out (a v3 for dca's).
+        """
         if site.kind == names.MLP:
             return SkipMixer(cfg, site)
         if site.kind == names.ATTN and cfg.options.grn == "dca":

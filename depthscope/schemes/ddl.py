@@ -81,6 +81,7 @@ class Gate(nn.Module):
         self.bias = nn.Parameter(torch.zeros(()))
 
     def forward(self, x: Tensor) -> Tensor:
+        """Beta [batch, pos] for the stream x: 2 sigmoid(w . RMSNorm(x) + b), in at least float32."""
         logit = rms_norm(x) @ self.weight + self.bias  # [batch, pos]
         dtype = torch.promote_types(logit.dtype, torch.float32)  # float32 at least (bf16 training)
         return (2 * torch.sigmoid(logit.to(dtype))).to(x.dtype)
@@ -100,10 +101,12 @@ class DeltaSublayer(nn.Module):
 
     @property
     def out_proj(self) -> nn.Linear:
+        """The wrapped branch's output projection."""
         # the model's init scales the branch's output projection like any sublayer's
         return self.branch.out_proj
 
     def forward(self, x: Tensor) -> Tensor:
+        """The increment beta k (v - k^T x) of the stream x, with o = f(x), v = |o|, k = o / max(|o|, eps)."""
         o = self.hook_branch(self.branch(x))
         beta = self.hook_beta(self.gate(x))
         v = o.norm(dim=-1)  # [batch, pos]; v = k^T o
@@ -125,18 +128,24 @@ class DDL(Scheme):
 
     @classmethod
     def is_static(cls, options) -> bool:
+        """Always: unit weights on the increments; the input-dependent gates live inside them."""
         return True  # unit weights on the increments; the gates live inside them
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
+        """The attention or MLP wrapped in a ``DeltaSublayer``, which returns the delta-rule increment."""
         return DeltaSublayer(super().sublayer(cfg, site), cfg.d_model)
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:
+        """The stream x_0 is the embedding, one source (the weights need no bookkeeping: all ones)."""
         return SumState(x0, 1)
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """Every consumer reads the stream x_l (``SumMixer``), and x_{l+1} = x_l + beta k (v - k^T x_l) is
+        the sum plus the increment its sublayer returns.
+        """
         return SumMixer(cfg, site)
 
     @classmethod

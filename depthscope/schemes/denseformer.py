@@ -42,6 +42,8 @@ from depthscope.schemes.base import Mixer, ModelConfig, Scheme, Site, register
 
 @dataclass(frozen=True)
 class DenseFormerOptions:
+    """Dilation k and period p of a k x p DenseFormer (Sec. 3.2); 1 x 1 is the full DenseFormer."""
+
     dilation: int = 1  # k: DWA_i averages the X_j with j = i (mod k)
     period: int = 1  # p: a DWA only after blocks i (1-based) with p | i
 
@@ -85,6 +87,9 @@ class DWAMixer(Mixer):
             self.alpha = nn.Parameter(alpha)
 
     def read(self, state: DenseState) -> tuple[Tensor, DenseState]:
+        """Attention and read-out of block b read Y_b = DWA_b(X_0..X_b) (Sec. 3; X_b where no DWA follows
+        block b), which becomes the block's stream; the MLP reads that stream plus attn_out.
+        """
         if self.site.kind == names.MLP:
             h, coef = state.h, state.h_coef
         else:  # Y_b: the stream this block adds into, handed to write with the state
@@ -108,6 +113,7 @@ class DWAMixer(Mixer):
         return y, coef
 
     def write(self, state: DenseState, out: Tensor) -> DenseState:
+        """Add the output to the block's stream; after the MLP it is X_{b+1} = Y_b + attn_out + mlp_out."""
         h = state.h + out
         h_coef = None if state.coef is None else torch.cat([state.h_coef, state.h_coef.new_ones(1)])
         if self.site.kind == names.ATTN:
@@ -132,10 +138,12 @@ class DenseFormer(Scheme):
 
     @classmethod
     def is_static(cls, options) -> bool:
+        """Always: the DWA weights are learned scalars, the same for every token."""
         return True
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse a dilation or period that is not a positive integer."""
         for key in ("dilation", "period"):
             value = getattr(cfg.options, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -143,11 +151,15 @@ class DenseFormer(Scheme):
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> DenseState:
+        """The block outputs start as [X_0], the embedding; with ``track``, X_0's coefficients [1]."""
         coef = [x0.new_ones(1)] if track else None
         return DenseState([x0], None, coef, None)
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """A ``DWAMixer`` for every consumer: DWA_b before block b's attention and at the read-out (b = D)
+        where the period puts one, a pass-through elsewhere.
+        """
         return DWAMixer(cfg, site)
 
     @classmethod

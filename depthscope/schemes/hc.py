@@ -72,6 +72,8 @@ from depthscope.schemes.base import (
 
 @dataclass(frozen=True)
 class HCOptions:
+    """Expansion rate n (the number of streams) and static (SHC) or dynamic (DHC) hyper-connections."""
+
     streams: int = 4  # expansion rate n
     mode: Literal["dynamic", "static"] = "dynamic"
 
@@ -118,6 +120,7 @@ def thin_matmul(w: Tensor, x: Tensor) -> Tensor:
 
 
 def tracked(state: Streams) -> Tensor:
+    """The delta-basis coefficients C of ``state``; RuntimeError if the forward started without ``track``."""
     if state.coef is None:
         raise RuntimeError("delta-basis weights need the forward to start with track=True")
     return state.coef
@@ -168,11 +171,19 @@ class StreamMixer(Mixer):
         return x.squeeze(-2), Pending(carried, mix[..., 0], mix[..., 1:], post)
 
     def read(self, state: Streams) -> tuple[Tensor, Streams]:
+        """The width connection h_in = sum_s pre_s h_s (HC: pre = A_m), weights sum_s pre_s C[s, :].
+
+        The carried streams sum_s res[s, t] h_s and the matrices travel to ``write`` as ``pending``.
+        """
         x, p = self._mix(state)
         self.emit(lambda: (p.pre.unsqueeze(-2).to(tracked(state).dtype) @ tracked(state)).squeeze(-2))
         return self.hook_in(x), replace(state, pending=p)
 
     def write(self, state: Streams, out: Tensor) -> Streams:
+        """The depth connection h'_t = sum_s res[s, t] h_s + post_t out (HC: res = A_r, post = B).
+
+        Tracked, the coefficients become res^T C with the column ``post`` appended for the new source.
+        """
         p = state.pending
         lead, n, d = out.shape[:-1], self.n, out.shape[-1]
         # carried + post (x) out as one batched outer product: much faster to differentiate than
@@ -187,6 +198,7 @@ class StreamReadout(Mixer):
     """The read-out: the streams summed (weights: the coefficients summed over streams)."""
 
     def read(self, state: Streams) -> tuple[Tensor, Streams]:
+        """The streams summed, sum_s h_s (weights: C summed over the streams); the read-out never writes."""
         self.emit(lambda: tracked(state).sum(-2))
         return self.hook_in(state.h.sum(-2)), state
 
@@ -213,6 +225,7 @@ class HyperConnection(StreamMixer):
             self.s_beta = nn.Parameter(torch.tensor(0.01))
 
     def coefficients(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """[A_m | A_r] and B; dynamic HC adds s_a tanh(H_bar [W_m | W_r]) and s_b tanh(H_bar W_b)."""
         static = torch.cat([self.a_m.unsqueeze(-1), self.a_r], dim=-1)  # [stream, 1 + stream]
         if not self.dynamic:
             return static, self.b
@@ -246,14 +259,17 @@ class StreamScheme(Scheme):
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> Streams:
+        """H^0 = n copies of the embedding; with ``track``, coefficients of ones on the embedding."""
         return expand_streams(x0, cfg.options.streams, track)
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """The scheme's ``connection`` module for each attention and MLP; the read-out sums the streams."""
         return StreamReadout(cfg, site) if site.kind == names.READOUT else cls.connection(cfg, site)
 
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
+        """Token means of the stream matrices of every sublayer: ``hc_pre``, ``hc_res``, ``hc_post``."""
         return stream_native_hooks(cfg)
 
 
@@ -268,11 +284,13 @@ class HC(StreamScheme):
 
     @classmethod
     def is_static(cls, options: HCOptions) -> bool:
+        """True for static HC (SHC), whose A_m, A_r, B are constants; dynamic HC's depend on the streams."""
         return options.mode == "static"
 
     connection = HyperConnection
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse fewer than 1 stream."""
         if cfg.options.streams < 1:
             raise ConfigError(f"hc streams must be at least 1, got {cfg.options.streams}")

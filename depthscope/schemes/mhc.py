@@ -66,6 +66,8 @@ from depthscope.schemes.hc import StreamMixer, StreamScheme, thin_matmul
 
 @dataclass(frozen=True)
 class MHCOptions:
+    """Expansion rate n (the number of streams) and the rounds of Sinkhorn-Knopp (20, as the paper)."""
+
     streams: int = 4  # expansion rate n
     sinkhorn_iters: int = 20
 
@@ -140,6 +142,9 @@ class ManifoldHyperConnection(StreamMixer):
         self.b_res = nn.Parameter(torch.eye(n))
 
     def coefficients(self, h: Tensor) -> tuple[Tensor, Tensor]:
+        """H_pre = sigmoid(H~_pre), H_res = Sinkhorn-Knopp(H~_res) and H_post = 2 sigmoid(H~_post), from
+        x' = RMSNorm(vec(H)), each H~ = a (x' phi) + b; the constraints in at least float32.
+        """
         n, lead = self.n, h.shape[:-2]
         flat = h.flatten(-2)  # [batch, pos, stream * d_model]
         # RMSNorm(x) phi = (x phi) / rms(x): scale the small product, not the streams
@@ -168,6 +173,7 @@ class MHC(StreamScheme):
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse fewer than 2 streams (the init breaks stream symmetry) or fewer than 1 Sinkhorn round."""
         if cfg.options.streams < 2:
             raise ConfigError(
                 f"mhc needs at least 2 streams (its init breaks stream symmetry), got {cfg.options.streams}"

@@ -39,6 +39,7 @@ class Block(nn.Module):
             self.add_module(f"hook_{kind}_out", HookPoint())  # [batch, pos, d_model]
 
     def forward(self, state: Any) -> Any:
+        """Each sublayer kind in turn: its mixer reads the state, the sublayer runs, the mixer writes back."""
         for kind in self.kinds:
             mixer = getattr(self, f"{kind}_mix")
             inp, state = mixer.read(state)
@@ -70,6 +71,7 @@ class DepthModel(HookedRootModule):
 
     @property
     def scheme(self):
+        """The scheme class of the model's config."""
         return get_scheme(self.cfg.scheme)
 
     def _init_weights(self) -> None:
@@ -82,6 +84,11 @@ class DepthModel(HookedRootModule):
                 init_sublayer(getattr(block, kind), self.cfg.n_sublayers)
 
     def forward(self, tokens: Tensor) -> Tensor:
+        """Logits [batch, pos, 256] of bytes [batch, pos]: the scheme's depth state from the embedding through
+        every block, then the read-out mix, the final norm and the unembedding.
+
+        Delta-basis bookkeeping is switched on only when a ``hook_weights`` has a listener.
+        """
         if tokens.dtype != torch.long or tokens.ndim != 2:
             raise ValueError(f"expected LongTensor [batch, pos], got {tokens.dtype} {tuple(tokens.shape)}")
         if tokens.shape[1] > self.cfg.ctx:
@@ -95,6 +102,7 @@ class DepthModel(HookedRootModule):
         return self.unembed(self.ln_final(h))
 
     def n_params(self) -> int:
+        """Number of parameters, the mixers' included."""
         return sum(p.numel() for p in self.parameters())
 
     def save(self, path: str | Path, *, dtype: torch.dtype | None = None) -> Path:

@@ -57,6 +57,8 @@ from depthscope.schemes.standard import SumMixer, SumState, ones_weights
 
 @dataclass(frozen=True)
 class ShortSWAOptions:
+    """The axis ShortSWA runs over (depth or sequence) and its window: K depth states or w positions."""
+
     axis: Literal["depth", "sequence"] = "depth"
     window: int = 4  # depth: K states (embedding included); sequence: w positions (itself included)
 
@@ -91,6 +93,9 @@ class DepthWindow(Mixer):
         self.hook_window = HookPoint()  # [batch, pos, window]
 
     def read(self, state: WindowState) -> tuple[Tensor, WindowState]:
+        """z^(l) = softmax(q k^T / sqrt(d_k)) V over the last K_l states: ``hook_in`` gets the depth mix
+        u = sum_j alpha_j h^(j), the sublayer u W_V (K_l = 1: u = h^(l)).
+        """
         if self.size == 1:
             u = state.x
             if listening(self.hook_window):
@@ -113,6 +118,7 @@ class DepthWindow(Mixer):
         return self.hook_in(u) @ self.W_V, state
 
     def write(self, state: WindowState, out: Tensor) -> WindowState:
+        """h^(l+1) = h^(l) + o_l; keep the last K states (with their RMS norms) and the last K - 1 outputs."""
         x = state.x + out
         keep = max(0, len(state.states) + 1 - self.window)  # the last K states and K - 1 outputs
         return WindowState(
@@ -140,14 +146,17 @@ class ShortSWA(Scheme):
 
     @classmethod
     def is_static(cls, options: ShortSWAOptions) -> bool:
+        """True over the sequence (depth is a plain residual there); depth windows are input-dependent."""
         return options.axis == "sequence"  # depth windows are input-dependent softmaxes
 
     @classmethod
     def kinds(cls, options: ShortSWAOptions) -> tuple[names.Kind, ...]:
+        """Per block: (swa, attn, mlp) over the sequence, (attn, mlp) over depth."""
         return (names.SWA, names.ATTN, names.MLP) if options.axis == "sequence" else (names.ATTN, names.MLP)
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse a window below 1, and a window over the sequence longer than ctx."""
         window = cfg.options.window
         if window < 1:
             raise ConfigError(f"shortswa window must be at least 1, got {window}")
@@ -158,6 +167,7 @@ class ShortSWA(Scheme):
 
     @classmethod
     def trace_attrs(cls, cfg: ModelConfig) -> dict[str, str]:
+        """Over depth, ``consumer_input``: a sublayer's row is u (``hook_in``), not the u W_V it receives."""
         if cfg.options.axis == "sequence":
             return {}
         return {
@@ -168,18 +178,23 @@ class ShortSWA(Scheme):
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:
+        """The ``swa`` sublayer is rotary causal attention over the last w positions; the others as usual."""
         if site.kind == names.SWA:
             return Attention(cfg.d_model, cfg.n_heads, cfg.ctx, window=cfg.options.window)
         return super().sublayer(cfg, site)
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:
+        """The running sum h^(0) = embedding; over depth, with the window [h^(0)] and its RMS norm."""
         if cfg.options.axis == "sequence":
             return SumState(x0, 1)
         return WindowState(x0, 1, [x0], [rms_norm(x0)])
 
     @classmethod
     def mixer(cls, cfg: ModelConfig, site: Site) -> Mixer:
+        """Over depth a ``DepthWindow`` per sublayer; the read-out, and over the sequence every consumer,
+        reads the running sum (``SumMixer``).
+        """
         if cfg.options.axis == "sequence" or site.kind == names.READOUT:
             return SumMixer(cfg, site)  # the read-out takes the final state h^(L)
         return DepthWindow(cfg, site)

@@ -29,10 +29,12 @@ class SumMixer(Mixer):
     """Reads the running sum; writes by adding the output."""
 
     def read(self, state: SumState) -> tuple[Tensor, SumState]:
+        """The input is the running sum x_l itself; its weights are 1 on each of the n sources."""
         self.emit(lambda: ones_weights(state.x, state.n))
         return self.hook_in(state.x), state
 
     def write(self, state: SumState, out: Tensor) -> SumState:
+        """x_{l+1} = x_l + f_l(Norm(x_l)): the output joins the sum as one more source."""
         return SumState(state.x + out, state.n + 1)
 
 
@@ -45,14 +47,17 @@ class Standard(Scheme):
 
     @classmethod
     def is_static(cls, options) -> bool:
+        """Always: every weight is 1, for every token."""
         return True
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:
+        """The running sum starts as the embedding, one source (no bookkeeping: every weight is 1)."""
         return SumState(x0, 1)
 
     @classmethod
     def mixer(cls, cfg, site) -> Mixer:
+        """Every consumer, read-out included, reads the running sum (``SumMixer``)."""
         return SumMixer(cfg, site)
 
 

@@ -212,4 +212,5 @@ def from_format_1(trace: xr.Dataset) -> xr.Dataset:
 
 
 def config_json(cfg) -> str:
+    """A model config as a trace's ``config`` attr: a dict as JSON, sorted keys; else ``cfg.to_json()``."""
     return json.dumps(cfg, sort_keys=True) if isinstance(cfg, dict) else cfg.to_json()

@@ -53,6 +53,7 @@ class Collection:
     seed: int = 0
 
     def names(self) -> list[str]:
+        """The entries' names, in the collection's order."""
         return [e.name for e in self.entries]
 
 

@@ -79,11 +79,13 @@ def from_saved(args: dict) -> Any:
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is an ``AttnResTransformer`` (there is none until ``attn_res.main`` is imported)."""
     package = sys.modules.get("attn_res.main")  # an AttnResTransformer exists only once it is imported
     return package is not None and isinstance(model, package.AttnResTransformer)
 
 
 def mode_of(model: Any) -> str:
+    """The model's AttnRes mode: "full", "block" or "none"."""
     return str(model.cfg.attn_res_mode.value)  # "full", "block" or "none"
 
 
@@ -105,6 +107,7 @@ def entry_of_source(index: int, size: int) -> list[int]:
 
 
 def n_entries(index: int, size: int) -> int:
+    """Softmax entries sublayer ``index`` reads: the embedding, one per (partial) group of earlier outputs."""
     return 1 + -(-index // size)
 
 
@@ -113,6 +116,9 @@ def _label(i: int) -> str:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of an ``AttnResTransformer``: each sublayer's entry weights recomputed from its
+    operator's input (unit weights in mode none), the read-out a plain sum.
+    """
     if not detect(model):
         raise DepthscopeError(f"attn-res: expected an AttnResTransformer, got a {type(model).__name__}")
     cfg, mode = model.cfg, mode_of(model)

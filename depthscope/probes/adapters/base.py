@@ -181,6 +181,7 @@ def installed_version(package: str | None) -> str | None:
 
 
 def call_model(model: Any, tokens: Tensor) -> Any:
+    """The default forward of an adapter: ``model(tokens)``."""
     return model(tokens)
 
 
@@ -205,10 +206,12 @@ class Head:
 
     @property
     def W_U(self) -> Tensor:  # noqa: N802 (the usual name)
+        """The unembedding's weight [vocab, d_model]."""
         return self.unembed.weight
 
     @property
     def b_U(self) -> Tensor | None:  # noqa: N802
+        """The unembedding's bias [vocab], or None."""
         return getattr(self.unembed, "bias", None)
 
     def normalise(self, h: Tensor) -> Tensor:

@@ -66,6 +66,7 @@ BASE_CLASS = "BeamModel"
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers Beam model (``model_type`` beam, with a ``BeamModel`` inside)."""
     return (
         pretrained(model)
         and getattr(model.config, "model_type", None) in MODEL_TYPES
@@ -89,6 +90,9 @@ def unrolled_weights(indices: list[int]) -> list[list[float]]:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a Beam model: static weights 1/sqrt(K), unrolled from the layers' add indices, sent
+    as each consumer's input arrives.
+    """
     p = prefix_of(model, BASE_CLASS, FAMILY)
     base = model.get_submodule(p.rstrip(".")) if p else model
     cfg = base.config

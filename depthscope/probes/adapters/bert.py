@@ -49,6 +49,7 @@ MODEL_TYPES = ("bert",)  # model_type of the post-LN encoders this adapter reads
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers post-LN encoder (``model_type`` in ``MODEL_TYPES``)."""
     return pretrained(model) and getattr(model.config, "model_type", None) in MODEL_TYPES
 
 
@@ -57,6 +58,9 @@ def _prefix(model: Any) -> str:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a BERT-like encoder: embeddings, sublayer outputs and LayerNorm biases as sources;
+    each consumer gets its terms propagated through the LayerNorms before it.
+    """
     cfg = model.config
     n = cfg.num_hidden_layers
     # in the order the model computes them (the terms are kept in that order)

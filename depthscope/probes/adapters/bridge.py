@@ -34,6 +34,7 @@ HINT = (
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a TransformerLens ``TransformerBridge``."""
     try:
         from transformer_lens import TransformerBridge
     except ImportError:  # pragma: no cover - transformer-lens is a dependency
@@ -42,6 +43,9 @@ def detect(model: Any) -> bool:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a bridge with a pre-norm residual: unit weights, consumers at the norms' inputs
+    where the bridge has them (else the resid hooks); TraceError if a hook it needs is missing.
+    """
     cfg = model.cfg
     n = cfg.n_layers
     available = set(model.hook_dict)

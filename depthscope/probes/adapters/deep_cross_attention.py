@@ -91,6 +91,7 @@ def from_saved(args: dict) -> Any:
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a ``DCAGPT`` (none exists until ``deep_cross_attention.dca_gpt`` is imported)."""
     package = sys.modules.get("deep_cross_attention.dca_gpt")  # a DCAGPT exists only once it is imported
     return package is not None and isinstance(model, package.DCAGPT)
 
@@ -129,6 +130,9 @@ def _check(model: Any) -> int:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a ``DCAGPT``: rows q, k, v and the MLP per block, then the read-out, with weights
+    from each GRN's ``to_aggregate`` output and bias; DepthscopeError for a model it cannot read.
+    """
     if not detect(model):
         raise DepthscopeError(f"deep-cross-attention: expected a DCAGPT, got a {type(model).__name__}")
     k = _check(model)

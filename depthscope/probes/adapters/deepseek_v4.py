@@ -84,6 +84,7 @@ BASE_CLASS = "DeepseekV4Model"
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers DeepSeek-V4 model (with a ``DeepseekV4Model`` inside)."""
     return (
         pretrained(model)
         and getattr(model.config, "model_type", None) in MODEL_TYPES
@@ -92,6 +93,9 @@ def detect(model: Any) -> bool:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a DeepSeek-V4 model: weights unrolled per token from the mHC streams, ``pre``,
+    ``post`` and ``comb`` kept as native quantities, the Sinkhorn and composite checks as attrs.
+    """
     p = prefix_of(model, BASE_CLASS, FAMILY)
     cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
     n = cfg.num_hidden_layers

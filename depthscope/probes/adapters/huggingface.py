@@ -90,6 +90,7 @@ MODEL_TYPES = tuple(LAYOUTS)  # config.model_type of the models this adapter rea
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers model of a pre-norm decoder type that ``LAYOUTS`` knows."""
     return pretrained(model) and getattr(model.config, "model_type", None) in LAYOUTS
 
 
@@ -102,6 +103,9 @@ def base_prefix(model: Any, layout: DecoderLayout) -> str:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a pre-norm decoder from its ``DecoderLayout``: unit weights; with a parallel
+    residual the MLP's row leaves out its own block's attention output.
+    """
     cfg = model.config
     layout = LAYOUTS[cfg.model_type]
     p = base_prefix(model, layout)

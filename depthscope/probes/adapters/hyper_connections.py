@@ -170,6 +170,7 @@ def _found(model: Any) -> list[tuple[str, nn.Module, str]]:
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` holds any of the package's HC, mHC or mHCv2 modules."""
     return bool(_found(model))
 
 
@@ -409,6 +410,9 @@ def _config(p: Plan) -> dict[str, Any]:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a network using the package's modules, from its ``plan``: weights unrolled per token
+    from the streams, the read-out the streams summed; DepthscopeError for a network it cannot read.
+    """
     p = plan(model)
     initial = _initial_sources(p)
     srcs = [SourceSpec(label, label, names.EMBED, 0) for label in initial]

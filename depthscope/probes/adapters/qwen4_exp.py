@@ -88,6 +88,7 @@ SUBLAYER_NATIVE = ("read_gate", "read_scale", "inject_gate")  # per stream; the 
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers Qwen4-Exp model (with a ``Qwen4ExpTextModel`` inside)."""
     return (
         pretrained(model)
         and getattr(model.config, "model_type", None) in MODEL_TYPES
@@ -101,6 +102,9 @@ def ple_layers(cfg: Any) -> list[int]:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a Qwen4-Exp model: per-feature weights unrolled per token from the gated reads, and
+    each PLE layer's n-gram value and per-stream convolution terms as sources.
+    """
     p = prefix_of(model, BASE_CLASS, FAMILY)
     base = model.get_submodule(p.rstrip(".")) if p else model
     cfg = base.config

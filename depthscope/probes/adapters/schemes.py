@@ -22,10 +22,14 @@ TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's m
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is one of depthscope's own ``DepthModel``s."""
     return isinstance(model, DepthModel)
 
 
 def build(model: DepthModel) -> Adapter:
+    """The adapter of a ``DepthModel``: its scheme's sources, consumers (weights from each mixer's
+    ``hook_weights``) and native hooks; its checkpoint's step, tokens and loss as attrs when it has them.
+    """
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
     cons = [

@@ -43,6 +43,7 @@ class StreamUnroll:
 
     @property
     def n_sources(self) -> int:
+        """Sources written so far (the coefficients' last dimension)."""
         return self.coef.shape[-1]
 
     def read(self, pre: Tensor) -> Tensor:

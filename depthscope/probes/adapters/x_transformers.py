@@ -116,6 +116,7 @@ def from_saved(args: dict) -> Any:
 
 
 def detect(model: Any) -> bool:
+    """Whether ``model`` is a TransformerWrapper whose layers use layer integrators or HyperConnections."""
     xt = _xt()
     if xt is None:
         return False
@@ -206,6 +207,9 @@ def h_res_all_ones(hc: Any) -> bool:
 
 
 def build(model: Any) -> Adapter:
+    """The adapter of a TransformerWrapper with one depth-mixing option (HC, AttentionResidual, LIMe);
+    DepthscopeError for what it cannot decompose, a warning for HC's H_res defect.
+    """
     if not detect(model):
         raise DepthscopeError(
             f"x-transformers: expected a TransformerWrapper with hyper-connections, attention residuals or "
@@ -334,6 +338,10 @@ class _State:
         self.query: Tensor | None = None
         self.dtype = torch.float32
 
+    def stash_query(self, q: Tensor) -> None:
+        """Keep an AttentionResidual's query (its ``norm`` output) for the keys that follow."""
+        self.query = q
+
     def state_weights(self, rows: list[str], w: Tensor, name: str) -> None:
         """Weights over states [view, batch, pos, state] -> each view's delta-basis weights and native."""
         for row, wv in zip(rows, w):
@@ -342,16 +350,62 @@ class _State:
             self.send(f"{row}.{name}", torch.nn.functional.pad(wv, (0, pad), value=math.nan))
 
 
+ROOT = "attn_layers"  # the module path of the AttentionLayers inside a TransformerWrapper
+
+
 @contextlib.contextmanager
 def _attach(model: Any, taps: list[tuple[str, Callback]], opt: str, views: list[int]):
+    """The engine's taps as hooks on the model's modules (``_hooks``), removed when the block ends."""
     layers = model.attn_layers
     state = _State(taps, len(layers.layers))
     sublayers = labels(layers)
     rows = [_rows(label, v) for label, v in zip(sublayers, views)]
-    root = "attn_layers"
+    with module_attach(model, _hooks(layers, state, opt, sublayers, rows)):
+        yield
 
-    def forward_to(key: str):
-        return lambda t: state.send(key, t)
+
+def _hooks(
+    layers: Any, state: _State, opt: str, sublayers: list[str], rows: list[list[str]]
+) -> list[tuple[str, Callback]]:
+    """Module taps in execution order: the embedding, per sublayer its option's weights, its input
+    and its output, then the read-out.
+    """
+    hooks = [(f"{ROOT}:in", _embed_hook(state, layers, opt))]
+    for i in range(len(layers.layers)):
+        p = f"{ROOT}.layers.{i}"
+        hooks += _weight_hooks(layers, state, opt, i, rows[i])
+        hooks += [
+            (f"{p}.0.0:in", _input_hook(state, rows[i])),
+            (f"{p}.2:in", _forward_to(state, sublayers[i])),
+        ]
+    hooks.append((f"{ROOT}.final_norm:in", _readout_hook(state, opt)))
+    return hooks
+
+
+def _weight_hooks(
+    layers: Any, state: _State, opt: str, i: int, rows: list[str]
+) -> list[tuple[str, Callback]]:
+    """The taps that give sublayer ``i``'s weights: its HC's norm output, its LIMe weights, or its
+    AttentionResidual's query and keys.
+    """
+    if opt == HC:
+        return [(f"{ROOT}.layers.{i}.2.norm:out", _hyper_hook(state, layers.layers[i][2], rows))]
+    integrator = f"{ROOT}.layer_integrators.{i}"
+    if opt == LIME:
+        return [(f"{integrator}.to_weights:out", _lime_hook(state, rows))]
+    return [
+        (f"{integrator}.norm:out", state.stash_query),
+        (f"{integrator}.to_keys:out", _attnres_hook(state, layers.layer_integrators[i], rows)),
+    ]
+
+
+def _forward_to(state: _State, key: str) -> Callback:
+    """A tap handing its tensor to the engine's callbacks under ``key`` (and back any replacement)."""
+    return lambda t: state.send(key, t)
+
+
+def _embed_hook(state: _State, layers: Any, opt: str) -> Callback:
+    """The embedding starts a batch: sent as a source, and for HC the stream embeddings and the unrolling."""
 
     def embed(x: Tensor) -> None:
         state.dtype = x.dtype
@@ -363,63 +417,61 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], opt: str, views: list[
             init = torch.cat([torch.ones(streams, 1), torch.eye(streams)], dim=1)  # embed + own stream_emb
             state.unroll = StreamUnroll.start(tuple(x.shape[:2]), streams, init, device=x.device)
 
-    def consumer_input(i: int):
-        def hook(x: Tensor) -> Tensor | None:
-            parts = [x] if x.ndim == 3 else list(x)  # [view, batch, pos, d_model] when several
-            new = [state.send(f"{row}.in", part) for row, part in zip(rows[i], parts)]
-            if all(n is None for n in new):
-                return None
-            new = [p if n is None else n for p, n in zip(parts, new)]  # a replacement (ablation)
-            return new[0] if x.ndim == 3 else torch.stack(new)
+    return embed
 
-        return hook
 
-    def hyper(i: int):
-        hc = layers.layers[i][2]
+def _input_hook(state: _State, rows: list[str]) -> Callback:
+    """A sublayer's input, one tensor or [view, batch, pos, d_model], sent per row; replaced if a
+    callback returns a replacement (ablation).
+    """
 
-        def hook(normed: Tensor) -> None:
-            pre, beta = hc_weights(hc, normed)
-            streams = pre.shape[-2]
-            res = pre.new_ones(*pre.shape[:2], streams, streams)  # the defect: H_res = ones
-            for v, row in enumerate(rows[i]):
-                state.send(f"{row}.w", state.unroll.read(pre[..., v]).to(state.dtype))
-                state.send(f"{row}.hc_pre", pre[..., v])
-            state.send(f"{rows[i][0]}.hc_post", beta)
-            state.send(f"{rows[i][0]}.hc_res", res)
-            state.unroll.write(res, beta)
+    def hook(x: Tensor) -> Tensor | None:
+        parts = [x] if x.ndim == 3 else list(x)  # [view, batch, pos, d_model] when several
+        new = [state.send(f"{row}.in", part) for row, part in zip(rows, parts)]
+        if all(n is None for n in new):
+            return None
+        new = [p if n is None else n for p, n in zip(parts, new)]  # a replacement (ablation)
+        return new[0] if x.ndim == 3 else torch.stack(new)
 
-        return hook
+    return hook
+
+
+def _hyper_hook(state: _State, hc: Any, rows: list[str]) -> Callback:
+    """From an HC's normalised streams: H_pre per view unrolled into weights, beta, H_res = ones (the
+    defect), then the write.
+    """
+
+    def hook(normed: Tensor) -> None:
+        pre, beta = hc_weights(hc, normed)
+        streams = pre.shape[-2]
+        res = pre.new_ones(*pre.shape[:2], streams, streams)  # the defect: H_res = ones
+        for v, row in enumerate(rows):
+            state.send(f"{row}.w", state.unroll.read(pre[..., v]).to(state.dtype))
+            state.send(f"{row}.hc_pre", pre[..., v])
+        state.send(f"{rows[0]}.hc_post", beta)
+        state.send(f"{rows[0]}.hc_res", res)
+        state.unroll.write(res, beta)
+
+    return hook
+
+
+def _readout_hook(state: _State, opt: str) -> Callback:
+    """The final norm's input; for HC also the unrolled read-out weights (the streams summed)."""
 
     def readout(x: Tensor) -> Tensor | None:
         if opt == HC:
             state.send("readout.w", state.unroll.readout().to(state.dtype))
         return state.send("readout.in", x)
 
-    def lime(i: int):
-        return lambda w: state.state_weights(rows[i], w.double(), "lime_weight")
+    return readout
 
-    def stash_query(q: Tensor) -> None:
-        state.query = q
 
-    def attnres(i: int):
-        scale = float(layers.layer_integrators[i].scale)
-        return lambda keys: state.state_weights(
-            rows[i], depth_softmax(state.query, keys, scale), "attnres_alpha"
-        )
+def _lime_hook(state: _State, rows: list[str]) -> Callback:
+    """DynamicLIMe's ``to_weights`` output [view, batch, pos, state], as weights over states."""
+    return lambda w: state.state_weights(rows, w.double(), "lime_weight")
 
-    hooks = [(f"{root}:in", embed)]
-    for i in range(len(layers.layers)):
-        p = f"{root}.layers.{i}"
-        if opt == HC:
-            hooks.append((f"{p}.2.norm:out", hyper(i)))
-        elif opt == LIME:
-            hooks.append((f"{root}.layer_integrators.{i}.to_weights:out", lime(i)))
-        else:
-            hooks += [
-                (f"{root}.layer_integrators.{i}.norm:out", stash_query),
-                (f"{root}.layer_integrators.{i}.to_keys:out", attnres(i)),
-            ]
-        hooks += [(f"{p}.0.0:in", consumer_input(i)), (f"{p}.2:in", forward_to(sublayers[i]))]
-    hooks.append((f"{root}.final_norm:in", readout))
-    with module_attach(model, hooks):
-        yield
+
+def _attnres_hook(state: _State, integrator: Any, rows: list[str]) -> Callback:
+    """AttentionResidual's keys, with the query stashed before them, as softmax weights over states."""
+    scale = float(integrator.scale)
+    return lambda keys: state.state_weights(rows, depth_softmax(state.query, keys, scale), "attnres_alpha")
