@@ -105,8 +105,14 @@ SkipOpt = Annotated[
 
 
 LogitsOpt = Annotated[
+    bool, typer.Option(help="Also direct logit attribution per source (checked to add up to the logits).")
+]
+LensOpt = Annotated[
     bool,
-    typer.Option(help="Also direct logit attribution per source (checked to add up) and the logit lens."),
+    typer.Option(
+        help="Also the logit lens: every consumer's input decoded by the final norm and unembedding (one LM "
+        "head product per consumer: about a dozen forwards of a small LM)."
+    ),
 ]
 AblateOpt = Annotated[
     Literal["sources", "cells"] | None,
@@ -299,6 +305,7 @@ def capture(
         bool, typer.Option(help="Also keep each source's output covariance spectrum (for `depthscope rank`).")
     ] = False,
     logits: LogitsOpt = False,
+    lens: LensOpt = False,
     ablate: AblateOpt = None,
     ablate_mean: AblateMeanOpt = False,
     ablate_tokens: AblateTokensOpt = None,
@@ -351,6 +358,7 @@ def capture(
         skip_positions=skip_positions,
         rank=rank,
         logits=logits,
+        lens=lens,
         ablate=ablate,
         ablate_mean=ablate_mean,
         ablate_tokens=ablate_tokens,

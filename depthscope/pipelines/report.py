@@ -71,7 +71,9 @@ class ReportSettings:
         """The capture settings of one model (``own``: one of depthscope's own)."""
         logits = self.logits == "on" or (self.logits == "auto" and own)
         ablate = {"auto": "cells" if own else None, "off": None}.get(self.ablate, self.ablate)
-        return self.capture.replace(rank=True, logits=logits or ablate is not None, ablate=ablate)
+        return self.capture.replace(
+            rank=True, logits=logits or ablate is not None, lens=logits, ablate=ablate
+        )
 
     def table(self) -> dict[str, Any]:
         """The settings as one flat table (the report page's "Settings")."""

@@ -1,15 +1,37 @@
-"""The engine's accumulator: float64 sums over tokens of every trace statistic, mergeable.
+"""The engine's accumulator: every trace statistic as sums over tokens, batch by batch, on the device.
 
-Per-batch sums held in float64, so capturing many small batches gives the same trace as one large
-batch and memory does not grow with the number of tokens. Means and spreads of the weights, and
-each source's covariance, merge with Chan et al.'s parallel update, so shards of a capture
-(``probes.shard``) and resumed partial states (``probes.partial``) add up to one run's sums.
-The formulas of every variable: ``depthscope.trace.format``.
+The formulas of every variable are in ``depthscope.trace.format``; this module computes them with
+as few passes over memory as the arithmetic allows. Legend: T = tokens of the batch (windows x
+positions after the skipped ones), S = sources, L = consumers, d = d_model.
+
+One batch:
+
+* ``V`` [S, T, d]: the batch's source outputs, source-major, in the model's compute dtype (float32
+  for half-precision models): the one big allocation, reused from batch to batch (its size is set
+  by the batch: ``--batch-size`` windows of ``--ctx`` tokens); ``norms`` [S, T] their per-token
+  norms; ``R`` [T, d] the running sum of the sources fired so far.
+* Each consumer l with n sources and input h [T, d] is rebuilt at once, when its input arrives:
+  unit weights (standard residuals, every Hugging Face decoder): ``R`` itself, O(T d); static
+  weights w [n]: sum_s w_s v_s; per-token weights W [T, n] (AttnRes, unrolled HC/mHC streams): one
+  batched product; per-feature weights W [T, n, d] (DCA's GRN-v2/v3) and carried terms (post-LN
+  encoders): token chunks sized to the cache. The rebuild error |h - rebuilt|^2 is summed directly
+  (never as a difference of large sums, which would hide a 1e-4 error under float32 rounding).
+* The dots <c[l, s], rebuilt_l> come at the end of the batch from Gram matrices: for unit and
+  static weights G = sum_t V_t V_t^T (one [S, T d] x [T d, S] product) gives
+  dots[l, s] = w_s (G w)_s and |rebuilt_l|^2 = w^T G w; for per-token weights the per-token Grams
+  G_t = V_t V_t^T (one batched product, in token chunks) give the same per token. So every
+  consumer's shares sum to 1 up to float64 rounding.
+
+Sums are float64 tensors on the model's device (float32 on MPS, which has no float64: sums there
+are plain float32, about 1e-7 relative per batch), so a CUDA capture does not wait on transfers:
+the only host synchronisation of a batch is ``end_batch``'s one transfer of the batch's rebuild
+errors and a finiteness flag over every statistic. Means and spreads of the weights, and each
+source's covariance, merge with Chan et al.'s parallel update, so shards of a capture
+(``probes.shard``) and resumed partial states (``probes.partial``) add up to one run's sums;
+``state`` is plain float64/int64 NumPy arrays.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,207 +41,298 @@ from torch import Tensor
 from depthscope.errors import TraceError
 from depthscope.trace import TRACE_FORMAT, VARIABLE_ATTRS, Layout, with_blocks
 
+CHUNK_BYTES = 1 << 22  # token chunks of per-feature and per-token work: about 4 MB of temporaries
+MATRICES = ("mix", "mix_abs", "mix_sq", "dot", "cnorm")  # (layer, source) sums
+ROWS = ("hh", "ctotal", "err", "in_sq", "first_sq", "full_sq")  # (layer,) sums
 
-@dataclass
+
 class Accumulator:
-    """Float64 sums over tokens, one consumer or source at a time."""
+    """Sums over tokens of every trace statistic (see the module docstring), mergeable."""
 
-    layout: Layout
-    covariance: bool = False  # also keep each source's covariance over tokens (d x d per source)
-    tokens: int = 0
-    sums: dict[str, np.ndarray] = field(default_factory=dict)
-    native: dict[str, tuple[tuple[str, ...], dict[int, np.ndarray]]] = field(default_factory=dict)
+    MEANS = ("mix", "mix_abs")  # running means over ``seen`` tokens; ``mix_sq`` is their M2
 
-    def __post_init__(self) -> None:
-        n_l, n_s = len(self.layout.layer), len(self.layout.source)
-        for name in ("mix", "mix_abs", "mix_sq", "dot", "cnorm"):
-            self.sums[name] = np.zeros((n_l, n_s))
-        for name in ("hh", "ctotal", "err", "in_sq", "first_sq", "full_sq"):
-            self.sums[name] = np.zeros(n_l)
-        self.sums["src_sq"] = np.zeros(n_s)
-        self.seen = np.zeros(n_l, dtype=np.int64)  # tokens folded into each consumer's mean
-        self.cov: dict[int, list] = {}  # source -> [tokens, mean (d,), M2 (d, d)], float64
+    def __init__(self, layout: Layout, covariance: bool = False):
+        self.layout = layout
+        self.covariance = covariance  # also each source's covariance over tokens (d x d per source)
+        self.tokens = 0
         self.d_model = 0
-        self._mark: dict[str, np.ndarray] = {}
+        self.device = torch.device("cpu")
+        self.dtype = torch.float64  # of the sums
+        n_l, n_s = len(layout.layer), len(layout.source)
+        self.n_sources = np.asarray(layout.layer_sources, dtype=np.int64)
+        self.sums: dict[str, Tensor] = {k: torch.zeros(n_l, n_s, dtype=self.dtype) for k in MATRICES}
+        self.sums.update({k: torch.zeros(n_l, dtype=self.dtype) for k in ROWS})
+        self.sums["src_sq"] = torch.zeros(n_s, dtype=self.dtype)
+        self.seen = torch.zeros(n_l, dtype=self.dtype)  # tokens folded into each consumer's means
+        self.cov: dict[int, list] = {}  # source -> [tokens, mean (d,), M2 (d, d)]
+        self.native: dict[str, tuple[tuple[str, ...], dict[int, Tensor]]] = {}
+        self.V: Tensor | None = None
+        self.norms: Tensor | None = None
+        self._reset_batch()
+
+    # ---- one batch ----
+
+    def _reset_batch(self) -> None:
+        self.R: Tensor | None = None  # running sum of the sources fired so far, in order
+        self._in_r = 0  # how many sources R holds
+        self._unit: list[int] = []  # consumers with unit weights, dots from G at the end
+        self._static: list[tuple[int, Tensor]] = []  # (consumer, w [n])
+        self._token: list[tuple[int, Tensor]] = []  # (consumer, W [T, n])
+        self._folded: set[int] = set()
+        self._marks: tuple[Tensor, Tensor] | None = None
 
     def add_tokens(self, n: int) -> None:
         self.tokens += n
 
     def start_batch(self) -> None:
-        """Remember the sums so far: ``batch_error`` and ``batch_folded`` describe what comes next."""
-        self._mark = {
-            "err": self.sums["err"].copy(),
-            "in_sq": self.sums["in_sq"].copy(),
-            "seen": self.seen.copy(),
+        """Forget the last batch's buffers' contents: what comes next is one new batch."""
+        self._reset_batch()
+
+    def _begin(self, v: Tensor) -> None:
+        """At a batch's first source [T, d]: place the sums on its device, size the buffers."""
+        if v.device != self.device:
+            self._to(v.device)
+        shape = (len(self.layout.source), *v.shape)
+        if self.V is None or self.V.shape != shape or self.V.dtype != v.dtype or self.V.device != v.device:
+            self.V = v.new_empty(shape)
+            self.norms = v.new_empty(shape[:2])
+        self.R = torch.zeros_like(v)
+        self._marks = (self.sums["err"].clone(), self.sums["in_sq"].clone())
+        self.d_model = v.shape[-1]
+
+    def _to(self, device: torch.device) -> None:
+        self.device = device
+        self.dtype = torch.float32 if device.type == "mps" else torch.float64
+        cast = {"device": device, "dtype": self.dtype}
+        self.sums = {k: t.to(**cast) for k, t in self.sums.items()}
+        self.seen = self.seen.to(**cast)
+        self.cov = {j: [n, m.to(**cast), m2.to(**cast)] for j, (n, m, m2) in self.cov.items()}
+        self.native = {
+            k: (dims, {i: x.to(**cast) for i, x in s.items()}) for k, (dims, s) in self.native.items()
         }
 
-    def batch_error(self) -> np.ndarray:
-        """Relative residual error of each consumer over the tokens folded since ``start_batch``."""
-        err = self.sums["err"] - self._mark["err"]
-        in_sq = self.sums["in_sq"] - self._mark["in_sq"]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.sqrt(
-                np.where(in_sq > 0, err / np.where(in_sq > 0, in_sq, 1.0), np.where(err > 0, np.inf, 0.0))
-            )
-
-    def batch_folded(self) -> np.ndarray:
-        """Boolean per consumer: folded since ``start_batch``."""
-        return self.seen > self._mark["seen"]
+    def _sum(self, x: Tensor, dims=None) -> Tensor:
+        """A sum over tokens in the sums' precision (products formed in the data's own)."""
+        return x.sum(dtype=self.dtype) if dims is None else x.sum(dims, dtype=self.dtype)
 
     @torch.no_grad()
-    def source(self, j: int, v: Tensor) -> Tensor:
-        """Source j's output for this batch [batch, pos, d_model]; returns its per-token norms."""
-        self.d_model = v.shape[-1]
-        norms = v.norm(dim=-1)
-        self.sums["src_sq"][j] += float(norms.pow(2).sum())
+    def source(self, j: int, v: Tensor) -> None:
+        """Source j's output for this batch, [T, d] (the skipped positions cut)."""
+        if self.R is None:
+            self._begin(v)
+        self.V[j] = v
+        norms = torch.linalg.vector_norm(v, dim=-1)
+        self.norms[j] = norms
+        self.sums["src_sq"][j] += self._sum(norms.pow(2))
+        if j == self._in_r:  # sources fire in order: the running sum grows by one
+            self.R += v
+            self._in_r += 1
         if self.covariance:
-            self._fold_cov(j, v.flatten(0, -2))
-        return norms
+            self._fold_cov(j, v)
 
     @torch.no_grad()
     def positions(self, i: int, h: Tensor) -> None:
         """Consumer i's whole input [batch, pos, d] (skipped positions included): how much of its
         squared norm sits at the first position of the windows (an attention sink shows here).
         """
-        self.sums["first_sq"][i] += float(h[:, 0].double().pow(2).sum())
-        self.sums["full_sq"][i] += float(h.double().pow(2).sum())
+        self.sums["first_sq"][i] += self._sum(h[:, 0].pow(2))
+        self.sums["full_sq"][i] += self._sum(h.pow(2))
 
     def _fold_cov(self, j: int, x: Tensor) -> None:
-        """Merge a batch [tokens, d] into source j's running mean and scatter matrix (Chan et al.)."""
-        mean_b = x.double().mean(0)
+        """Merge a batch [T, d] into source j's running mean and scatter matrix (Chan et al.)."""
+        mean_b = x.mean(0, dtype=torch.float64 if self.dtype == torch.float64 else x.dtype)
         centred = x - mean_b.to(x.dtype)
-        m2_b = (centred.T @ centred).double()
-        part = [x.shape[0], mean_b.cpu(), m2_b.cpu()]
+        m2_b = (centred.T @ centred).to(self.dtype)
+        part = [x.shape[0], mean_b.to(self.dtype), m2_b]
         self.cov[j] = part if j not in self.cov else _chan(self.cov[j], part)
 
-    def spectra(self) -> np.ndarray:
-        """Eigenvalues of each source's covariance over tokens, descending: [source, component]."""
-        out = np.full((len(self.layout.source), self.d_model), np.nan)
-        for j, (n, _, m2) in self.cov.items():
-            out[j] = np.linalg.eigvalsh((m2 / max(n - 1, 1)).numpy())[::-1].clip(min=0.0)
-        return out
+    def _rebuilt_of_sources(self, n: int) -> Tensor:
+        """sum_{s < n} v_s: the running sum when it holds exactly n sources."""
+        if self._in_r == n:
+            return self.R
+        return self.V[:n].sum(0)
+
+    def _fold_error(self, i: int, h: Tensor, rebuilt: Tensor) -> None:
+        self.sums["err"][i] += self._sum((h - rebuilt).pow(2))
+        self.sums["in_sq"][i] += self._sum(h.pow(2))
+        self._folded.add(i)
 
     @torch.no_grad()
-    def consumer(self, i: int, h: Tensor, weights: Tensor, values: Tensor, norms: Tensor) -> None:
-        """Consumer i now: input h [b, p, d], weights [b, p, n(, d)], source values [b, p, S, d]
-        and their per-token norms [b, p, S] (only the first n sources are used).
+    def consumer(self, i: int, h: Tensor, weights: Tensor | None = None, static: bool = False) -> None:
+        """Consumer i now: input h [T, d] and its weights over its n sources: None (all ones), static
+        [n] (``static=True``), per token [T, n] or per feature [T, n, d].
         """
-        n = weights.shape[2]
-        v = values[:, :, :n]
-        if weights.ndim == 3:
-            rebuilt = torch.einsum("bps,bpsd->bpd", weights, v)
-            dots = weights * (v * rebuilt.unsqueeze(2)).sum(-1)  # [batch, pos, source]
-            cn = (weights.abs() * norms[:, :, :n]).sum((0, 1))
-            per_token = weights
-        else:  # per-feature weights: contributions are built, one sequence at a time (cache-sized)
-            dots = weights.new_zeros(n)
-            cn = weights.new_zeros(n)
-            hh = err = 0.0
-            for b in range(weights.shape[0]):
-                c = weights[b] * v[b]  # [pos, source, d_model]
-                rebuilt = c.sum(1)
-                dots += (c * rebuilt.unsqueeze(1)).sum((0, 2))
-                cn += c.norm(dim=-1).sum(0)
-                hh += float(rebuilt.pow(2).sum())
-                err += float((h[b] - rebuilt).pow(2).sum())
-            self._fold_weights(i, weights.mean(-1), weights.abs().mean(-1))
-            self._fold(i, dots, hh, cn, err, h.pow(2).sum())
-            return
-        self._fold_weights(i, per_token, per_token.abs())
-        self._fold(i, dots.sum((0, 1)), rebuilt.pow(2).sum(), cn, (h - rebuilt).pow(2).sum(), h.pow(2).sum())
+        n = int(self.n_sources[i])
+        if weights is None:
+            self._fold_error(i, h, self._rebuilt_of_sources(n))
+            self._unit.append(i)
+        elif static:
+            w = weights.to(self.V.dtype)
+            self._fold_error(i, h, torch.einsum("s,std->td", w, self.V[:n]))
+            self._static.append((i, w))
+        elif weights.ndim == 2:
+            w = weights.to(self.V.dtype)
+            rebuilt = torch.bmm(w.unsqueeze(1), self.V[:n].transpose(0, 1)).squeeze(1)
+            self._fold_error(i, h, rebuilt)
+            cn = self._sum(w.abs() * self.norms[:n].T, 0)
+            self._fold_norms(i, cn)
+            self._fold_weights(i, w, w.abs())
+            self._token.append((i, w))
+        else:
+            w = weights.to(self.V.dtype)
+            self._chunked(i, h, lambda a, b: w[a:b] * self.V[:n, a:b].transpose(0, 1))
+            self._fold_weights(i, w.mean(-1), w.abs().mean(-1))
 
     @torch.no_grad()
     def consumer_terms(self, i: int, h: Tensor, terms: Tensor, mixing: Tensor) -> None:
-        """Consumer i from its terms c[l, s] directly: input h [b, p, d], terms [b, p, n, d] with
-        h = sum_s terms[:, :, s] (to rounding), and per-token mixing coefficients [b, p, n] (what
+        """Consumer i from its terms c[l, s] directly: input h [T, d], terms [T, n, d] with
+        h = sum_s terms[:, s] (to rounding), and per-token mixing coefficients [T, n] (what
         ``mixing`` reports: for a post-LN model, the accumulated 1/sigma of each term).
         """
-        n = terms.shape[2]
-        dots = terms.new_zeros(n, dtype=torch.float64)
-        cn = terms.new_zeros(n, dtype=torch.float64)
-        hh = err = 0.0
-        for b in range(terms.shape[0]):  # one sequence at a time: cache-sized
-            c = terms[b]  # [pos, source, d_model]
-            rebuilt = c.sum(1)
-            dots += (c * rebuilt.unsqueeze(1)).sum((0, 2)).double()
-            cn += c.norm(dim=-1).sum(0).double()
-            hh += float(rebuilt.double().pow(2).sum())
-            err += float((h[b] - rebuilt).double().pow(2).sum())
+        self._chunked(i, h, lambda a, b: terms[a:b])
         self._fold_weights(i, mixing, mixing.abs())
-        self._fold(i, dots, hh, cn, err, h.double().pow(2).sum())
 
-    @torch.no_grad()
-    def consumers(
-        self, items: list[tuple[int, Tensor, Tensor]], values: Tensor, norms: Tensor, chunk: int = 256
-    ) -> None:
-        """Consumers with per-token scalar weights, all at once at the end of a batch.
-
-        ``items`` holds (i, h [b, p, d], weights [b, p, n]). Tokens are walked in chunks small
-        enough for the chunk of source values to stay in cache while every consumer reads it, so
-        the values are streamed from memory once instead of twice per consumer. Never builds the
-        [b, p, n, d] contributions: with g_s = <v_s, h>, <c_s, h> = w_s g_s and |c_s| = |w_s| |v_s|.
+    def _chunked(self, i: int, h: Tensor, contributions) -> None:
+        """A consumer whose contributions c [t, n, d] are built per token chunk: rebuild, dots with
+        its own rebuild, contribution norms and the error, without holding [T, n, d] at once.
         """
-        if not items:
-            return
-        v_all = values.flatten(0, 1)  # [tokens, source, d_model]
-        flat = [(i, h.flatten(0, 1), w.flatten(0, 1)) for i, h, w in items]
-        parts = {i: [w.new_zeros(w.shape[-1]), 0.0, 0.0] for i, _, w in flat}
-        for t0 in range(0, v_all.shape[0], chunk):
-            v_c = v_all[t0 : t0 + chunk]
-            for i, h, w in flat:
-                n = w.shape[-1]
-                w_c, v = w[t0 : t0 + chunk], v_c[:, :n]
-                # (bmm for the weighted sum, multiply-and-sum for the dots: the faster of the two
-                # forms for these tiny per-token products on CPU, measured)
-                rebuilt = torch.bmm(w_c.unsqueeze(1), v).squeeze(1)  # [tokens, d_model]
-                g = (v * rebuilt.unsqueeze(1)).sum(-1)  # [tokens, source]
-                acc = parts[i]
-                acc[0] += (w_c * g).sum(0)
-                acc[1] += float(rebuilt.pow(2).sum())
-                acc[2] += float((h[t0 : t0 + chunk] - rebuilt).pow(2).sum())
-        n_flat = norms.flatten(0, 1)
-        for i, h, w in flat:
-            dots, hh, err = parts[i]
-            w_abs = w.abs()
-            self._fold_weights(i, w, w_abs)
-            self._fold(i, dots, hh, (w_abs * n_flat[:, : w.shape[-1]]).sum(0), err, h.pow(2).sum())
+        n = int(self.n_sources[i])
+        T, d = h.shape  # noqa: N806
+        step = max(1, CHUNK_BYTES // (4 * n * d))
+        dots = h.new_zeros(n, dtype=self.dtype)
+        cn = h.new_zeros(n, dtype=self.dtype)
+        hh = err = h.new_zeros((), dtype=self.dtype)
+        for a in range(0, T, step):
+            b = min(T, a + step)
+            c = contributions(a, b)  # [t, n, d]
+            rebuilt = c.sum(1)
+            dots = dots + self._sum(c * rebuilt.unsqueeze(1), (0, 2))
+            cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 0)
+            hh = hh + self._sum(rebuilt.pow(2))
+            err = err + self._sum((h[a:b] - rebuilt.to(h.dtype)).pow(2))
+        s = self.sums
+        s["dot"][i, :n] += dots
+        s["hh"][i] += hh
+        self._fold_norms(i, cn)
+        s["err"][i] += err
+        s["in_sq"][i] += self._sum(h.pow(2))
+        self._folded.add(i)
+
+    def _fold_norms(self, i: int, cn: Tensor) -> None:
+        n = cn.shape[0]
+        self.sums["cnorm"][i, :n] += cn
+        self.sums["ctotal"][i] += cn.sum()
 
     def _fold_weights(self, i: int, per_token: Tensor, per_token_abs: Tensor) -> None:
-        """Merge this batch's per-token weights (and magnitudes) into the running means and the
+        """Merge this batch's per-token weights [T, n] (and magnitudes) into the running means and the
         spread (Chan et al.), so the spread has no E[w^2] - E[w]^2 cancellation.
         """
+        w = per_token.to(self.dtype)
+        n, n_b = w.shape[-1], w.shape[0]
+        m_b = w.mean(0)
+        m2_b = (w - m_b).pow(2).sum(0)
+        abs_b = per_token_abs.to(self.dtype).mean(0)
+        self._merge_means(i, n, m_b, m2_b, abs_b, n_b)
+
+    def _merge_means(self, i: int, n: int, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
         s = self.sums
-        w64 = per_token.double().flatten(0, -2)  # [tokens, source]
-        n = w64.shape[-1]
-        m_b = w64.mean(0).cpu().numpy()
-        m2_b = (w64 - w64.mean(0)).pow(2).sum(0).cpu().numpy()
-        n_a, n_b = self.seen[i], w64.shape[0]
+        n_a = self.seen[i]
+        frac = n_b / (n_a + n_b)
         delta = m_b - s["mix"][i, :n]
-        s["mix"][i, :n] += delta * n_b / (n_a + n_b)
-        s["mix_sq"][i, :n] += m2_b + delta**2 * n_a * n_b / (n_a + n_b)
-        abs_b = per_token_abs.double().flatten(0, -2).mean(0).cpu().numpy()
-        s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * n_b / (n_a + n_b)
+        s["mix"][i, :n] += delta * frac
+        s["mix_sq"][i, :n] += m2_b + delta.pow(2) * n_a * frac
+        s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * frac
         self.seen[i] += n_b
 
-    def _fold(self, i: int, dots: Tensor, hh, cnorm: Tensor, err, in_sq) -> None:
+    @torch.no_grad()
+    def end_batch(self) -> tuple[np.ndarray, bool, set[int]]:
+        """Fold what waits for the whole batch (the Gram products), then the batch's checks in one
+        transfer: (relative rebuild error per consumer, every statistic finite, consumers folded).
+        """
+        if self.V is not None and self.R is not None:
+            self._gram_consumers()
+            self._token_consumers()
         s = self.sums
-        n = dots.shape[0]
-        s["dot"][i, :n] += dots.double().cpu().numpy()
-        s["hh"][i] += float(hh)
-        cn = cnorm.double().cpu().numpy()
-        s["cnorm"][i, :n] += cn
-        s["ctotal"][i] += cn.sum()
-        s["err"][i] += float(err)
-        s["in_sq"][i] += float(in_sq)
+        if self._marks is None:
+            err = torch.zeros_like(s["err"])
+            in_sq = torch.zeros_like(s["in_sq"])
+        else:
+            err, in_sq = s["err"] - self._marks[0], s["in_sq"] - self._marks[1]
+        rel = torch.where(
+            in_sq > 0, (err / torch.where(in_sq > 0, in_sq, 1.0)).sqrt(), torch.where(err > 0, torch.inf, 0.0)
+        )
+        finite = torch.stack([torch.isfinite(t).all() for t in self._statistics()]).all()
+        out = torch.cat([rel, finite.to(rel.dtype).reshape(1)]).cpu().numpy()
+        folded = self._folded
+        self._reset_batch()
+        return out[:-1].astype(np.float64), bool(out[-1]), folded
+
+    def _statistics(self) -> list[Tensor]:
+        """Every sum the trace's statistics come from (native quantities are the model's own and may
+        hold NaN by design, e.g. Block AttnRes' absent entries).
+        """
+        return [*self.sums.values(), *(t for _, m, m2 in self.cov.values() for t in (m, m2))]
+
+    def _gram_consumers(self) -> None:
+        """Unit and static consumers: dots, |rebuilt|^2 and norms from G = sum_t V_t V_t^T."""
+        if not self._unit and not self._static:
+            return
+        S, T, d = self.V.shape  # noqa: N806
+        flat = self.V.view(S, T * d)
+        G = (flat @ flat.T).to(self.dtype)  # noqa: N806
+        N = self.norms.sum(1, dtype=self.V.dtype).to(self.dtype)  # noqa: N806  (sum_t |v_s|)
+        rows = [(i, None) for i in self._unit] + self._static
+        W = G.new_zeros(len(rows), S)  # noqa: N806
+        for r, (i, w) in enumerate(rows):
+            n = int(self.n_sources[i])
+            W[r, :n] = 1.0 if w is None else w.to(self.dtype)
+        dots = W * (W @ G)
+        idx = torch.tensor([i for i, _ in rows], device=G.device)
+        s = self.sums
+        s["dot"].index_add_(0, idx, dots)
+        s["hh"].index_add_(0, idx, dots.sum(1))
+        cn = W.abs() * N
+        s["cnorm"].index_add_(0, idx, cn)
+        s["ctotal"].index_add_(0, idx, cn.sum(1))
+        for r, (i, _) in enumerate(rows):
+            n = int(self.n_sources[i])
+            w = W[r, :n]
+            self._merge_means(i, n, w, torch.zeros_like(w), w.abs(), T)
+
+    def _token_consumers(self) -> None:
+        """Per-token consumers: dots and |rebuilt|^2 from the per-token Grams G_t, in token chunks."""
+        if not self._token:
+            return
+        S, T, _ = self.V.shape  # noqa: N806
+        W = self.V.new_zeros(T, len(self._token), S)  # noqa: N806
+        for r, (_, w) in enumerate(self._token):
+            W[:, r, : w.shape[1]] = w
+        step = max(1, CHUNK_BYTES // (4 * S * max(S, self.d_model)))
+        dots = W.new_zeros(len(self._token), S, dtype=self.dtype)
+        for a in range(0, T, step):
+            b = min(T, a + step)
+            Vt = self.V[:, a:b].transpose(0, 1)  # noqa: N806  [t, S, d]
+            Gt = torch.bmm(Vt, Vt.transpose(1, 2))  # noqa: N806  [t, S, S]
+            Wt = W[a:b]  # noqa: N806
+            dots += self._sum(Wt * torch.bmm(Wt, Gt), 0)
+        idx = torch.tensor([i for i, _ in self._token], device=dots.device)
+        self.sums["dot"].index_add_(0, idx, dots)
+        self.sums["hh"].index_add_(0, idx, dots.sum(1))
+
+    @torch.no_grad()
+    def native_mean(self, name: str, dims: tuple[str, ...], i: int, x: Tensor) -> None:
+        """Token sum of a native per-token quantity [batch, pos, *dims] for consumer i."""
+        _, store = self.native.setdefault(name, (dims, {}))
+        total = x.to(self.dtype).sum((0, 1)).to(self.device)
+        store[i] = store[i] + total if i in store else total
 
     # ---- state: what a capture has summed so far, for checkpoints and for merging shards ----
 
-    MEANS = ("mix", "mix_abs")  # running means over ``seen`` tokens; ``mix_sq`` is their M2
-
     def state(self) -> dict[str, np.ndarray]:
         """Everything summed so far as plain float64/int64 arrays (a checkpoint, or a shard to merge)."""
-        out = {f"sums.{k}": v.copy() for k, v in self.sums.items()}
-        out["seen"] = self.seen.copy()
+        host = lambda t: t.detach().to("cpu", torch.float64).numpy().copy()  # noqa: E731
+        out = {f"sums.{k}": host(v) for k, v in self.sums.items()}
+        out["seen"] = host(self.seen).round().astype(np.int64)
         out["tokens"] = np.array(self.tokens, dtype=np.int64)
         out["d_model"] = np.array(self.d_model, dtype=np.int64)
         if self.covariance:
@@ -228,12 +341,12 @@ class Accumulator:
             out["cov.mean"] = np.zeros((n_s, d))
             out["cov.m2"] = np.zeros((n_s, d, d))
             for j, (n, mean, m2) in self.cov.items():
-                out["cov.n"][j], out["cov.mean"][j], out["cov.m2"][j] = n, mean.numpy(), m2.numpy()
+                out["cov.n"][j], out["cov.mean"][j], out["cov.m2"][j] = n, host(mean), host(m2)
         for name, (dims, store) in self.native.items():
             shape = next(iter(store.values())).shape
             arr = np.full((len(self.layout.layer), *shape), np.nan)
             for i, total in store.items():
-                arr[i] = total
+                arr[i] = host(total)
             out[f"native.{name}.{','.join(dims)}"] = arr
         return out
 
@@ -254,27 +367,24 @@ class Accumulator:
             raise TraceError(
                 f"cannot merge a capture of {state['sums.mix'].shape} consumers x sources into {(n_l, n_s)}"
             )
-        n_a, n_b = self.seen.astype(np.float64), state["seen"].astype(np.float64)
-        n = np.maximum(n_a + n_b, 1.0)[:, None]
+        dev = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64)).to(self.device, self.dtype)  # noqa: E731
+        n_a, n_b = self.seen, dev(state["seen"])
+        n = torch.clamp(n_a + n_b, min=1.0)[:, None]
         s = self.sums
-        delta = state["sums.mix"] - s["mix"]
-        s["mix_sq"] += state["sums.mix_sq"] + delta**2 * (n_a * n_b)[:, None] / n
+        delta = dev(state["sums.mix"]) - s["mix"]
+        s["mix_sq"] += dev(state["sums.mix_sq"]) + delta.pow(2) * (n_a * n_b)[:, None] / n
         for key in self.MEANS:
-            s[key] += (state[f"sums.{key}"] - s[key]) * n_b[:, None] / n
+            s[key] += (dev(state[f"sums.{key}"]) - s[key]) * n_b[:, None] / n
         for key, value in state.items():
             if key.startswith("sums.") and key[5:] not in (*self.MEANS, "mix_sq"):
-                s[key[5:]] += value
-        self.seen += state["seen"]
+                s[key[5:]] += dev(value)
+        self.seen += n_b
         self.tokens += int(state["tokens"])
         self.d_model = max(self.d_model, int(state["d_model"]))
         if "cov.n" in state:
             self.covariance = True
             for j in np.flatnonzero(state["cov.n"]):
-                other = [
-                    int(state["cov.n"][j]),
-                    torch.from_numpy(state["cov.mean"][j].copy()),
-                    torch.from_numpy(state["cov.m2"][j].copy()),
-                ]
+                other = [int(state["cov.n"][j]), dev(state["cov.mean"][j]), dev(state["cov.m2"][j])]
                 self.cov[int(j)] = other if int(j) not in self.cov else _chan(self.cov[int(j)], other)
         for key, arr in state.items():
             if key.startswith("native."):
@@ -282,23 +392,27 @@ class Accumulator:
                 _, store = self.native.setdefault(name, (tuple(dims.split(",")) if dims else (), {}))
                 for i in range(arr.shape[0]):
                     if not np.isnan(arr[i]).all():
-                        store[i] = store[i] + arr[i] if i in store else arr[i].copy()
+                        store[i] = store[i] + dev(arr[i]) if i in store else dev(arr[i])
 
-    @torch.no_grad()
-    def native_mean(self, name: str, dims: tuple[str, ...], i: int, x: Tensor) -> None:
-        """Token sum of a native per-token quantity [batch, pos, *dims] for consumer i."""
-        _, store = self.native.setdefault(name, (dims, {}))
-        total = x.double().sum((0, 1)).cpu().numpy()
-        store[i] = store[i] + total if i in store else total
+    # ---- the trace ----
+
+    def spectra(self) -> np.ndarray:
+        """Eigenvalues of each source's covariance over tokens, descending: [source, component]."""
+        out = np.full((len(self.layout.source), self.d_model), np.nan)
+        for j, (n, _, m2) in self.cov.items():
+            m2 = m2.detach().to("cpu", torch.float64).numpy()
+            out[j] = np.linalg.eigvalsh(m2 / max(n - 1, 1))[::-1].clip(min=0.0)
+        return out
 
     def dataset(self, attrs: dict) -> xr.Dataset:
         """The trace Dataset (NaN on unavailable cells)."""
-        lay, s, n = self.layout, self.sums, max(self.tokens, 1)
-        avail = lay.available
-        nan = np.where(avail, 1.0, np.nan)
-        mix = s["mix"]  # running mean over tokens
-        std = np.sqrt(s["mix_sq"] / np.maximum(self.seen, 1)[:, None])
+        state = self.state()
+        s = {k[5:]: v for k, v in state.items() if k.startswith("sums.")}
+        lay, n = self.layout, max(self.tokens, 1)
+        nan = np.where(lay.available, 1.0, np.nan)
+        seen = np.maximum(state["seen"], 1)[:, None]
         with np.errstate(invalid="ignore", divide="ignore"):
+            std = np.sqrt(s["mix_sq"] / seen)
             share = s["dot"] / s["hh"][:, None]
             nshare = s["cnorm"] / s["ctotal"][:, None]
             err = np.where(
@@ -306,7 +420,7 @@ class Accumulator:
             )
         d = max(self.d_model, 1)
         data = {
-            "mixing": (("layer", "source"), mix * nan),
+            "mixing": (("layer", "source"), s["mix"] * nan),
             "mixing_abs": (("layer", "source"), s["mix_abs"] * nan),
             "mixing_std": (("layer", "source"), std * nan),
             "contribution_share": (("layer", "source"), share * nan),
@@ -337,13 +451,11 @@ class Accumulator:
             ds["source_spectrum"].attrs.update(
                 long_name="eigenvalues of the source's covariance over tokens (descending)", units="1"
             )
-        for name, (dims, store) in self.native.items():
-            rows = sorted(store)
-            arr = np.full((len(lay.layer), *next(iter(store.values())).shape), np.nan)
-            for i in rows:
-                arr[i] = store[i] / n
-            ds[name] = (("layer", *dims), arr)
-            ds[name].attrs.update(long_name=f"{name} (token mean, native)", units="1")
+        for key, arr in state.items():
+            if key.startswith("native."):
+                name, dims = key[7:].rsplit(".", 1)
+                ds[name] = (("layer", *(tuple(dims.split(",")) if dims else ())), arr / n)
+                ds[name].attrs.update(long_name=f"{name} (token mean, native)", units="1")
         return with_blocks(ds)
 
 

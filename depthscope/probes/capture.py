@@ -46,7 +46,6 @@ LOW_PRECISION = {torch.bfloat16: 5e-2, torch.float16: 1e-2}
 # would otherwise cost minutes and gigabytes per window on a CPU, and shares depend on the window
 # length, so a fixed, stated default keeps traces of different models comparable.
 DEFAULT_WINDOW = 1024
-FLUSH = 4  # scalar-weight consumers folded together: cache reuse of the sources vs inputs held
 
 
 def capture(
@@ -85,7 +84,7 @@ def capture(
     settings = _settings(settings, options)
     ad = _adapter(model, adapter, tokenizer, forward)
     if settings.causal:  # before the slow work: a model without an LM head is refused at once
-        require_head(ad, "--logits" if settings.logits else "--ablate")
+        require_head(ad, "--logits" if settings.logits else "--lens" if settings.lens else "--ablate")
     windows, corpus_name, skip = _windows(ad, data, settings)
     me, world = shard()
     chunks = windows.split(settings.batch_size)
@@ -245,19 +244,27 @@ class Run:
         tokens = settings.ablate_tokens
         self.ablate_windows = None if tokens is None else math.ceil(tokens / window)  # None: all
         self.acc = Accumulator(ad.layout(), covariance=settings.rank)
-        self.probe = LogitProbe(ad, skip) if settings.causal else None
+        self.probe = LogitProbe(ad, skip, lens=settings.lens) if settings.causal else None
         ablate = settings.ablate
         self.ablation = Ablation(ad, skip, ablate, settings.ablate_mean) if ablate else None
         self.taps = Taps(ad, self.acc, skip, self.probe)
         self.callbacks = self.taps.callbacks()
+        # without logits, the forward stops at the unembedding once the batch is complete: the
+        # read-out's input is the last thing a trace reads, and the unembedding would cost about a
+        # fifth of a small LM's forward (SmolLM2) for nothing
+        unembed = getattr(ad.head, "unembed", None)
+        self.stop_at = unembed if self.probe is None and isinstance(unembed, torch.nn.Module) else None
 
     def batch(self, model: Any, chunk: Tensor, b: int, first: int = 0) -> None:
         """Batch ``b``: windows ``first``, ``first + 1``, ... of the capture."""
         ad = self.ad
-        self.acc.start_batch()
         self.taps.new_batch(chunk)
-        with ad.attach(model, self.callbacks):
-            output = ad.forward(model, chunk)
+        output = None
+        with ad.attach(model, self.callbacks), self._stopping():
+            try:
+                output = ad.forward(model, chunk)
+            except _Stop:  # the batch is complete: the rest of the forward (the logits) is not needed
+                pass
         self.taps.end_batch(b)
         if self.probe is not None:
             self.probe.end_batch(ad.logits(output))
@@ -266,6 +273,23 @@ class Run:
             if n > 0:  # the first windows of the capture, by global index: sharding does not move them
                 self.ablation.run(model, chunk[:n])
         self.acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - self.skip))
+
+    @contextlib.contextmanager
+    def _stopping(self) -> Iterator[None]:
+        """While active, the unembedding stops the forward if the batch is already complete."""
+        if self.stop_at is None:
+            yield
+            return
+
+        def stop(module, args) -> None:
+            if self.taps.complete():
+                raise _Stop
+
+        handle = self.stop_at.register_forward_pre_hook(stop)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     def parts(self) -> dict[str, Any]:
         return {"acc": self.acc, "probe": self.probe, "ablation": self.ablation}
@@ -331,19 +355,41 @@ def evaluating(model: Any) -> Iterator[None]:
         model.train(was_training)
 
 
-class Taps:
-    """The engine's callbacks, batch by batch: source buffer, consumer folding and checks."""
+class _Stop(Exception):
+    """Raised by the last tap of a batch when nothing after the read-out's input is needed."""
 
-    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int, probe: LogitProbe | None = None):
-        self.ad, self.acc, self.skip, self.probe = adapter, acc, skip, probe
+
+class Taps:
+    """The engine's callbacks, batch by batch: the source buffer, consumer folding and checks.
+
+    Every tensor arrives [batch, pos, ...] and goes to the accumulator flattened to [T, ...] (the
+    skipped positions cut, half precision in float32). When the capture needs no logits, the tap
+    that completes a batch (every source, consumer and native quantity seen) stops the forward
+    there (``_Stop``): the read-out's input is the last thing a trace reads, and the unembedding
+    after it would cost a fifth of a small LM's forward for nothing.
+    """
+
+    def __init__(
+        self,
+        adapter: Adapter,
+        acc: Accumulator,
+        skip: int,
+        probe: LogitProbe | None = None,
+        stop: bool = False,
+    ):
+        self.ad, self.acc, self.skip, self.probe, self.stop = adapter, acc, skip, probe, stop
         self.n_sources = len(adapter.sources)
-        self.values: Tensor | None = None  # [batch, pos, source, d_model]
-        self.norms: Tensor | None = None  # [batch, pos, source]
         self.fired = np.zeros(self.n_sources, dtype=bool)
-        self.pending: dict[int, dict[str, Tensor]] = {}
-        self.deferred: list[tuple[int, Tensor, Tensor]] = []
+        self.pending: dict[int, dict[str, Any]] = {}
+        self.natives: set[int] = set()
         self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
+        self.static = {
+            i: torch.tensor(c.static, dtype=torch.float64)
+            for i, c in enumerate(adapter.consumers)
+            if c.static
+        }
         self.dtype: torch.dtype | None = None  # the model's compute dtype, from its first source
+        self.shape: tuple[int, int] | None = None  # (batch, pos) after the skipped positions
 
     def callbacks(self) -> list[tuple[str, Any]]:
         out = [(s.tap, self._on_source(j)) for j, s in enumerate(self.ad.sources)]
@@ -351,29 +397,35 @@ class Taps:
             out.append((c.tap, self._on_consumer(i, "h")))
             if c.weights is not None:
                 out.append((c.weights, self._on_consumer(i, "w")))
-        out += [(n.tap, self._on_native(n.name, n.dims, self.row[n.layer])) for n in self.ad.native]
+        out += [
+            (n.tap, self._on_native(k, n.name, n.dims, self.row[n.layer]))
+            for k, n in enumerate(self.ad.native)
+        ]
         return out
 
     def new_batch(self, chunk: Tensor | None = None) -> None:
-        self.pending, self.deferred = {}, []
+        self.pending, self.natives = {}, set()
         self.fired[:] = False
+        self.folded = 0
+        self.acc.start_batch()
         if self.probe is not None:
             self.probe.new_batch(chunk)
 
     def end_batch(self, b: int) -> None:
-        """Fold the waiting consumers, then check this batch: every source, every consumer, the identity."""
-        self._flush()
+        """Check this batch: every source fired, every consumer folded, every input rebuilt, every
+        statistic finite (NaN or inf fails, never passes).
+        """
+        err, finite, folded = self.acc.end_batch()
         if not self.fired.all():
             j = int(np.flatnonzero(~self.fired)[0])
             s = self.ad.sources[j]
             raise TraceError(
                 f"source {s.label} ({s.tap}) did not fire in batch {b}: the model never wrote it"
             )
-        folded = self.acc.batch_folded()
-        if not folded.all():
-            c = self.ad.consumers[int(np.flatnonzero(~folded)[0])]
+        missing = [i for i in range(len(self.ad.consumers)) if i not in folded]
+        if missing:
+            c = self.ad.consumers[missing[0]]
             raise TraceError(f"consumer {c.label} ({c.tap}) was not seen in batch {b}")
-        err = self.acc.batch_error()
         tol = tolerance(self.dtype)
         if not np.all(err <= tol):
             worst = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
@@ -383,9 +435,17 @@ class Taps:
                 f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance "
                 f"{tol:g}){self.ad.hint}"
             )
+        if not finite:
+            raise TraceError(
+                f"{self.ad.family} model gives non-finite values (NaN or inf) in batch {b}: its weights or "
+                "inputs overflow, so no statistic of it would mean anything"
+            )
 
     def _cut(self, t: Tensor) -> Tensor:
         return t[:, self.skip :] if self.skip else t
+
+    def _flat(self, t: Tensor) -> Tensor:
+        return t.flatten(0, 1)
 
     def _on_source(self, j: int):
         def hook(t: Tensor) -> None:
@@ -393,19 +453,16 @@ class Taps:
             self.dtype = self.dtype or t.dtype
             if t.dtype in LOW_PRECISION:  # sums of half-precision terms are formed in float32
                 t = t.float()
-            if not self.fired.any():  # first source of a batch: (re)use one buffer of all source outputs
-                shape = (*t.shape[:-1], self.n_sources, t.shape[-1])
-                if self.values is None or self.values.shape != shape or self.values.dtype != t.dtype:
-                    self.values = t.new_empty(shape)
-                    self.norms = t.new_empty(shape[:-1])
-            want = (*self.values.shape[:2], self.values.shape[-1])
-            if t.shape[0] == 1 and want[0] > 1:  # shared over the batch (GPT-2's position embedding)
-                t = t.expand(want[0], *t.shape[1:])
-            if tuple(t.shape) != want:
-                label = self.ad.sources[j].label
-                raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
-            self.values[:, :, j] = t
-            self.norms[:, :, j] = self.acc.source(j, t)
+            if not self.fired.any():
+                self.shape = (t.shape[0], t.shape[1])
+            if t.shape[0] == 1 and self.shape[0] > 1:  # shared over the batch (GPT-2's position embedding)
+                t = t.expand(self.shape[0], *t.shape[1:])
+            if self.fired.any() and self.acc.V is not None:
+                want = (*self.shape, self.acc.V.shape[-1])
+                if tuple(t.shape) != want or t.device != self.acc.V.device:
+                    label = self.ad.sources[j].label
+                    raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
+            self.acc.source(j, self._flat(t))
             self.fired[j] = True
 
         return hook
@@ -418,50 +475,57 @@ class Taps:
             if key == "h":
                 self.acc.positions(i, t)
             got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
-            if key == "h" and self.probe is not None:
+            if key == "h" and self.probe is not None and self.probe.lens_on:
                 self.probe.lens(i, got["h"])
             if "h" in got and ("w" in got or spec.weights is None):
                 del self.pending[i]
-                n = spec.n_sources
-                if not self.fired[:n].all():
-                    j = int(np.flatnonzero(~self.fired[:n])[0])
-                    raise TraceError(
-                        f"consumer {spec.label} reads source {self.ad.sources[j].label}, which has not "
-                        "fired before it"
-                    )
-                dev, dtype = self.values.device, self.values.dtype
-                h = got["h"].to(dev, dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(dev)
-                w = got.get("w")
-                if w is None:
-                    w = h.new_ones(*h.shape[:-1], n)
-                elif spec.terms:
-                    w = tuple(x.to(dev) for x in w)
-                else:  # weights unrolled in float64, or on another device, meet the sources
-                    w = w.to(dev, dtype)
-                if self.probe is not None and spec.kind == READOUT:
-                    self.probe.readout(h, (w[0], None, True) if spec.terms else (w, self.values, False))
-                if spec.terms:
-                    self.acc.consumer_terms(i, h, *w)
-                    return
-                if w.ndim == 3:  # scalar weights: fold a few together, cache-friendly
-                    self.deferred.append((i, h, w))
-                    if len(self.deferred) >= FLUSH:
-                        self._flush()
-                else:  # per-feature weights are large: fold now and let them go
-                    self.acc.consumer(i, h, w, self.values, self.norms)
+                self._fold(i, spec, got)
 
         return hook
 
-    def _flush(self) -> None:
-        if self.deferred:
-            self.acc.consumers(self.deferred, self.values, self.norms)
-            self.deferred = []
+    def _fold(self, i: int, spec, got: dict[str, Any]) -> None:
+        n = spec.n_sources
+        if not self.fired[:n].all():
+            j = int(np.flatnonzero(~self.fired[:n])[0])
+            source = self.ad.sources[j].label
+            raise TraceError(f"consumer {spec.label} reads source {source}, which has not fired before it")
+        V = self.acc.V  # noqa: N806
+        h = got["h"].to(V.device, V.dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(V.device)
+        w = got.get("w")
+        if spec.terms:
+            terms, mixing = (x.to(V.device) for x in w)
+            self._readout(spec, h, "terms", terms)
+            self.acc.consumer_terms(i, self._flat(h), terms.flatten(0, 1).to(V.dtype), self._flat(mixing))
+        elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
+            w = self._flat(w.to(V.device, V.dtype))
+            self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)
+            self.acc.consumer(i, self._flat(h), w)
+        elif i in self.static:
+            self._readout(spec, h, "static", self.static[i])
+            self.acc.consumer(i, self._flat(h), self.static[i], static=True)
+        else:
+            self._readout(spec, h, "unit", None)
+            self.acc.consumer(i, self._flat(h))
+        self.folded += 1
 
-    def _on_native(self, name: str, dims: tuple[str, ...], i: int):
+    def _readout(self, spec, h: Tensor, kind: str, w: Tensor | None) -> None:
+        if self.probe is not None and spec.kind == READOUT:
+            self.probe.readout(h, kind, w, self.acc.V[: spec.n_sources])
+
+    def _on_native(self, k: int, name: str, dims: tuple[str, ...], i: int):
         def hook(t: Tensor) -> None:
             self.acc.native_mean(name, dims, i, self._cut(t))
+            self.natives.add(k)
 
         return hook
+
+    def complete(self) -> bool:
+        """Whether this batch has seen every source, consumer and native quantity."""
+        return (
+            self.folded == len(self.ad.consumers)
+            and bool(self.fired.all())
+            and len(self.natives) == len(self.ad.native)
+        )
 
 
 def check_additive(trace: xr.Dataset, tol: float = TOLERANCE, hint: str = "") -> None:

@@ -74,13 +74,19 @@ class Sums:
 
 
 class LogitProbe(Sums):
-    """Direct logit attribution and the logit lens, summed over a capture's batches."""
+    """Direct logit attribution (and, with ``lens``, the logit lens), summed over a capture's batches.
+
+    The attribution never builds the read-out's [T, source, d_model] terms: with x_t the target's
+    unembedding row times the norm's gain (centred for a LayerNorm, which moves the centring from
+    the terms to x), <c_s, x_t> = w_s <v_s, x_t> is one batched product over the source buffer
+    for the three targets at once.
+    """
 
     FIELDS = ("attr", "bias", "err", "actual", "lens_ce", "lens_agree", "loss", "tokens")
 
-    def __init__(self, ad: Adapter, skip: int):
+    def __init__(self, ad: Adapter, skip: int, lens: bool = False):
         self.head = require_head(ad, "--logits")
-        self.skip = skip
+        self.skip, self.lens_on = skip, lens
         n_l, n_s = len(ad.consumers), len(ad.sources)
         self.attr = np.zeros((n_s, len(TARGETS)))
         self.bias = np.zeros(len(TARGETS))
@@ -95,10 +101,7 @@ class LogitProbe(Sums):
         self._next: Tensor | None = None
 
     def new_batch(self, chunk: Tensor) -> None:
-        """Start the windows ``chunk`` [batch, pos]: keep their next tokens after the skipped positions.
-
-        Raises DepthscopeError when the windows leave no position with a next token.
-        """
+        """Start a batch of windows [batch, pos]: its next tokens are the targets."""
         if chunk.shape[1] - 1 <= self.skip:
             raise DepthscopeError(
                 f"windows of {chunk.shape[1]} leave no position with a next token after {self.skip} skipped"
@@ -118,15 +121,16 @@ class LogitProbe(Sums):
         self.lens_ce[i] += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
         self._top1[i] = logits.argmax(-1)
 
-    def readout(self, h: Tensor, parts: tuple[Tensor, Tensor | None, bool]) -> None:
-        """The read-out's input and its terms: (weights or terms, source values or None, per-term?)."""
-        self._readout = (h, parts)
+    def readout(self, h: Tensor, kind: str, w: Tensor | None, values: Tensor) -> None:
+        """The read-out's input [batch, pos, d] and how it is made: ``kind`` ``unit`` (w None), ``static``
+        (w [n]), ``token`` (w [T, n]), ``feature`` (w [T, n, d]) or ``terms`` (w: terms [b, p, n, d]),
+        over ``values`` [n, T, d] (the source buffer; T = batch x pos).
+        """
+        self._readout = (h, kind, w, values)
 
     @torch.no_grad()
     def end_batch(self, logits: Tensor) -> None:
-        """Score the batch against the model's logits: loss, each lens' top-1 agreement, and the direct
-        logit attribution of the read-out's terms; TraceError if the read-out did not fire.
-        """
+        """The model's logits [batch, pos, vocab]: the loss, the lens agreement, the attribution."""
         logits = logits[:, self.skip : -1].double()
         nxt = self._next = self._next.to(logits.device)
         self.loss += float(F.cross_entropy(logits.flatten(0, 1), nxt.flatten(), reduction="sum"))
@@ -138,44 +142,84 @@ class LogitProbe(Sums):
             raise TraceError("the read-out consumer did not fire: no logit attribution")
         self._attribute(logits, top1)
 
+    def _targets(self, logits: Tensor, top1: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Per token, for correct, top1 and margin: unembedding rows u [b, p', 3, d], unembedding
+        biases [b, p', 3] and the model's actual logits [b, p', 3] (p' = positions with a next token).
+        """
+        head, nxt = self.head, self._next.to(logits.device)
+        wrong = logits.masked_fill(F.one_hot(nxt, logits.shape[-1]).bool(), -torch.inf).argmax(-1)
+        W_U = head.W_U.to(logits.device, torch.float64)  # noqa: N806 (the usual name)
+        b_U = (
+            head.b_U.to(logits.device, torch.float64) if head.b_U is not None else W_U.new_zeros(W_U.shape[0])
+        )
+        pick = lambda t: logits.gather(-1, t[..., None]).squeeze(-1)  # noqa: E731
+        u = torch.stack([W_U[nxt], W_U[top1], W_U[nxt] - W_U[wrong]], dim=2)
+        b = torch.stack([b_U[nxt], b_U[top1], b_U[nxt] - b_U[wrong]], dim=2)
+        actual = torch.stack([pick(nxt), pick(top1), pick(nxt) - pick(wrong)], dim=2)
+        return u, b, actual
+
     def _attribute(self, logits: Tensor, top1: Tensor) -> None:
         head = self.head
-        dev = head.W_U.device
-        nxt, logits, top1 = self._next.to(dev), logits.to(dev), top1.to(dev)
-        h, (w, values, is_terms) = self._readout
-        h = self._cut(h).to(dev, torch.float64)
-        w = self._cut(w).to(dev, torch.float64)
-        terms = w if is_terms else _terms(w, self._cut(values).to(dev, torch.float64))
+        h, kind, w, values = self._readout
+        dev = values.device
+        u, b, actual = (x.to(dev) for x in self._targets(logits, top1))
+        hc = self._cut(h).to(dev, torch.float64)
         if head.centred:
-            h = h - h.mean(-1, keepdim=True)
-            terms = terms - terms.mean(-1, keepdim=True)
-        inv = torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + head.eps)  # [batch, pos, 1]
-        gamma = head.weight.double() if head.weight is not None else 1.0
-        wrong = logits.masked_fill(F.one_hot(nxt, logits.shape[-1]).bool(), -torch.inf).argmax(-1)
-        W_U = head.W_U.double()  # noqa: N806 (the usual name)
-        b_U = head.b_U.double() if head.b_U is not None else W_U.new_zeros(W_U.shape[0])
-        beta = head.bias.double() if head.bias is not None else W_U.new_zeros(W_U.shape[1])
-        for k, target in enumerate(TARGETS):
-            if target == "margin":
-                u, b = W_U[nxt] - W_U[wrong], b_U[nxt] - b_U[wrong]
-                actual = logits.gather(-1, nxt[..., None]) - logits.gather(-1, wrong[..., None])
-            else:
-                t = nxt if target == "correct" else top1
-                u, b, actual = W_U[t], b_U[t], logits.gather(-1, t[..., None])
-            attr = torch.einsum("bpsd,bpd->bps", terms, u * gamma) * inv  # [batch, pos, source]
-            bias = u @ beta + b
-            total = attr.sum(-1) + bias
-            n = attr.shape[-1]
-            self.attr[:n, k] += attr.sum((0, 1)).cpu().numpy()
-            self.bias[k] += float(bias.sum())
-            self.err[k] += float((total - actual.squeeze(-1)).pow(2).sum())
-            self.actual[k] += float(actual.pow(2).sum())
+            hc = hc - hc.mean(-1, keepdim=True)
+        inv = torch.rsqrt(hc.pow(2).mean(-1) + head.eps)  # [b, p']
+        gamma = head.weight.to(dev, torch.float64) if head.weight is not None else 1.0
+        x = u * gamma
+        if head.centred:
+            x = x - x.mean(-1, keepdim=True)
+        beta = head.bias.to(dev, torch.float64) if head.bias is not None else None
+        bias = b + (u @ beta if beta is not None else 0.0)  # [b, p', 3]
+        n_b, p = h.shape[0], h.shape[1]
+        x_full = x.new_zeros(n_b, p, len(TARGETS), x.shape[-1])  # zero at each window's last position
+        x_full[:, :-1] = x * inv[..., None, None]
+        attr = self._dots(kind, w, values, x_full.flatten(0, 1).to(values.dtype))  # [T, n, 3]
+        attr = attr.unflatten(0, (n_b, p))[:, :-1].to(torch.float64)  # [b, p', n, 3]
+        total = attr.sum(2) + bias
+        n = attr.shape[2]
+        sums = (
+            torch.cat(
+                [
+                    attr.sum((0, 1)).flatten(),
+                    bias.sum((0, 1)),
+                    (total - actual).pow(2).sum((0, 1)),
+                    actual.pow(2).sum((0, 1)),
+                ]
+            )
+            .cpu()
+            .numpy()
+        )
+        k = len(TARGETS)
+        self.attr[:n] += sums[: n * k].reshape(n, k)
+        self.bias += sums[n * k : n * k + k]
+        self.err += sums[n * k + k : n * k + 2 * k]
+        self.actual += sums[n * k + 2 * k :]
+
+    @staticmethod
+    def _dots(kind: str, w: Tensor | None, values: Tensor, x: Tensor) -> Tensor:
+        """<c_s, x_t,k> for every token t, source s and target k: [T, n, 3], from the source buffer
+        [n, T, d] and the read-out's weights (``readout``'s kinds), x [T, 3, d].
+        """
+        if kind == "terms":  # terms [b, p, n, d]
+            return torch.bmm(w.flatten(0, 1).to(x.dtype), x.transpose(1, 2))
+        v = values.transpose(0, 1)  # [T, n, d]
+        if kind == "feature":
+            return torch.bmm(w * v, x.transpose(1, 2))
+        g = torch.bmm(v, x.transpose(1, 2))  # [T, n, 3]
+        if kind == "unit":
+            return g
+        if kind == "static":
+            return g * w.to(g.dtype)[None, :, None]
+        return g * w[..., None]  # per-token weights [T, n]
 
     def check(self, tol: float) -> np.ndarray:
         """Relative error of the attribution against the actual logits, per target; refused above tol."""
         err = np.sqrt(self.err / np.maximum(self.actual, 1e-300))
         if not np.all(err <= tol):
-            k = int(np.argmax(err))
+            k = int(np.nanargmax(np.where(np.isnan(err), np.inf, err)))
             raise TraceError(
                 f"direct logit attribution does not add up to the {TARGETS[k]} logits (relative error "
                 f"{err[k]:.3g}, tolerance {tol:g}): the final norm or unembedding is not the one read"
@@ -183,26 +227,18 @@ class LogitProbe(Sums):
         return err
 
     def variables(self, tol: float) -> dict[str, tuple]:
-        """Token means as trace variables: logit attribution, bias and error, lens loss and agreement.
-
-        Raises TraceError (through ``check``) when the attribution misses the logits by more than ``tol``.
-        """
+        """The probe's trace variables (token means), after checking the attribution adds up."""
         n = max(self.tokens, 1)
         err = self.check(tol)
-        return {
+        out = {
             "logit_attribution": (("source", "target"), self.attr / n),
             "logit_bias": (("target",), self.bias / n),
             "logit_error": (("target",), err),
-            "lens_loss": (("layer",), self.lens_ce / n),
-            "lens_agreement": (("layer",), self.lens_agree / n),
         }
-
-
-def _terms(w: Tensor, values: Tensor) -> Tensor:
-    """c_s = w_s (*) v_s for scalar [.., source] or per-feature [.., source, d_model] weights."""
-    n = w.shape[2]
-    v = values[:, :, :n]
-    return (w.unsqueeze(-1) if w.ndim == 3 else w) * v
+        if self.lens_on:
+            out["lens_loss"] = (("layer",), self.lens_ce / n)
+            out["lens_agreement"] = (("layer",), self.lens_agree / n)
+        return out
 
 
 def units(ad: Adapter, mode: str) -> list[tuple[int, int | None]]:
@@ -295,9 +331,10 @@ class Ablation(Sums):
                     v = values[j][rows] if values[j].shape[0] > 1 else values[j]
                     if w is not None:  # (on the weights' device: a device map may put them elsewhere)
                         v = v.to(w.device)
-                    term = (
-                        v if w is None else (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v
-                    )
+                    if w is not None:
+                        term = (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v
+                    else:  # unit weights, or the consumer's static weight on that source
+                        term = v * spec.static[j] if spec.static else v
                     if self.mean:
                         term = term - term.mean((0, 1), keepdim=True)
                     h[rows] = h[rows] - term.to(h.device, h.dtype)

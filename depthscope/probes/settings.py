@@ -62,8 +62,11 @@ class CaptureSettings:
             pretrained causal LMs, whose first position holds an attention sink; 0 otherwise).
         rank: also stream each source's covariance over tokens (d x d per source) and store its
             spectrum as ``source_spectrum`` (source, component) for ``depthscope.analysis.rank``.
-        logits: also direct logit attribution per source (checked to add up to the logits) and
-            the logit lens over consumers (``probes.causal``); needs the model's LM head.
+        logits: also direct logit attribution per source, checked to add up to the logits
+            (``probes.causal``); needs the model's LM head.
+        lens: also the logit lens over consumers: every consumer's input decoded by the final norm
+            and unembedding, one LM-head product per consumer (61 for SmolLM2: about 12 forwards'
+            worth), so it is asked for on its own.
         ablate: ``"sources"`` (remove each source from every later consumer's input) or
             ``"cells"`` (from one consumer at a time): the increase in loss, one forward per
             source or cell; ``ablate_mean`` replaces the term by its token mean instead;
@@ -81,6 +84,7 @@ class CaptureSettings:
     skip_positions: int | None = None
     rank: bool = False
     logits: bool = False
+    lens: bool = False
     ablate: Ablate | None = None
     ablate_mean: bool = False
     ablate_tokens: int | None = None
@@ -99,14 +103,14 @@ class CaptureSettings:
             raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {self.ablate!r}")
         if self.ablate_tokens is not None:
             _count("ablate_tokens", self.ablate_tokens, low=1)
-        for name in ("rank", "logits", "ablate_mean"):
+        for name in ("rank", "logits", "lens", "ablate_mean"):
             if not isinstance(getattr(self, name), bool):
                 raise DepthscopeError(f"{name} must be True or False, got {getattr(self, name)!r}")
 
     @property
     def causal(self) -> bool:
-        """Whether the capture needs the model's LM head (logit attribution or ablation)."""
-        return self.logits or self.ablate is not None
+        """Whether the capture needs the model's LM head (logit attribution, lens or ablation)."""
+        return self.logits or self.lens or self.ablate is not None
 
     def replace(self, **changes: Any) -> CaptureSettings:
         """A copy with ``changes`` (checked like the original)."""

@@ -84,7 +84,7 @@ def test_attribution_agrees_with_transformer_lens_logit_attrs():
 
 def test_logit_lens_against_the_head_applied_by_hand(tokens):
     model = model_of("attnres")
-    trace = capture(model, tokens, batch_size=4, logits=True)
+    trace = capture(model, tokens, batch_size=4, lens=True)
     _, cache = model.run_with_cache(tokens)
     nxt = tokens[:, 1:]
     final = model(tokens)[:, :-1].argmax(-1)
@@ -202,6 +202,7 @@ def test_cli_logits_and_ablation(tmp_path, capsys):
         "--tokens",
         "128",
         "--logits",
+        "--lens",
         "--ablate",
         "sources",
         "--quiet",
@@ -257,7 +258,7 @@ def test_hugging_face_decoder_attribution_and_ablation(tmp_path):
     )
     model = LlamaForCausalLM(cfg).eval()
     toks = torch.randint(0, 64, (3, 16), generator=torch.Generator().manual_seed(1))
-    trace = capture(model, toks, logits=True, ablate="sources", skip_positions=0)
+    trace = capture(model, toks, logits=True, lens=True, ablate="sources", skip_positions=0)
     assert float(trace["logit_error"].max()) < 1e-5
     assert float(trace["lens_loss"].sel(layer="readout")) == pytest.approx(trace.attrs["loss"], rel=1e-6)
 

@@ -32,19 +32,35 @@ def test_stack_and_select_round_trip():
     assert back.attrs == small.attrs  # every attr comes back
 
 
+def planted(acc: Accumulator, w=None, static: bool = False) -> xr.Dataset:
+    """One batch of two tokens, two orthogonal sources: v0 along e0, v1 = 2 e1 (float64)."""
+    v = torch.zeros(2, 2, 3, dtype=torch.float64)  # [source, token, d]
+    v[0, :, 0] = 1.0
+    v[1, :, 1] = 2.0
+    acc.start_batch()
+    acc.source(0, v[0])
+    acc.source(1, v[1])
+    if w is None:
+        h = v.sum(0)
+    elif static:
+        h = (w[:, None, None] * v).sum(0)
+    else:
+        ww = w if w.ndim == 3 else w[..., None]
+        h = (ww * v.transpose(0, 1)).sum(1)
+    acc.consumer(0, h, w, static=static)
+    err, finite, folded = acc.end_batch()
+    assert finite and folded == {0} and err[0] == 0.0
+    acc.add_tokens(2)
+    return acc.dataset({})
+
+
+LAYOUT = Layout(["a"], [2], ["attn"], [2], ["embed", "0.attn"], [0, 1], ["embed", "attn"])
+
+
 def test_accumulator_on_planted_weights():
     """Two sources with planted per-token weights: mixing mean/std and shares by hand."""
-    lay = Layout(["a"], [2], ["attn"], [2], ["embed", "0.attn"], [0, 1], ["embed", "attn"])
-    acc = Accumulator(lay)
-    v = torch.zeros(1, 2, 2, 3, dtype=torch.float64)
-    v[..., 0, 0] = 1.0  # source 0 along e0
-    v[..., 1, 1] = 2.0  # source 1 along e1
-    w = torch.tensor([[[1.0, 3.0], [3.0, 1.0]]], dtype=torch.float64)  # two tokens
-    h = (w[..., None] * v).sum(2)
-    norms = torch.stack([acc.source(0, v[:, :, 0]), acc.source(1, v[:, :, 1])], dim=-1)
-    acc.consumer(0, h, w, v, norms)
-    acc.add_tokens(2)
-    ds = acc.dataset({})
+    w = torch.tensor([[1.0, 3.0], [3.0, 1.0]], dtype=torch.float64)  # two tokens
+    ds = planted(Accumulator(LAYOUT), w)
     np.testing.assert_allclose(ds["mixing"].values[0], [2.0, 2.0])
     np.testing.assert_allclose(ds["mixing_std"].values[0], [1.0, 1.0])
     np.testing.assert_allclose(ds["mixing_abs"].values[0], [2.0, 2.0])
@@ -54,20 +70,46 @@ def test_accumulator_on_planted_weights():
     np.testing.assert_allclose(ds["source_rms"].values, [np.sqrt(2 / 6), np.sqrt(8 / 6)])
     assert ds["residual_error"].item() == 0.0
     # per-feature weights equal to the scalar ones give the same statistics
-    acc2 = Accumulator(lay)
-    acc2.consumer(0, h, w[..., None].expand(-1, -1, -1, 3), v, norms)
-    acc2.add_tokens(2)
-    ds2 = acc2.dataset({})
+    ds2 = planted(Accumulator(LAYOUT), w[..., None].expand(-1, -1, 3))
     for name in ("mixing", "mixing_abs", "mixing_std", "contribution_share", "norm_share"):
         np.testing.assert_allclose(ds2[name].values, ds[name].values)
     # signed per-feature weights: the mean cancels, the magnitude does not
-    acc3 = Accumulator(lay)
     signs = torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64)
-    acc3.consumer(0, h, w[..., None] * signs, v, norms)
-    acc3.add_tokens(2)
-    ds3 = acc3.dataset({})
+    ds3 = planted(Accumulator(LAYOUT), w[..., None] * signs)
     np.testing.assert_allclose(ds3["mixing"].values[0], [2.0 / 3, 2.0 / 3])
     np.testing.assert_allclose(ds3["mixing_abs"].values[0], [2.0, 2.0])
+
+
+def test_accumulator_on_unit_and_static_weights():
+    """The Gram path: unit weights share |v_s|^2 / sum; static weights w_s^2 |v_s|^2 / sum."""
+    ds = planted(Accumulator(LAYOUT))
+    np.testing.assert_allclose(ds["contribution_share"].values[0], [1 / 5, 4 / 5])
+    np.testing.assert_allclose(ds["norm_share"].values[0], [1 / 3, 2 / 3])
+    np.testing.assert_allclose(ds["mixing"].values[0], [1.0, 1.0])
+    np.testing.assert_allclose(ds["mixing_std"].values[0], [0.0, 0.0])
+    w = torch.tensor([3.0, -0.5], dtype=torch.float64)
+    ds = planted(Accumulator(LAYOUT), w, static=True)
+    np.testing.assert_allclose(ds["contribution_share"].values[0], [9 / 10, 1 / 10])
+    np.testing.assert_allclose(ds["norm_share"].values[0], [3 / 4, 1 / 4])
+    np.testing.assert_allclose(ds["mixing"].values[0], [3.0, -0.5])
+    np.testing.assert_allclose(ds["mixing_abs"].values[0], [3.0, 0.5])
+
+
+def test_a_wrong_input_and_a_nan_fail_the_batch_check():
+    acc = Accumulator(LAYOUT)
+    v = torch.ones(2, 4, 3, dtype=torch.float64)
+    acc.start_batch()
+    acc.source(0, v[0])
+    acc.source(1, v[1])
+    acc.consumer(0, 1.01 * v.sum(0))  # 1% off the sum of its sources
+    err, finite, _ = acc.end_batch()
+    assert err[0] == np.float64(0.01 / 1.01) or abs(err[0] - 0.01 / 1.01) < 1e-12
+    acc.start_batch()
+    acc.source(0, v[0])
+    acc.source(1, v[1] * float("nan"))
+    acc.consumer(0, v.sum(0))
+    err, finite, _ = acc.end_batch()
+    assert not finite and not err[0] <= 1e-4  # NaN fails, never passes
 
 
 def test_stacking_schemes_with_different_sublayers_keeps_each_order():

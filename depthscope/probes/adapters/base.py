@@ -54,7 +54,10 @@ class ConsumerSpec:
     kind: Kind
     depth: int
     n_sources: int  # sources written before it (the first n of the adapter's sources)
-    weights: str | None = None  # tap of per-token weights [batch, pos, n(, d_model)]; None = all ones
+    weights: str | None = None  # tap of per-token weights [batch, pos, n(, d_model)]; None = static
+    # static weights over the n sources when there is no weights tap (None: all ones); a scaled
+    # write (granite's residual_multiplier, minicpm's scale_depth / sqrt(L)) is a static weight
+    static: tuple[float, ...] | None = None
     terms: bool = (
         False  # the ``weights`` tap delivers (terms [batch, pos, n, d_model], mixing [batch, pos, n])
     )
