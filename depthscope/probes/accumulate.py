@@ -41,7 +41,7 @@ from torch import Tensor
 from depthscope.errors import TraceError
 from depthscope.trace import TRACE_FORMAT, VARIABLE_ATTRS, Layout, with_blocks
 
-CHUNK_BYTES = 1 << 22  # token chunks of per-feature and per-token work: about 4 MB of temporaries
+CHUNK_BYTES = 1 << 20  # token chunks of per-feature and per-token work: about 1 MB, cache-sized
 MATRICES = ("mix", "mix_abs", "mix_sq", "dot", "cnorm")  # (layer, source) sums
 ROWS = ("hh", "ctotal", "err", "in_sq", "first_sq", "full_sq")  # (layer,) sums
 
@@ -180,21 +180,21 @@ class Accumulator:
             self._token.append((i, w))
         else:
             w = weights.to(self.V.dtype)
-            self._chunked(i, h, lambda a, b: w[a:b] * self.V[:n, a:b].transpose(0, 1))
+            self._chunked(i, h, lambda a, b: w[a:b].transpose(0, 1) * self.V[:n, a:b])
             self._fold_weights(i, w.mean(-1), w.abs().mean(-1))
 
     @torch.no_grad()
     def consumer_terms(self, i: int, h: Tensor, terms: Tensor, mixing: Tensor) -> None:
-        """Consumer i from its terms c[l, s] directly: input h [T, d], terms [T, n, d] with
-        h = sum_s terms[:, s] (to rounding), and per-token mixing coefficients [T, n] (what
-        ``mixing`` reports: for a post-LN model, the accumulated 1/sigma of each term).
+        """Consumer i from its terms c[l, s] directly: input h [T, d], terms [n, T, d] with
+        h = sum_s terms[s] (to rounding), and per-token mixing coefficients [T, n] (what ``mixing``
+        reports: for a post-LN model, the accumulated 1/sigma of each term).
         """
-        self._chunked(i, h, lambda a, b: terms[a:b])
+        self._chunked(i, h, lambda a, b: terms[:, a:b])
         self._fold_weights(i, mixing, mixing.abs())
 
     def _chunked(self, i: int, h: Tensor, contributions) -> None:
-        """A consumer whose contributions c [t, n, d] are built per token chunk: rebuild, dots with
-        its own rebuild, contribution norms and the error, without holding [T, n, d] at once.
+        """A consumer whose contributions c [n, t, d] are built per token chunk: rebuild, dots with
+        its own rebuild, contribution norms and the error, without holding [n, T, d] at once.
         """
         n = int(self.n_sources[i])
         T, d = h.shape  # noqa: N806
@@ -204,10 +204,10 @@ class Accumulator:
         hh = err = h.new_zeros((), dtype=self.dtype)
         for a in range(0, T, step):
             b = min(T, a + step)
-            c = contributions(a, b)  # [t, n, d]
-            rebuilt = c.sum(1)
-            dots = dots + self._sum(c * rebuilt.unsqueeze(1), (0, 2))
-            cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 0)
+            c = contributions(a, b)  # [n, t, d]
+            rebuilt = c.sum(0)
+            dots = dots + torch.einsum("ntd,td->n", c, rebuilt).to(self.dtype)
+            cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 1)
             hh = hh + self._sum(rebuilt.pow(2))
             err = err + self._sum((h[a:b] - rebuilt.to(h.dtype)).pow(2))
         s = self.sums

@@ -474,7 +474,7 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
+            got[key] = tuple(x[:, :, self.skip :] for x in t) if spec.terms and key == "w" else self._cut(t)
             if key == "h" and self.probe is not None and self.probe.lens_on:
                 self.probe.lens(i, got["h"])
             if "h" in got and ("w" in got or spec.weights is None):
@@ -492,10 +492,11 @@ class Taps:
         V = self.acc.V  # noqa: N806
         h = got["h"].to(V.device, V.dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(V.device)
         w = got.get("w")
-        if spec.terms:
-            terms, mixing = (x.to(V.device) for x in w)
+        if spec.terms:  # source-major: terms [n, batch, pos, d], mixing [n, batch, pos]
+            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w)
+            terms = terms.to(V.dtype)
             self._readout(spec, h, "terms", terms)
-            self.acc.consumer_terms(i, self._flat(h), terms.flatten(0, 1).to(V.dtype), self._flat(mixing))
+            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
             self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)

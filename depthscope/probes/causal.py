@@ -123,7 +123,7 @@ class LogitProbe(Sums):
 
     def readout(self, h: Tensor, kind: str, w: Tensor | None, values: Tensor) -> None:
         """The read-out's input [batch, pos, d] and how it is made: ``kind`` ``unit`` (w None), ``static``
-        (w [n]), ``token`` (w [T, n]), ``feature`` (w [T, n, d]) or ``terms`` (w: terms [b, p, n, d]),
+        (w [n]), ``token`` (w [T, n]), ``feature`` (w [T, n, d]) or ``terms`` (w: terms [n, T, d]),
         over ``values`` [n, T, d] (the source buffer; T = batch x pos).
         """
         self._readout = (h, kind, w, values)
@@ -203,8 +203,8 @@ class LogitProbe(Sums):
         """<c_s, x_t,k> for every token t, source s and target k: [T, n, 3], from the source buffer
         [n, T, d] and the read-out's weights (``readout``'s kinds), x [T, 3, d].
         """
-        if kind == "terms":  # terms [b, p, n, d]
-            return torch.bmm(w.flatten(0, 1).to(x.dtype), x.transpose(1, 2))
+        if kind == "terms":  # terms [n, T, d]
+            return torch.bmm(w.transpose(0, 1).to(x.dtype), x.transpose(1, 2))
         v = values.transpose(0, 1)  # [T, n, d]
         if kind == "feature":
             return torch.bmm(w * v, x.transpose(1, 2))

@@ -22,12 +22,15 @@ def fold(values, weights, splits, covariance=False):
     for a, b in zip(bounds, bounds[1:]):
         if a == b:
             continue
-        v = values[a:b].unsqueeze(0)  # [1, pos, source, d]
-        norms = torch.stack([acc.source(j, v[:, :, j]) for j in range(2)], dim=-1)
+        v = values[a:b]  # [tokens, source, d]
+        acc.start_batch()
+        for j in range(2):
+            acc.source(j, v[:, j])
         for i in range(2):
-            w = weights[a:b, i, : i + 1].unsqueeze(0)
-            h = (w.unsqueeze(-1) * v[:, :, : i + 1]).sum(2)
-            acc.consumer(i, h, w, v, norms)
+            w = weights[a:b, i, : i + 1]
+            acc.consumer(i, (w.unsqueeze(-1) * v[:, : i + 1]).sum(1), w)
+        err, finite, _ = acc.end_batch()
+        assert finite and np.all(err < 1e-12)
         acc.add_tokens(b - a)
     return acc.dataset({})
 

@@ -43,8 +43,9 @@ def layout(n: int) -> Layout:
 def spectrum_of(values: torch.Tensor, batch: int) -> xr.DataArray:
     acc = Accumulator(layout(values.shape[1]), covariance=True)
     for chunk in values.split(batch):
+        acc.start_batch()
         for j in range(values.shape[1]):
-            acc.source(j, chunk[:, j].unsqueeze(0))
+            acc.source(j, chunk[:, j])
         acc.add_tokens(len(chunk))
     ds = acc.dataset({})
     return ds["source_spectrum"]

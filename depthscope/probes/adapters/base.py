@@ -58,9 +58,9 @@ class ConsumerSpec:
     # static weights over the n sources when there is no weights tap (None: all ones); a scaled
     # write (granite's residual_multiplier, minicpm's scale_depth / sqrt(L)) is a static weight
     static: tuple[float, ...] | None = None
-    terms: bool = (
-        False  # the ``weights`` tap delivers (terms [batch, pos, n, d_model], mixing [batch, pos, n])
-    )
+    # the ``weights`` tap delivers carried terms, source-major: (terms [n, batch, pos, d_model],
+    # mixing [n, batch, pos]) with the input the sum of the terms (post-LN encoders)
+    terms: bool = False
 
 
 @dataclass(frozen=True)

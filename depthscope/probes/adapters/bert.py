@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from depthscope.probes.accumulate import CHUNK_BYTES
 from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, SourceSpec, module_attach, router
 from depthscope.probes.adapters.hf import encoder, model_name, pretrained
 from depthscope.schemes import names
@@ -136,48 +137,67 @@ def build(model: Any) -> Adapter:
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
         encode=None if tokenizer is None else encoder(tokenizer),
-        attach=lambda m, taps: _attach(m, taps, n),
+        attach=lambda m, taps: _attach(m, taps, n, len(srcs)),
         views=False,  # a post-LN layer's input is the stream itself
     )
 
 
 class _Terms:
-    """The terms of the current hidden state and their accumulated 1/sigma, batch by batch."""
+    """The terms of the current hidden state and their accumulated 1/sigma, batch by batch.
 
-    def __init__(self, send):
-        self.send = send
-        self.terms: list[Tensor] = []  # [batch, pos, d_model] each
-        self.scale: list[Tensor] = []  # [batch, pos] each: prod of 1/sigma since the term entered
-        self.batch = 0
+    One buffer per batch, source-major: ``terms`` [source, batch, pos, d_model] (the first ``n``
+    live) and ``scale`` [source, batch, pos]; each LayerNorm updates the live terms in place, and a
+    consumer hands the engine a view of them (the engine folds it before the next LayerNorm).
+    """
+
+    def __init__(self, send, n_sources: int):
+        self.send, self.n_sources = send, n_sources
+        self.terms: Tensor | None = None
+        self.scale: Tensor | None = None
+        self.n = 0
+
+    def start(self, t: Tensor) -> None:
+        """A new batch, from its first source [batch, pos, d_model]."""
+        shape = (self.n_sources, *t.shape)
+        if self.terms is None or self.terms.shape != shape or self.terms.dtype != t.dtype:
+            self.terms = t.new_empty(shape)
+            self.scale = t.new_empty(shape[:-1])
+        self.n = 0
 
     def source(self, key: str, t: Tensor) -> None:
         """A new term: sent to the engine as a source, kept with scale 1."""
-        t = t.expand(self.batch, -1, -1) if t.shape[0] != self.batch else t
+        t = t.expand(self.terms.shape[1], -1, -1) if t.shape[0] != self.terms.shape[1] else t
         self.send(key, t)
-        self.terms.append(t)
-        self.scale.append(t.new_ones(t.shape[:-1]))
+        self.terms[self.n] = t
+        self.scale[self.n] = 1.0
+        self.n += 1
 
     def normalise(self, ln: torch.nn.LayerNorm, x: Tensor, bias_key: str) -> None:
         """Propagate every term through ``ln`` applied to ``x`` (= their sum), then add its bias."""
         inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + ln.eps)  # that token's 1/sigma
-        gamma = ln.weight if ln.weight is not None else 1.0
-        self.terms = [gamma * (c - c.mean(-1, keepdim=True)) * inv for c in self.terms]
-        self.scale = [s * inv.squeeze(-1) for s in self.scale]
+        gain = (inv * ln.weight if ln.weight is not None else inv).flatten(0, 1)  # [T, d]
+        live = self.terms[: self.n].flatten(1, 2)  # [n, T, d]
+        step = max(1, CHUNK_BYTES // (live.element_size() * live.shape[0] * live.shape[-1]))
+        for a in range(0, live.shape[1], step):  # token chunks that stay in cache: one pass over memory
+            c = live[:, a : a + step]
+            c -= c.mean(-1, keepdim=True)
+            c *= gain[a : a + step]
+        self.scale[: self.n] *= inv.squeeze(-1)
         beta = ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1])
         self.source(bias_key, beta.expand_as(x))
 
     def consumer(self, key: str, h: Tensor) -> None:
         self.send(f"{key}.in", h)
-        self.send(f"{key}.terms", (torch.stack(self.terms, dim=2), torch.stack(self.scale, dim=-1)))
+        self.send(f"{key}.terms", (self.terms[: self.n], self.scale[: self.n]))
 
 
 @contextlib.contextmanager
-def _attach(model: Any, taps: list[tuple[str, Callback]], n_layers: int):
-    state = _Terms(router(taps))
+def _attach(model: Any, taps: list[tuple[str, Callback]], n_layers: int, n_sources: int):
+    state = _Terms(router(taps), n_sources)
     p = _prefix(model)
 
     def word(t: Tensor) -> None:
-        state.terms, state.scale, state.batch = [], [], t.shape[0]  # a new batch starts here
+        state.start(t)  # a new batch starts here
         state.source("word", t)
 
     def layer_norm(path: str, bias_key: str):
