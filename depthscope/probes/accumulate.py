@@ -206,7 +206,7 @@ class Accumulator:
             b = min(T, a + step)
             c = contributions(a, b)  # [n, t, d]
             rebuilt = c.sum(0)
-            dots = dots + torch.einsum("ntd,td->n", c, rebuilt).to(self.dtype)
+            dots = dots + (c.flatten(1) @ rebuilt.flatten()).to(self.dtype)  # one matrix-vector product
             cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 1)
             hh = hh + self._sum(rebuilt.pow(2))
             err = err + self._sum((h[a:b] - rebuilt.to(h.dtype)).pow(2))
