@@ -100,12 +100,27 @@ def apply_house_style() -> None:
     matplotlib.rcParams.update(RC)
 
 
-def new_axes(figsize: tuple[float, float] | None = None):
-    """A fresh Figure with one Axes (pyplot-managed, so notebooks display it; never shown here)."""
+def subplots(*args, **kwargs):
+    """``pyplot.subplots`` (pyplot-managed figures, so notebooks display them; never shown here).
+
+    pyplot is imported on first use, in this module only: its figure-manager and backend
+    machinery is the slow part of importing matplotlib, and importing the figures need not pay it.
+    """
     import matplotlib.pyplot as plt
 
-    _, ax = plt.subplots(figsize=figsize)
-    return ax
+    return plt.subplots(*args, **kwargs)
+
+
+def new_figure(figsize: tuple[float, float] | None = None):
+    """A fresh empty pyplot-managed Figure (as ``subplots``)."""
+    import matplotlib.pyplot as plt
+
+    return plt.figure(figsize=figsize)
+
+
+def new_axes(figsize: tuple[float, float] | None = None):
+    """A fresh Figure with one Axes (as ``subplots``)."""
+    return subplots(figsize=figsize)[1]
 
 
 def style_axes(ax, *, spines: bool = False):
@@ -116,8 +131,9 @@ def style_axes(ax, *, spines: bool = False):
     return ax
 
 
-# One colour per scheme family in every figure (keyed by the ``scheme`` a trace records); the
-# colours are PALETTE's, so they stay colour-blind safe. A scheme not listed hashes into PALETTE.
+# One colour per scheme in every figure, keyed by the ``scheme`` a trace records (an attr of one
+# trace, a coordinate along ``model`` of a stack); the colours are PALETTE's, so they stay
+# colour-blind safe. A scheme not listed hashes into PALETTE.
 SCHEME_COLORS = {
     "standard": "#949494",
     "denseformer": "#0173b2",
@@ -128,38 +144,34 @@ SCHEME_COLORS = {
     "ddl": "#ca9161",
     "shortswa": "#56b4e9",
 }
+_SKIPPED = ("#ece133",)  # yellow: too pale for lines on white, never handed out as a free colour
 
 
-def _family(label: str) -> str:
-    """``attnres-block4`` -> ``attnres``, ``dca#2`` -> ``dca``, ``hc@500`` -> ``hc``."""
-    for sep in ("#", "@", "(", "-", ":", " "):
-        label = label.split(sep, 1)[0]
-    return label.lower()
+def scheme_color(scheme: str) -> str:
+    """The stable colour of a scheme (``SCHEME_COLORS``); an unknown scheme hashes into PALETTE."""
+    scheme = str(scheme)
+    return SCHEME_COLORS[scheme] if scheme in SCHEME_COLORS else _hashed(scheme)
 
 
-def scheme_color(label: str) -> str:
-    """The stable colour of a model label: its scheme's colour (``Scheme.color``, found by variant
-    label or scheme family); unknown labels hash into PALETTE.
-    """
-    label = str(label)
-    colors = SCHEME_COLORS
-    for key in (label, label.split("#", 1)[0].split("@", 1)[0], _family(label)):
-        if key in colors:
-            return colors[key]
-    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]  # crc32: stable across runs
+def _hashed(name: str) -> str:
+    return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]  # crc32: stable across runs, unlike hash()
 
 
-def scheme_colors(labels: Iterable[str]) -> dict[str, str]:
-    """Colours for the labels of one figure: ``scheme_color`` each, and where two labels would
-    share a colour (``attnres`` and ``attnres-block4``) the later one takes the next free one.
+def model_colors(models: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Colours of the models of one figure, by label, from (label, scheme) pairs.
+
+    Each model gets its scheme's colour (``scheme_color``; a model without a scheme, its label's
+    hash: never a colour looked up from the label); where two models would share a colour (two
+    AttnRes variants, or runs of one scheme), the later one takes the next free colour of
+    PALETTE, then of EXTRA.
     """
     out: dict[str, str] = {}
-    for label in labels:
-        colour = scheme_color(label)
+    for label, scheme in models:
+        colour = scheme_color(scheme) if scheme else _hashed(str(label))
         if colour in out.values():
             start = PALETTE.index(colour) if colour in PALETTE else 0
             free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))] + list(EXTRA)
-            colour = next((c for c in free if c not in out.values() and c != "#ece133"), colour)
+            colour = next((c for c in free if c not in out.values() and c not in _SKIPPED), colour)
         out[str(label)] = colour
     return out
 
