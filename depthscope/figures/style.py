@@ -35,7 +35,8 @@ PALETTE = (
     "#56b4e9",  # sky blue
 )
 
-# seaborn's "dark" palette: the overflow when one figure needs more colours than PALETTE has
+# seaborn's "dark" palette, hue by hue as PALETTE (EXTRA[i] is a dark shade of PALETTE[i]): the
+# colours of a scheme's second model in one figure, and the overflow beyond PALETTE
 EXTRA = (
     "#001c7f",
     "#b1400d",
@@ -160,20 +161,33 @@ def _hashed(name: str) -> str:
 def model_colors(models: Iterable[tuple[str, str]]) -> dict[str, str]:
     """Colours of the models of one figure, by label, from (label, scheme) pairs.
 
-    Each model gets its scheme's colour (``scheme_color``; a model without a scheme, its label's
-    hash: never a colour looked up from the label); where two models would share a colour (two
-    AttnRes variants, or runs of one scheme), the later one takes the next free colour of
-    PALETTE, then of EXTRA.
+    Each model wants its scheme's colour (``scheme_color``; a model without a scheme, its label's
+    hash: never a colour looked up from the label). The first model to want a colour gets it, so
+    every scheme keeps its colour whatever comes before it; a later model of that scheme (two
+    AttnRes variants, runs of one scheme) gets the dark shade of the same hue (EXTRA), else the
+    first colour still free.
     """
+    models = [(str(label), str(scheme)) for label, scheme in models]
+    wanted = {label: scheme_color(scheme) if scheme else _hashed(label) for label, scheme in models}
+    owner: dict[str, str] = {}
+    for label, _ in models:
+        owner.setdefault(wanted[label], label)
+    claimed = set(owner)
     out: dict[str, str] = {}
-    for label, scheme in models:
-        colour = scheme_color(scheme) if scheme else _hashed(str(label))
-        if colour in out.values():
-            start = PALETTE.index(colour) if colour in PALETTE else 0
-            free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))] + list(EXTRA)
-            colour = next((c for c in free if c not in out.values() and c not in _SKIPPED), colour)
-        out[str(label)] = colour
+    for label, _ in models:
+        colour = wanted[label]
+        if owner[colour] != label:
+            colour = _free(colour, claimed)
+            claimed.add(colour)
+        out[label] = colour
     return out
+
+
+def _free(colour: str, claimed: set[str]) -> str:
+    """The dark shade of ``colour``'s hue if free, else the first free colour (EXTRA, then PALETTE)."""
+    shade = [EXTRA[PALETTE.index(colour)]] if colour in PALETTE else []
+    spare = [c for c in (*shade, *EXTRA, *PALETTE) if c not in claimed and c not in _SKIPPED]
+    return spare[0] if spare else colour
 
 
 # Formats whose suffix ``save`` strips from the path it is given, to append each requested one.

@@ -12,7 +12,7 @@ from matplotlib.figure import Figure
 
 from depthscope.errors import DepthscopeError
 from depthscope.figures import house_style, model_colors, save, scheme_color
-from depthscope.figures.style import PALETTE, RC
+from depthscope.figures.style import EXTRA, PALETTE, RC
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,6 +35,7 @@ def test_palette_is_seaborn_colorblind():
     import seaborn as sns
 
     assert list(PALETTE) == sns.color_palette("colorblind").as_hex()
+    assert list(EXTRA) == sns.color_palette("dark").as_hex()  # a dark shade of each hue, in order
     from depthscope.figures.style import SCHEME_COLORS
     from depthscope.schemes import scheme_names
 
@@ -80,6 +81,10 @@ def test_model_colours_follow_the_scheme_and_are_distinct_within_a_figure():
     assert colours["attnres"] == scheme_color("attnres")  # the first of a scheme keeps its colour
     assert colours["dca"] == scheme_color("dca")
     assert colours["attnres-block4"] != colours["attnres"] and "#ece133" not in colours.values()
+    # a scheme's second model takes the dark shade of its hue, never another scheme's colour
+    assert colours["attnres-block4"] == EXTRA[PALETTE.index(scheme_color("attnres"))]
+    assert colours["grn-v1"] == EXTRA[PALETTE.index(scheme_color("dca"))]
+    assert colours["denseformer"] == scheme_color("denseformer")
     assert colours["my run"] == PALETTE[zlib.crc32(b"my run") % len(PALETTE)]  # no scheme: the label's hash
     # the label plays no part in the colour of a model with a scheme
     assert model_colors([("dca", "attnres")]) == {"dca": scheme_color("attnres")}
