@@ -20,7 +20,7 @@ import os
 
 import depthscope
 from depthscope import zoo
-from depthscope.analysis.dilution import summary
+from depthscope.analysis.dilution import dilution_curves, pattern_curves, row_normalized, summary
 from depthscope.figures.curves import plot_dilution, plot_pattern_scores
 from depthscope.figures.heatmaps import plot_heatmap_grid
 from depthscope.probes import capture
@@ -35,12 +35,13 @@ print(list(stacked["model"].values))
 
 # %% [markdown]
 # ## Heatmap grid
-# By default the grid draws the row-normalised weight |M[l, s]| / sum_s |M[l, s]|: every consumer
-# of a pre-norm model goes through a norm, so a row's scale is irrelevant, and a standard residual
-# reads 1/n on each available cell (the 1/T baseline) whatever the scheme's read-out scale.
+# The plot functions draw what an estimator returns. Here the row-normalised weight
+# |M[l, s]| / sum_s |M[l, s]| of every model (`row_normalized` keeps the `model` dimension): every
+# consumer of a pre-norm model goes through a norm, so a row's scale is irrelevant, and a standard
+# residual reads 1/n on each available cell (the 1/T baseline) whatever the scheme's read-out scale.
 
 # %%
-fig = plot_heatmap_grid(stacked)
+fig = plot_heatmap_grid(row_normalized(stacked))
 
 # %% [markdown]
 # The raw weights M: signed (DenseFormer's can be negative), so they read best on the
@@ -58,12 +59,15 @@ fig = plot_heatmap_grid(stacked, "contribution_share")
 
 # %% [markdown]
 # ## Dilution curves and pattern scores
+# Per consumer depth, model by model (each coloured by its scheme): the shares of the embedding,
+# the first and the latest source against the 1/T baseline, and the input-and-recent pattern.
 
 # %%
-ax = plot_dilution(stacked)
+curves = dilution_curves(stacked)
+ax = plot_dilution(curves)
 
 # %%
-ax = plot_pattern_scores(stacked)
+ax = plot_pattern_scores(pattern_curves(stacked))
 
 # %%
 # one summary per model, along a `group` dimension: all sublayer inputs, attention inputs, MLP

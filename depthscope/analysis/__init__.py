@@ -2,8 +2,12 @@
 
 from depthscope.analysis.dilution import (
     baseline,
+    by_depth,
     consumer_table,
+    dilution_curves,
     dilution_index,
+    mean_retention,
+    pattern_curves,
     pattern_score,
     relative_retention,
     retention,
@@ -11,19 +15,28 @@ from depthscope.analysis.dilution import (
     share_of,
     summary,
 )
-from depthscope.analysis.rank import add_ranks, collective_rank, effective_ranks
+from depthscope.analysis.native import stream_composite
+from depthscope.analysis.rank import add_ranks, collective_rank, effective_ranks, rank_profile
+from depthscope.analysis.stack import per_model
 
 __all__ = [
     "add_ranks",
     "baseline",
+    "by_depth",
     "collective_rank",
     "consumer_table",
+    "dilution_curves",
     "dilution_index",
     "effective_ranks",
+    "mean_retention",
+    "pattern_curves",
     "pattern_score",
+    "per_model",
+    "rank_profile",
     "relative_retention",
     "retention",
     "row_normalized",
     "share_of",
+    "stream_composite",
     "summary",
 ]

@@ -5,6 +5,7 @@
   the source is removed from that consumer alone), one row per cell along ``cell``;
 * ``weight_effect_correlation``: Spearman's rank correlation of the effect with the share and with
   the weight, per model: does the largest routing mass have the largest causal effect?
+  (``cell_correlation``: the same from the cells);
 * ``read_depth``: per consumer, the mass-weighted mean lag over its sources (lag = consumer depth -
   source depth, in sublayers; mass = the row-normalised weight |M|) and the mass on the embedding:
   how far back a consumer reads;
@@ -45,7 +46,11 @@ def weight_effect_correlation(trace: xr.Dataset) -> xr.Dataset:
     if STACK in trace.dims:
         rows = [weight_effect_correlation(t) for t in split_models(trace)]
         return xr.concat(rows, dim=xr.DataArray(trace[STACK].values, dims=STACK, name=STACK))
-    cells = weight_effect(trace)
+    return cell_correlation(weight_effect(trace))
+
+
+def cell_correlation(cells: xr.Dataset) -> xr.Dataset:
+    """``weight_effect_correlation`` of one model's cells (``weight_effect``'s output)."""
     out = {}
     for name in ("share", "weight"):
         x, y = cells[name].values, cells["effect"].values

@@ -7,6 +7,7 @@ Definitions (DESIGN.md "Estimators"); n_l is the number of sources available to 
     row_normalized[l, s] = |M[l, s]| / sum_s' |M[l, s']|      (a standard residual reads 1/n_l)
     retention[s, lag]    = contribution_share of source s at the consumers ``lag`` sublayers after it
     relative_retention   = retention / the same of a trace whose every share is 1/n_l
+    mean_retention[lag]  = relative_retention averaged over the sublayer sources
     pattern_score[l]     = (sum_{s in I_k} |M[l,s]| / sum_s |M[l,s]|) / (|I_k| / n_l)
                            with I_k = the embedding(s) + the last k sources; > 1 is the
                            "input and recent layers" pattern, 1 is a uniform row (NaN when n_l <= |I_k|)
@@ -14,8 +15,12 @@ Definitions (DESIGN.md "Estimators"); n_l is the number of sources available to 
 |M| is ``mixing_abs``, the token (and feature) mean of |weight|: for per-feature weights (DCA
 GRN-v2/v3) a magnitude, not the magnitude of a mean that signs can cancel.
 
-Every function reduces by dimension name and works with or without a ``model`` dimension, except
-``summary``, which summarises each model of a stack separately.
+Curves per consumer depth (``by_depth``: DCA's q/k/v views of one input are one point) are what
+the figures draw: ``dilution_curves``, ``pattern_curves``.
+
+Every function reduces by dimension name and works with or without a ``model`` dimension;
+``summary``, the curves and ``mean_retention`` estimate each model of a stack on its own trace
+(``per_model``) and keep the stack's per-model coordinates (``scheme``, ``step`` ...).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from depthscope.analysis.stack import per_model
 from depthscope.trace import STACK, split_models, stack_traces, with_blocks
 from depthscope.trace.labels import ATTN, BLOCK, EMBED, MLP, READOUT, SWA
 
@@ -73,7 +79,8 @@ def row_normalized(trace: xr.Dataset) -> xr.DataArray:
 
 def _from_end(avail: xr.DataArray) -> xr.DataArray:
     """Rank of each available source counted from the latest one (0 = latest)."""
-    return avail[..., ::-1].cumsum("source")[..., ::-1] - 1
+    backwards = slice(None, None, -1)
+    return avail.isel(source=backwards).cumsum("source").isel(source=backwards) - 1
 
 
 def _recent_mask(trace: xr.Dataset, k: int) -> xr.DataArray:
@@ -153,12 +160,78 @@ def uniform_retention(trace: xr.Dataset) -> xr.DataArray:
 
 def relative_retention(trace: xr.Dataset) -> xr.DataArray:
     """``retention`` over ``uniform_retention``: a source's share at each lag in units of 1/T
-    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag).
+    (the dilution index along the lag; 1 = the uniform share of the consumers at that lag), for a
+    trace or each model of a stack (``source_depth`` then per model).
     """
-    out = retention(trace) / uniform_retention(trace)
-    out.name = "relative_retention"
-    out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
-    return out
+
+    def one(t: xr.Dataset) -> xr.DataArray:
+        out = retention(t) / uniform_retention(t)
+        out.name = "relative_retention"
+        out.attrs.update(long_name="share after a lag, in units of the 1/T share", units="1")
+        return out
+
+    return per_model(trace, one)
+
+
+def mean_retention(trace: xr.Dataset) -> xr.DataArray:
+    """``relative_retention`` averaged over the sublayer sources, per lag (and model).
+
+    The embedding is left out: its share dominates untrained models, and ``dilution_curves``
+    follows it on its own.
+    """
+
+    def one(t: xr.Dataset) -> xr.DataArray:
+        out = relative_retention(t).where(t["source_kind"] != EMBED).mean("source")
+        out.name = "mean_retention"
+        out.attrs.update(long_name="mean share of a sublayer output after a lag, in units of 1/T", units="1")
+        return out
+
+    return per_model(trace, one)
+
+
+def by_depth(da: xr.DataArray) -> xr.DataArray:
+    """``da`` per consumer depth, along a ``layer_depth`` dimension: the mean over the consumers
+    at each depth (DCA's q, k and v views of one input are one point; every other consumer is
+    alone at its depth, so its value is kept exactly).
+    """
+    if STACK in da.dims:
+        return xr.concat(
+            [by_depth(da.isel({STACK: i})) for i in range(da.sizes[STACK])],
+            dim=STACK,
+            coords="different",
+            compat="equals",
+            join="outer",
+        )
+    present = np.flatnonzero(da["layer_depth"].values >= 0)  # a stack's padding rows have depth -1
+    return da.isel(layer=present).groupby("layer_depth").mean(keep_attrs=True)
+
+
+SHARES = ("embed", "first", "latest")  # the sources ``share_of`` follows
+
+
+def dilution_curves(trace: xr.Dataset) -> xr.Dataset:
+    """Per consumer depth (``by_depth``): ``embed_share``, ``first_share`` and ``latest_share``
+    (``share_of``) and the 1/T ``baseline``, for a trace or each model of a stack.
+    """
+
+    def one(t: xr.Dataset) -> xr.Dataset:
+        curves = {f"{which}_share": by_depth(share_of(t, which)) for which in SHARES}
+        return xr.Dataset({**curves, "baseline": by_depth(baseline(t))})
+
+    return per_model(trace, one)
+
+
+def pattern_curves(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
+    """Per consumer depth: ``pattern_score`` (``by_depth``), with ``mean_pattern_score``, its
+    mean over the sublayer inputs (``summary``'s), for a trace or each model of a stack.
+    """
+
+    def one(t: xr.Dataset) -> xr.Dataset:
+        mean = summary(t, k)["pattern_score"].sel(group="sublayers", drop=True)
+        data = {"pattern_score": by_depth(pattern_score(t, k)), "mean_pattern_score": mean}
+        return xr.Dataset(data, attrs={"k": k})
+
+    return per_model(trace, one)
 
 
 def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
@@ -220,9 +293,11 @@ def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     views of one attention input averaged first (``per_input``); pattern scores and dilution
     indices over the inputs that have more than the k + 1 pattern sources. The read-out group is
     the read-out's own value (what the logits see). ``max_residual_error`` over every consumer.
+    A stack is summarised model by model, its per-model coordinates kept (a trajectory's
+    ``step``, ``train_tokens``, ``val_loss``: the table its figures draw).
     """
     if STACK in trace.dims:
-        return stack_summaries([summary(t, k) for t in split_models(trace)], trace[STACK].values)
+        return per_model(trace, lambda one: summary(one, k))
     t = per_input(consumer_table(trace, k))
     kinds = t["layer_kind"]
     masks = {"sublayers": kinds != READOUT, **{g: kinds == g for g in GROUPS[1:]}}
@@ -242,12 +317,6 @@ def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     out["max_residual_error"].attrs.update(long_name="largest residual error", units="1")
     out["pattern_score"].attrs.update(long_name=f"mean pattern score (k={k})")
     return out.assign_attrs(k=k, label=str(trace.attrs.get("label", "")))
-
-
-def stack_summaries(summaries: list[xr.Dataset], labels) -> xr.Dataset:
-    """Per-model summaries along ``model``."""
-    out = xr.concat(summaries, dim=xr.DataArray(np.asarray(labels, dtype=object), dims=STACK, name=STACK))
-    return out.assign_attrs(k=summaries[0].attrs.get("k"))
 
 
 def block_view(trace: xr.Dataset) -> xr.Dataset:

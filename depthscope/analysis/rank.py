@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from depthscope.analysis.stack import per_model
 from depthscope.analysis.theory import derived_bound, threshold
 
 KINDS = ("numerical", "entropy", "participation")
@@ -115,6 +116,23 @@ def collective_rank(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
     out["collective_rank"].attrs.update(long_name="collective rank r* (sum over sublayers)", units="1")
     out["collective_rank_ratio"].attrs.update(long_name="r*/d", units="1")
     return out
+
+
+def rank_profile(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
+    """Per source: ``effective_rank`` (``effective_ranks`` of its outputs over tokens) and the
+    width ``d_model``, for a trace or each model of a stack (each at its own width; NaN for a
+    model of the stack captured without ``rank``).
+    """
+    if "source_spectrum" not in trace:
+        raise ValueError("the trace has no source_spectrum: capture it with rank=True (CLI: --rank)")
+
+    def one(t: xr.Dataset) -> xr.Dataset:
+        if "source_spectrum" not in t:
+            return xr.Dataset({"d_model": np.nan})
+        ranks = effective_ranks(t["source_spectrum"], energy)
+        return xr.Dataset({"effective_rank": ranks, "d_model": t.sizes["component"]})
+
+    return per_model(trace, one)
 
 
 def add_ranks(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:

@@ -1,13 +1,12 @@
-"""Dilution, retention and pattern-score curves across models.
+"""Dilution, retention and pattern-score curves across models, and trajectories over training.
 
-Every function takes a trace, a trace stacked along ``model`` or a list of traces, calls the
-estimators of ``depthscope.analysis.dilution`` and draws; nothing is computed here beyond that.
-Colour = scheme (``style.scheme_colors``). Data lines are drawn first, in scheme order (then
-source order), each labelled ``"<scheme>: <what>"``; reference lines (the 1/T baseline, the
-uniform pattern score) come after them, so ``ax.lines`` can be read back in a known order.
-
-Several consumers at one depth (DCA's q/k/v views of one attention input) are averaged into one
-point at that ``layer_depth``; for every other scheme each point is exactly one consumer's value.
+Each ``plot_*`` draws an estimator's output and computes nothing: ``analysis.dilution_curves``,
+``relative_retention`` / ``mean_retention``, ``pattern_curves`` (per consumer depth: several
+consumers at one depth, DCA's q/k/v views of one input, are one point), and ``summary`` of a
+trajectory. Give them a trace or a stack (``model`` dimension): one line per model, coloured by
+its ``scheme`` (``style.model_colors``). Data lines are drawn first, in model order (then source
+order), each labelled ``"<model>: <what>"``; reference lines (the 1/T baseline, the uniform
+pattern score) come after them, so ``ax.lines`` can be read back in a known order.
 
 Y scale ("auto"): shares span 1 (the first consumer) down to ~1/T, so they are drawn on a log
 axis; when a plotted share is <= 0 (signed weights such as DenseFormer's can give a negative
@@ -28,18 +27,19 @@ from matplotlib.legend import Legend
 from matplotlib.lines import Line2D
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
-from depthscope.analysis import dilution as est
-from depthscope.figures.heatmaps import traces_by_model
+from depthscope.analysis.dilution import SHARES
+from depthscope.errors import DepthscopeError
+from depthscope.figures.data import by_model, colors, run_label
 from depthscope.figures.style import (
     SEQUENTIAL_CMAP,
+    model_colors,
     new_axes,
-    scheme_colors,
     style_axes,
     styled,
+    subplots,
 )
-from depthscope.trace.labels import EMBED
 
-SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
+SOURCE_STYLE = {  # dilution_curves' f"{which}_share" -> line style, marker, legend text
     "embed": ("-", "o", "embedding"),
     "first": (":", "s", "first sublayer"),
     "latest": ("-.", "^", "latest source"),
@@ -47,19 +47,19 @@ SOURCE_STYLE = {  # share_of(which) -> line style, marker, legend text
 BASELINE_STYLE = dict(color="black", linestyle="--", linewidth=1.0)
 
 
-def by_depth(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
-    """(layer_depth values, mean of ``da`` over the consumers at each depth), NaN points dropped."""
-    depth = np.asarray(da["layer_depth"].values)
-    values = np.asarray(da.values, dtype=float)
-    xs = np.unique(depth)
-    ys = np.array([_nanmean(values[depth == x]) for x in xs])
-    keep = np.isfinite(ys)
-    return xs[keep], ys[keep]
+def _finite(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
+    """(coordinate, values) of a 1-D curve without its NaN points (a model's missing depths)."""
+    (dim,) = da.dims
+    da = da.dropna(dim)
+    return np.asarray(da[dim].values), np.asarray(da.values, dtype=float)
 
 
-def _nanmean(v: np.ndarray) -> float:
-    v = v[np.isfinite(v)]
-    return float(v.mean()) if v.size else math.nan
+def _name(label: str, what: str) -> str:
+    return f"{label}: {what}" if label else what
+
+
+def _axes(ax, figsize=(7.0, 4.2)):
+    return style_axes(ax) if ax is not None else new_axes(figsize)
 
 
 def _set_yscale(ax, values: list[np.ndarray], floor: float, yscale: str) -> None:
@@ -92,38 +92,10 @@ def _depth_axis(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-@styled
-def plot_dilution(traces, ax=None, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
-    """Contribution share of the embedding / first sublayer / latest source versus consumer depth.
-
-    One line per scheme and source (colour = model, line style = source), ``share_of`` values;
-    then the 1/T baseline (``baseline``) as a dashed black line. ``yscale``: "auto" (log, or symlog
-    when a share is <= 0), "log", "symlog" or "linear".
-
-    Returns:
-        The Axes.
-    """
-    items = traces_by_model(traces)
-    unknown = [s for s in sources if s not in SOURCE_STYLE]
-    if unknown:
-        raise ValueError(f"sources must be among {tuple(SOURCE_STYLE)}, got {unknown[0]!r}")
-    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
-    colours = scheme_colors(label for label, _ in items)
-    plotted, refs = [], []
-    for label, t in items:
-        for which in sources:
-            x, y = by_depth(est.share_of(t, which))
-            ls, marker, _ = SOURCE_STYLE[which]
-            ax.plot(x, y, color=colours[label], linestyle=ls, marker=marker, label=f"{label}: {which}")
-            plotted.append(y)
-        refs.append(by_depth(est.baseline(t)))
-    _baselines(ax, refs, "1/T baseline")
-    _set_yscale(ax, plotted, min((float(y.min()) for _, y in refs if y.size), default=0.01), yscale)
-    _depth_axis(ax)
-    ax.set_ylabel("contribution share of the source")
-    ax.set_title("Dilution: shares versus the 1/T baseline", loc="left")
-    model_handles = [Line2D([], [], color=colours[label], label=label) for label, _ in items]
-    source_handles = [
+def _dilution_legends(ax, colours: dict[str, str], sources) -> None:
+    """Models (colour) at the top right outside the axes, sources (line style) below them."""
+    models = [Line2D([], [], color=c, label=label) for label, c in colours.items()]
+    styles = [
         Line2D(
             [],
             [],
@@ -133,26 +105,56 @@ def plot_dilution(traces, ax=None, sources=("embed", "first", "latest"), *, ysca
             label=SOURCE_STYLE[w][2],
         )
         for w in sources
-    ] + [Line2D([], [], label="1/T baseline", **BASELINE_STYLE)]
-    ax.add_artist(_outside_legend(ax, model_handles, "model", "upper left", (1.02, 1.0)))
-    _outside_legend(ax, source_handles, "source", "lower left", (1.02, 0.0))
+    ]
+    styles.append(Line2D([], [], label="1/T baseline", **BASELINE_STYLE))
+    ax.add_artist(_outside_legend(ax, models, "model", "upper left", (1.02, 1.0)))
+    _outside_legend(ax, styles, "source", "lower left", (1.02, 0.0))
+
+
+@styled
+def plot_dilution(curves: xr.Dataset, ax=None, sources=SHARES, *, yscale: str = "auto"):
+    """Contribution share of the embedding / first sublayer / latest source versus consumer depth.
+
+    ``curves``: ``analysis.dilution_curves`` of a trace or a stack. One line per model and source
+    (colour = model, line style = source); then the 1/T ``baseline`` as a dashed black line (once
+    per distinct layout). ``yscale``: "auto" (log, or symlog when a share is <= 0), "log",
+    "symlog" or "linear".
+
+    Returns:
+        The Axes.
+    """
+    unknown = [s for s in sources if s not in SOURCE_STYLE]
+    if unknown:
+        raise ValueError(f"sources must be among {tuple(SOURCE_STYLE)}, got {unknown[0]!r}")
+    ax = _axes(ax)
+    colours = colors(curves)
+    plotted, refs = [], []
+    for label, _, part in by_model(curves):
+        for which in sources:
+            x, y = _finite(part[f"{which}_share"])
+            ls, marker, _ = SOURCE_STYLE[which]
+            ax.plot(x, y, color=colours[label], linestyle=ls, marker=marker, label=_name(label, which))
+            plotted.append(y)
+        refs.append(_finite(part["baseline"]))
+    _baselines(ax, refs, "1/T baseline")
+    _set_yscale(ax, plotted, min((float(y.min()) for _, y in refs if y.size), default=0.01), yscale)
+    _depth_axis(ax)
+    ax.set_ylabel("contribution share of the source")
+    ax.set_title("Dilution: shares versus the 1/T baseline", loc="left")
+    _dilution_legends(ax, colours, sources)
     return ax
 
 
 @styled
-def plot_dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale: str = "auto"):
-    """``plot_dilution`` as small multiples: one panel per source, one line per scheme.
+def plot_dilution_panels(curves: xr.Dataset, sources=SHARES, *, yscale: str = "auto"):
+    """``plot_dilution`` as small multiples: one panel per source, one line per model.
 
     Easier to read than one crowded panel when many schemes are compared. Returns the Figure;
     its first ``len(sources)`` axes are the panels.
     """
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(
-        1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False
-    )
+    fig, axes = subplots(1, len(sources), figsize=(4.2 * len(sources) + 1.8, 4.0), sharey=True, squeeze=False)
     for i, (ax, which) in enumerate(zip(axes[0], sources)):
-        plot_dilution(traces, ax, sources=(which,), yscale=yscale)
+        plot_dilution(curves, ax, sources=(which,), yscale=yscale)
         ax.set_title(f"{SOURCE_STYLE[which][2]}", loc="left")
         if i < len(sources) - 1:
             for legend in [c for c in ax.get_children() if isinstance(c, Legend)]:
@@ -163,54 +165,61 @@ def plot_dilution_panels(traces, sources=("embed", "first", "latest"), *, yscale
     return fig
 
 
-def _lag_curve(da: xr.DataArray) -> tuple[np.ndarray, np.ndarray]:
-    keep = np.isfinite(da.values)
-    return np.asarray(da["lag"].values)[keep], np.asarray(da.values, dtype=float)[keep]
+def _retention_per_source(ax, retention: xr.DataArray) -> list[np.ndarray]:
+    """One model's sources: a line each, coloured by source depth (a colour bar, not a legend)."""
+    models = by_model(retention)
+    if len(models) != 1:
+        raise DepthscopeError(f"{len(models)} models' sources in one panel: plot their mean_retention")
+    label, _, r = models[0]
+    r = r.dropna("source", how="all")
+    depths = np.asarray(r["source_depth"].values, dtype=float)
+    norm = Normalize(vmin=0, vmax=max(int(np.nanmax(depths)), 1))
+    cmap = colormaps[SEQUENTIAL_CMAP]
+    plotted = []
+    for s, d in zip(r["source"].values, depths):
+        x, y = _finite(r.sel(source=s))
+        ax.plot(x, y, color=cmap(norm(d)), marker=".", label=_name(label, str(s)))
+        plotted.append(y)
+    cb = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02, aspect=30)
+    cb.set_label("source depth (embed = 0)")
+    cb.outline.set_visible(False)
+    ax.set_title(f"Retention of each source: {label}" if label else "Retention of each source", loc="left")
+    return plotted
+
+
+def _retention_per_model(ax, retention: xr.DataArray) -> tuple[list[np.ndarray], list[Line2D]]:
+    """Several models: a line each (their mean over sublayer sources), coloured by scheme."""
+    colours = colors(retention)
+    plotted, handles = [], []
+    for label, _, r in by_model(retention):
+        x, y = _finite(r)
+        ax.plot(x, y, color=colours[label], marker="o", label=_name(label, "mean over sublayer sources"))
+        handles.append(Line2D([], [], color=colours[label], marker="o", label=label))
+        plotted.append(y)
+    ax.set_title("Retention of sublayer outputs (mean over sources)", loc="left")
+    return plotted, handles
 
 
 @styled
-def plot_retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
+def plot_retention(retention: xr.DataArray, ax=None, *, yscale: str = "auto"):
     """How a source's share fades with lag (sublayers after it was written), relative to 1/T.
 
-    Plotted: ``analysis.relative_retention``, i.e. ``retention(t) / uniform_retention(t)``: each source's
-    share at the consumers ``lag`` sublayers later over the uniform 1/n_l share of those same
-    consumers, so one reference line at 1 (dashed) serves every source; a raw-share plot would
-    need one 1/T curve per source depth. One trace: one line per source, coloured by source depth
-    (colour bar instead of a 17-entry legend). Several schemes: one line per scheme, the mean over
-    the sublayer sources (the embedding, whose share dominates untrained models, is followed by
-    ``plot_dilution``). Y scale as in ``plot_dilution``.
+    ``retention``: ``analysis.relative_retention`` of one trace (dims source, lag: one line per
+    source, coloured by source depth, with a colour bar instead of a 17-entry legend), or
+    ``analysis.mean_retention`` of a stack (dims model, lag: one line per model, the mean over
+    its sublayer sources). Relative retention is each source's share at the consumers ``lag``
+    sublayers later over the uniform 1/n_l share of those same consumers, so one reference line
+    at 1 (dashed) serves every source; a raw-share plot would need one 1/T curve per source depth.
+    Y scale as in ``plot_dilution``.
 
     Returns:
         The Axes.
     """
-    items = traces_by_model(trace_or_stacked)
-    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
-    plotted = []
-    if len(items) == 1:
-        label, t = items[0]
-        r = est.relative_retention(t)
-        depths = t["source_depth"].values
-        norm = Normalize(vmin=0, vmax=max(int(depths.max()), 1))
-        cmap = colormaps[SEQUENTIAL_CMAP]
-        for s, d in zip(r["source"].values, depths):
-            x, y = _lag_curve(r.sel(source=s))
-            ax.plot(x, y, color=cmap(norm(d)), marker=".", label=f"{label}: {s}")
-            plotted.append(y)
-        cb = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, pad=0.02, aspect=30)
-        cb.set_label("source depth (embed = 0)")
-        cb.outline.set_visible(False)
-        ax.set_title(f"Retention of each source: {label}", loc="left")
-        handles = []
+    ax = _axes(ax)
+    if "source" in retention.dims:
+        plotted, handles = _retention_per_source(ax, retention), []
     else:
-        colours = scheme_colors(label for label, _ in items)
-        handles = []
-        for label, t in items:
-            r = est.relative_retention(t)
-            x, y = _lag_curve(r.where(t["source_kind"] != EMBED).mean("source"))
-            ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: mean over sublayer sources")
-            handles.append(Line2D([], [], color=colours[label], marker="o", label=label))
-            plotted.append(y)
-        ax.set_title("Retention of sublayer outputs (mean over sources)", loc="left")
+        plotted, handles = _retention_per_model(ax, retention)
     ax.axhline(1.0, label="1/T (uniform share)", zorder=1.5, **BASELINE_STYLE)
     handles.append(Line2D([], [], label="1/T (uniform share)", **BASELINE_STYLE))
     positive = np.abs(np.concatenate(plotted)) if plotted else np.array([])
@@ -219,48 +228,55 @@ def plot_retention(trace_or_stacked, ax=None, *, yscale: str = "auto"):
     ax.set_xlabel("lag (sublayers after the source was written)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("share / uniform share (1 = 1/T)")
-    if len(items) > 1:
-        ax.legend(
-            handles=handles, title="model", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0
-        )
+    if len(handles) > 1:
+        _outside_legend(ax, handles, "model", "upper left", (1.02, 1.0))
     else:
         ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)
     return ax
 
 
 @styled
-def plot_pattern_scores(stacked_or_list, ax=None, k: int = 2):
-    """Input-and-recent pattern score per consumer depth, one line per scheme, reference at 1.
+def plot_pattern_scores(curves: xr.Dataset, ax=None):
+    """Input-and-recent pattern score per consumer depth, one line per model, reference at 1.
 
-    Lines are ``pattern_score(trace, k)``; each legend entry carries the scheme's summary mean
-    (``summary(trace, k)["pattern_score"]``). Above the dashed line at 1.0 (a uniform row) the
-    mass of |M| is concentrated on the embedding and the last k sources.
+    ``curves``: ``analysis.pattern_curves(trace_or_stack, k)``; lines are its ``pattern_score``,
+    each legend entry carries the model's ``mean_pattern_score``. Above the dashed line at 1.0 (a
+    uniform row) the mass of |M| is concentrated on the embedding and the last k sources.
 
     Returns:
         The Axes.
     """
-    items = traces_by_model(stacked_or_list)
-    ax = style_axes(ax) if ax is not None else new_axes((7.0, 4.2))
-    colours = scheme_colors(label for label, _ in items)
+    ax = _axes(ax)
+    k = curves.attrs.get("k", "k")
+    colours = colors(curves)
     handles = []
-    for label, t in items:
-        x, y = by_depth(est.pattern_score(t, k))
-        mean = float(est.summary(t, k)["pattern_score"].sel(group="sublayers"))
-        ax.plot(x, y, color=colours[label], marker="o", label=f"{label}: pattern score")
+    for label, _, part in by_model(curves):
+        x, y = _finite(part["pattern_score"])
+        mean = float(part["mean_pattern_score"])
+        ax.plot(x, y, color=colours[label], marker="o", label=_name(label, "pattern score"))
         handles.append(Line2D([], [], color=colours[label], marker="o", label=f"{label} (mean {mean:.2f})"))
     ax.axhline(1.0, label="uniform (1.0)", **BASELINE_STYLE)
     handles.append(Line2D([], [], label="uniform row (1.0)", **BASELINE_STYLE))
     _depth_axis(ax)
     ax.set_ylabel(f"pattern score (k = {k})\n> 1: input-and-recent pattern")
     ax.set_title(f"Input-and-recent pattern (|M| on the embedding + last {k} sources)", loc="left")
-    ax.legend(
-        handles=handles,
-        title="model (mean score)",
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1.0),
-        borderaxespad=0.0,
-    )
+    _outside_legend(ax, handles, "model (mean score)", "upper left", (1.02, 1.0))
     return ax
+
+
+# --- over training: ``summary`` of a trajectory (one run's checkpoints along ``model``) -------
+
+TRAJECTORY_GROUPS = {  # summary group -> line style, legend text
+    "sublayers": ("-", "all sublayer inputs"),
+    "attn": ("--", "attention inputs"),
+    "mlp": (":", "MLP inputs"),
+    "readout": ("-.", "read-out"),
+}
+
+
+def _training_x(table: xr.Dataset) -> np.ndarray:
+    """The training tokens seen at each checkpoint (``train_tokens``), else the ``step``."""
+    return np.asarray(table["train_tokens" if "train_tokens" in table.coords else "step"].values, dtype=float)
 
 
 def _steps_axis(ax, x, tokens: bool) -> None:
@@ -273,121 +289,152 @@ def _steps_axis(ax, x, tokens: bool) -> None:
     ax.set_xlabel("training tokens" if tokens else "step")
 
 
-TRAJECTORY_GROUPS = {  # summary group -> line style, legend text
-    "sublayers": ("-", "all sublayer inputs"),
-    "attn": ("--", "attention inputs"),
-    "mlp": (":", "MLP inputs"),
-    "readout": ("-.", "read-out"),
-}
+def _run_color(table: xr.Dataset) -> str:
+    scheme = str(table["scheme"].values[0]) if "scheme" in table.coords else ""
+    label = run_label(table)
+    return model_colors([(label, scheme)])[label]
+
+
+def _training_panel(ax, table: xr.Dataset, title: str):
+    ax = _axes(ax, (4.4, 3.6))
+    _steps_axis(ax, _training_x(table), "train_tokens" in table.coords)
+    ax.set_title(title, loc="left")
+    return ax
 
 
 @styled
-def plot_trajectory(trajectory: xr.Dataset, k: int = 2):
+def plot_pattern_over_training(table: xr.Dataset, ax=None):
+    """One run's pattern score per consumer group (line style) against the training tokens seen.
+
+    ``table``: ``analysis.summary(trajectory, k)`` of one run's checkpoints stacked along
+    ``model`` (with their ``step`` and ``train_tokens`` coordinates); a group the run lacks has
+    no line. The uniform row (1.0) comes last.
+
+    Returns:
+        The Axes.
+    """
+    ax = _training_panel(ax, table, "pattern score")
+    x, c = _training_x(table), _run_color(table)
+    for group, (ls, text) in TRAJECTORY_GROUPS.items():
+        y = table["pattern_score"].sel(group=group).values
+        if np.isfinite(y).any():
+            ax.plot(x, y, color=c, linestyle=ls, marker="o", label=text)
+    ax.axhline(1.0, **BASELINE_STYLE, label="uniform row")
+    ax.set_ylabel(f"pattern score (k = {table.attrs.get('k', 'k')})")
+    ax.legend()
+    return ax
+
+
+SHARE_LINES = (  # summary variable, group, line style, marker, legend text
+    ("embed_share", "readout", "-", "o", "read-out share of the embedding"),
+    ("first_index", "sublayers", ":", "s", "first source: dilution index"),
+    ("latest_index", "sublayers", "-.", "^", "latest source: dilution index"),
+)
+
+
+@styled
+def plot_shares_over_training(table: xr.Dataset, ax=None):
+    """One run's read-out share of the embedding and the dilution index of the first and the
+    latest sources (mean over sublayer inputs) against the training tokens seen, log y.
+
+    ``table`` as for ``plot_pattern_over_training``. Returns the Axes.
+    """
+    ax = _training_panel(ax, table, "shares and dilution")
+    x, c = _training_x(table), _run_color(table)
+    for var, group, ls, marker, text in SHARE_LINES:
+        ax.plot(x, table[var].sel(group=group).values, color=c, linestyle=ls, marker=marker, label=text)
+    ax.axhline(1.0, **BASELINE_STYLE, label="uniform 1/T (index 1)")
+    ax.set_yscale("log")
+    ax.legend()
+    return ax
+
+
+@styled
+def plot_loss_over_training(table: xr.Dataset, ax=None):
+    """One run's validation loss (the ``val_loss`` coordinate; no line without it) against the
+    training tokens seen. Returns the Axes.
+    """
+    ax = _training_panel(ax, table, "loss")
+    if "val_loss" in table.coords:
+        ax.plot(_training_x(table), table["val_loss"].values, color=_run_color(table), marker="o")
+    ax.set_ylabel("validation loss (nats/token)")
+    return ax
+
+
+@styled
+def plot_trajectory(table: xr.Dataset):
     """How a run's mixing pattern forms: three panels against the training tokens seen.
 
-    ``trajectory``: traces of one run's checkpoints stacked along ``model`` in step order, with
-    ``step`` and ``train_tokens`` (and ``val_loss``) coordinates along ``model``. Left: the pattern
-    score per consumer group (``summary``); middle: the read-out's share of the embedding and the
-    dilution index of the first and the latest sources (mean over sublayer inputs); right: the
-    validation loss. Log-scaled token axis.
+    ``table``: ``analysis.summary(trajectory, k)`` of one run's checkpoints stacked along
+    ``model`` in step order (``step`` and ``train_tokens``, and ``val_loss``, coordinates along
+    ``model``). Left: ``plot_pattern_over_training``; middle: ``plot_shares_over_training``;
+    right: ``plot_loss_over_training``. Log-scaled token axis.
 
     Returns:
         The Figure.
     """
-    import matplotlib.pyplot as plt
-
-    s = est.summary(trajectory, k)
-    x = (
-        trajectory["train_tokens"].values
-        if "train_tokens" in trajectory.coords
-        else trajectory["step"].values
-    )
-    colour = scheme_colors([str(trajectory["model"].values[0])])
-    c = next(iter(colour.values()))
-    fig, axes = plt.subplots(1, 3, figsize=(13.0, 3.6))
-    for group, (ls, text) in TRAJECTORY_GROUPS.items():
-        y = s["pattern_score"].sel(group=group).values
-        if np.isfinite(y).any():
-            axes[0].plot(x, y, color=c, linestyle=ls, marker="o", label=text)
-    axes[0].axhline(1.0, **BASELINE_STYLE, label="uniform row")
-    axes[0].set_ylabel(f"pattern score (k = {k})")
-    axes[0].legend()
-    axes[1].plot(
-        x,
-        s["embed_share"].sel(group="readout").values,
-        color=c,
-        marker="o",
-        label="read-out share of the embedding",
-    )
-    axes[1].plot(
-        x,
-        s["first_index"].sel(group="sublayers").values,
-        color=c,
-        linestyle=":",
-        marker="s",
-        label="first source: dilution index",
-    )
-    axes[1].plot(
-        x,
-        s["latest_index"].sel(group="sublayers").values,
-        color=c,
-        linestyle="-.",
-        marker="^",
-        label="latest source: dilution index",
-    )
-    axes[1].axhline(1.0, **BASELINE_STYLE, label="uniform 1/T (index 1)")
-    axes[1].set_yscale("log")
-    axes[1].legend()
-    if "val_loss" in trajectory.coords:
-        axes[2].plot(x, trajectory["val_loss"].values, color=c, marker="o")
-    axes[2].set_ylabel("validation loss (nats/token)")
-    for ax, title in zip(axes, ("pattern score", "shares and dilution", "loss")):
-        _steps_axis(ax, x, "train_tokens" in trajectory.coords)
-        ax.set_title(title, loc="left")
-        style_axes(ax)
-    label = str(trajectory["model"].values[0]).split("@", 1)[0]
-    fig.suptitle(f"{label}: steps " + ", ".join(str(int(v)) for v in trajectory["step"].values))
+    fig, axes = subplots(1, 3, figsize=(13.0, 3.6))
+    plot_pattern_over_training(table, axes[0])
+    plot_shares_over_training(table, axes[1])
+    plot_loss_over_training(table, axes[2])
+    fig.suptitle(f"{run_label(table)}: steps " + ", ".join(str(int(v)) for v in table["step"].values))
     return fig
 
 
 @styled
-def plot_trajectories(trajectories, k: int = 2):
+def plot_group_over_training(tables, ax=None, *, group: str = "sublayers", colours=None):
+    """Several runs' pattern score of one consumer group against their training tokens (log axis).
+
+    ``tables``: ``analysis.summary`` of each run's trajectory (as for ``plot_trajectory``); one
+    line per run that has the group, labelled by the run (``variant``), coloured by scheme
+    (``colours``: label -> colour, default ``style.model_colors`` of these runs); then the
+    uniform row at 1.
+
+    Returns:
+        The Axes.
+    """
+    ax = _axes(ax, (4.4, 3.6))
+    colours = colours or _run_colors(tables)
+    for table in tables:
+        y = table["pattern_score"].sel(group=group).values
+        if np.isfinite(y).any():
+            label = run_label(table)
+            ax.plot(_training_x(table), y, color=colours[label], marker="o", label=label)
+    ax.axhline(1.0, **BASELINE_STYLE)
+    tokens = all("train_tokens" in t.coords for t in tables)
+    _steps_axis(ax, np.unique(np.concatenate([_training_x(t) for t in tables])), tokens)
+    ax.set_title(TRAJECTORY_GROUPS[group][1], loc="left")
+    return ax
+
+
+def _run_colors(tables) -> dict[str, str]:
+    schemes = [str(t["scheme"].values[0]) if "scheme" in t.coords else "" for t in tables]
+    return model_colors((run_label(t), s) for t, s in zip(tables, schemes))
+
+
+@styled
+def plot_trajectories(tables):
     """Several runs' pattern over training on one figure: a panel per consumer group.
 
-    ``trajectories``: a list of trajectory stacks (as for ``plot_trajectory``), one per run. Each
-    panel draws, for one consumer group of ``summary`` (all sublayer inputs, attention inputs,
-    MLP inputs, read-out), every run's pattern score against its training tokens (log axis), one
-    colour per scheme, with the uniform row at 1. A run without a group (no attention inputs)
-    leaves that panel without its line.
+    ``tables``: a list of ``analysis.summary`` tables of trajectories (as for
+    ``plot_trajectory``), one per run. Each panel is ``plot_group_over_training`` of one group of
+    ``TRAJECTORY_GROUPS`` (all sublayer inputs, attention inputs, MLP inputs, read-out): every
+    run's pattern score, one colour per scheme, the uniform row at 1. A run without a group (no
+    attention inputs) leaves that panel without its line.
 
     Returns:
         The Figure.
     """
-    import matplotlib.pyplot as plt
-
-    if not trajectories:
+    tables = list(tables)
+    if not tables:
         raise ValueError("plot_trajectories needs at least one trajectory")
-    labels = [str(tr["model"].values[0]).split("@", 1)[0] for tr in trajectories]
-    xs = []
-    colours = scheme_colors(labels)
-    fig, axes = plt.subplots(1, len(TRAJECTORY_GROUPS), figsize=(14.0, 3.6), sharey=True)
-    for label, tr in zip(labels, trajectories):
-        s = est.summary(tr, k)
-        x = tr["train_tokens"].values if "train_tokens" in tr.coords else tr["step"].values
-        xs.append(np.asarray(x, dtype=float))
-        for ax, group in zip(axes, TRAJECTORY_GROUPS):
-            y = s["pattern_score"].sel(group=group).values
-            if np.isfinite(y).any():
-                ax.plot(x, y, color=colours[label], marker="o", label=label)
-    tokens = all("train_tokens" in tr.coords for tr in trajectories)
-    for ax, (_, text) in zip(axes, TRAJECTORY_GROUPS.values()):
-        ax.axhline(1.0, **BASELINE_STYLE)
-        _steps_axis(ax, np.unique(np.concatenate(xs)), tokens)
-        ax.set_title(text, loc="left")
-        style_axes(ax)
-    axes[0].set_ylabel(f"pattern score (k = {k})")
-    handles = [Line2D([], [], color=colours[label], marker="o", label=label) for label in labels]
+    colours = _run_colors(tables)
+    fig, axes = subplots(1, len(TRAJECTORY_GROUPS), figsize=(14.0, 3.6), sharey=True)
+    for ax, group in zip(axes, TRAJECTORY_GROUPS):
+        plot_group_over_training(tables, ax, group=group, colours=colours)
+    axes[0].set_ylabel(f"pattern score (k = {tables[0].attrs.get('k', 'k')})")
+    handles = [Line2D([], [], color=c, marker="o", label=label) for label, c in colours.items()]
     handles.append(Line2D([], [], label="uniform row (1.0)", **BASELINE_STYLE))
-    axes[-1].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    _outside_legend(axes[-1], handles, None, "upper left", (1.02, 1.0))
     fig.suptitle("The input-and-recent pattern over training")
     return fig

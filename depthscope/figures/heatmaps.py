@@ -1,5 +1,9 @@
 """Consumer x source heatmaps of the depth-mixing matrix (or any (layer, source) variable).
 
+Data in: a (layer, source) DataArray, a trace's variable or an estimator's output
+(``analysis.row_normalized``), with a ``model`` dimension for the grid; or a Dataset (a trace, a
+stack, ``analysis.block_view`` of either) and the name of the variable to draw.
+
 Rows are consumers (``layer``) top to bottom in execution order, columns are sources, as in the
 DenseFormer / AttnRes / HC papers' weight heatmaps. Unavailable cells (NaN) are masked, so they
 stay blank. The colour map is diverging and centred on 0 with a symmetric range; ``symlog=True``
@@ -24,79 +28,55 @@ from matplotlib import colormaps
 from matplotlib.colors import Colormap, LogNorm, Normalize, SymLogNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
-from depthscope.analysis.dilution import block_view, row_normalized
 from depthscope.errors import DepthscopeError
-from depthscope.figures.style import DIVERGING_CMAP, MAX_TICK_LABELS, SEQUENTIAL_CMAP, styled
-from depthscope.trace import STACK, select_model
+from depthscope.figures.data import by_model, trace_label, unpadded
+from depthscope.figures.style import (
+    DIVERGING_CMAP,
+    MAX_TICK_LABELS,
+    SEQUENTIAL_CMAP,
+    new_figure,
+    styled,
+    subplots,
+)
+from depthscope.trace import STACK
+from depthscope.trace.labels import BLOCK
 
 # --- data in --------------------------------------------------------------------------------
 
 
-def trace_label(trace: xr.Dataset | xr.DataArray) -> str:
-    """A trace's display label: attrs ``label``, else ``scheme``, else ``trace``."""
-    return str(trace.attrs.get("label", trace.attrs.get("scheme", "trace")))
-
-
-def traces_by_model(data) -> list[tuple[str, xr.Dataset]]:
-    """(label, trace) per model from a trace, a trace stacked along ``model`` (padding dropped by
-    ``select_model``) or a list of traces (labels deduplicated as ``stack_traces`` does).
-    """
-    if isinstance(data, xr.Dataset):
-        if STACK not in data.dims:
-            return [(trace_label(data), data)]
-        return [(str(m), select_model(data, str(m))) for m in data[STACK].values]
-    if isinstance(data, xr.DataArray):
-        raise DepthscopeError("expected a trace Dataset (or a list of them), got a DataArray")
-    out, counts = [], {}
-    for t in data:
-        if not isinstance(t, xr.Dataset):
-            raise DepthscopeError(f"expected trace Datasets, got {type(t).__name__}")
-        base = trace_label(t)
-        counts[base] = counts.get(base, 0) + 1
-        out.append((base if counts[base] == 1 else f"{base}#{counts[base]}", t))
-    if not out:
-        raise DepthscopeError("no traces to plot")
-    return out
-
-
-def _drop_padding(da: xr.DataArray) -> xr.DataArray:
-    """Rows and columns that are NaN everywhere (a stacked model's padding) removed."""
-    for dim in da.dims:
-        others = [d for d in da.dims if d != dim]
-        da = da.isel({dim: np.flatnonzero(da.notnull().any(others).values)})
-    return da
-
-
-def variable(trace: xr.Dataset, var: str) -> xr.DataArray:
-    """A (layer, source) variable of a trace, or the derived ``row_normalized`` weight."""
-    if var == "row_normalized":
-        return row_normalized(trace)
-    if var not in trace:
-        raise DepthscopeError(f"trace has no variable {var!r}")
-    return trace[var]
-
-
-def _matrix(data, var: str, blocks: bool = False) -> xr.DataArray:
-    """The 2-D DataArray to draw: (layer, source) when both dims are present."""
-    if isinstance(data, xr.Dataset):
-        if STACK in data.dims:
-            if data.sizes[STACK] != 1:
-                raise DepthscopeError(f"{data.sizes[STACK]} models in one trace: use plot_heatmap_grid")
-            data = select_model(data, str(data[STACK].values[0]))
-        da = variable(block_view(data) if blocks else data, var)
-    elif isinstance(data, xr.DataArray):
-        da = data
-        if STACK in da.dims:
-            if da.sizes[STACK] != 1:
-                raise DepthscopeError(f"{da.sizes[STACK]} models in one array: use plot_heatmap_grid")
-            da = _drop_padding(da.isel({STACK: 0}))
-    else:
-        raise DepthscopeError(f"expected a trace Dataset or a DataArray, got {type(data).__name__}")
+def _matrix(da: xr.DataArray) -> xr.DataArray:
+    """The 2-D array to draw: (layer, source) when both dims are present."""
     if da.ndim != 2:
         raise DepthscopeError(f"a heatmap needs a 2-D array, got dims {da.dims}")
-    if {"layer", "source"} <= set(da.dims):
-        da = da.transpose("layer", "source")
-    return da
+    return da.transpose("layer", "source") if {"layer", "source"} <= set(da.dims) else da
+
+
+def _select(data, var: str) -> xr.DataArray:
+    """``data`` itself (a DataArray) or its variable ``var`` (a Dataset)."""
+    if isinstance(data, xr.DataArray):
+        return data
+    if not isinstance(data, xr.Dataset):
+        raise DepthscopeError(f"expected a DataArray or a Dataset, got {type(data).__name__}")
+    if var not in data:
+        raise DepthscopeError(
+            f"no variable {var!r} to draw (variables: {', '.join(map(str, data.data_vars))})"
+        )
+    return data[var]
+
+
+def heatmap_panels(data, var: str = "mixing") -> list[tuple[str, xr.DataArray]]:
+    """(label, 2-D array) per panel: one per model of ``data`` (a DataArray, or a Dataset's
+    ``var``; a stack's padding dropped), or one per array of a sequence of 2-D DataArrays.
+    """
+    if isinstance(data, (list, tuple)):
+        if not all(isinstance(d, xr.DataArray) for d in data):
+            raise DepthscopeError("expected 2-D DataArrays (several traces: stack_traces them first)")
+        return [(str(d.attrs.get("label", d.name or "")), _matrix(d)) for d in data]
+    da = _select(data, var)
+    if STACK in da.dims:
+        return [(label, _matrix(unpadded(part))) for label, _, part in by_model(da)]
+    label = trace_label(data) if isinstance(data, xr.Dataset) else str(da.attrs.get("label", ""))
+    return [(label, _matrix(da))]
 
 
 def colorbar_label(da: xr.DataArray) -> str:
@@ -206,6 +186,51 @@ def _annotate(ax, values: np.ndarray, norm: Normalize) -> None:
 # --- plots ----------------------------------------------------------------------------------
 
 
+def _is_blocks(da: xr.DataArray, dim: str) -> bool:
+    """Whether ``dim`` holds whole blocks (``analysis.block_view``), from its kind coordinate."""
+    kind = da.coords.get(f"{dim}_kind")
+    return kind is not None and BLOCK in set(np.asarray(kind.values).ravel().tolist())
+
+
+def _axis_label(da: xr.DataArray, dim: str) -> str:
+    if dim == "source":
+        return "source block" if _is_blocks(da, dim) else "source"
+    if dim == "layer":
+        return "consumer block" if _is_blocks(da, dim) else "consumer (layer)"
+    return dim
+
+
+def _scale(values: np.ndarray, *, log: bool, symlog: bool, linthresh: float, vmin, vmax, cmap):
+    """(values to draw, norm, colour map, vmax) of one heatmap: log (sequential, values below
+    vmin raised to it) or centred on 0 (diverging, linear or symlog).
+    """
+    if log:
+        lo, hi = log_range(values)
+        vmin, vmax = (lo if vmin is None else float(vmin)), (hi if vmax is None else float(vmax))
+        values = np.where(np.isfinite(values), np.maximum(values, vmin), np.nan)
+        return values, LogNorm(vmin=vmin, vmax=vmax), SEQUENTIAL_CMAP if cmap is None else cmap, vmax
+    vmax = symmetric_vmax(values) if vmax is None else float(vmax)
+    norm = make_norm(vmax, symlog=symlog, linthresh=linthresh)
+    return values, norm, DIVERGING_CMAP if cmap is None else cmap, vmax
+
+
+def _draw_matrix(ax, da: xr.DataArray, values: np.ndarray, norm: Normalize, cmap):
+    """The image, the (thinned) cell labels and the axis names of one heatmap."""
+    rows, cols = da.dims
+    im = ax.imshow(
+        np.ma.masked_invalid(values), cmap=_cmap(cmap), norm=norm, aspect="auto", interpolation="nearest"
+    )
+    _set_labels(ax.xaxis, _labels(da, cols))
+    _set_labels(ax.yaxis, _labels(da, rows))
+    ax.tick_params(axis="x", labelrotation=90)
+    ax.tick_params(which="minor", length=1.5)
+    for spine in ax.spines.values():  # the matrix's own edge is frame enough
+        spine.set_visible(False)
+    ax.set_xlabel(_axis_label(da, cols))
+    ax.set_ylabel(_axis_label(da, rows))
+    return im
+
+
 @styled
 def plot_heatmap(
     data,
@@ -221,13 +246,14 @@ def plot_heatmap(
     annotate: bool = False,
     title: str | None = None,
     colorbar: bool = True,
-    blocks: bool = False,
 ):
-    """Consumer x source heatmap of ``mixing`` (or ``var`` of a trace, or any 2-D DataArray).
+    """Consumer x source heatmap of a (layer, source) DataArray, or of a trace's ``var``.
 
     Args:
-        data: a trace (``var`` is drawn; a one-model stack is unpadded), or a DataArray with
-            dims (layer, source) (any other 2-D array: rows = its first dim).
+        data: a DataArray with dims (layer, source), such as a trace's ``mixing`` or
+            ``analysis.row_normalized(trace)`` (any other 2-D array: rows = its first dim; a
+            one-model stack is drawn without its padding), or a Dataset (a trace, or
+            ``analysis.block_view(trace)`` for a deep model's blocks) whose ``var`` is drawn.
         symlog: SymLogNorm (base e, linear within +-linthresh), the DenseFormer paper's scale.
         log: a sequential colour map on a log scale from ``vmin`` to ``vmax`` (non-negative
             quantities; zeros get the lowest colour); default: for ``row_normalized`` only, whose
@@ -235,45 +261,30 @@ def plot_heatmap(
         vmax: colour range +-vmax (log: up to vmax); default max |value| (1 for an all-zero or
             all-NaN array).
         annotate: write each value in its cell.
-        title: default the trace's label (none for a bare DataArray).
+        title: default the model's label (none for a DataArray without one).
         colorbar: draw the colour bar (``ax.images[0].colorbar``), labelled ``long_name [units]``.
-        blocks: draw the block-level view (``analysis.block_view``: a block's sources summed, its
-            consumers averaged), for deep models.
 
     Returns:
         The Axes; ``ax.images[0].get_array()`` is the data with NaN cells masked.
     """
-    da = _matrix(data, var, blocks)
-    rows, cols = da.dims
-    values = np.asarray(da.values, dtype=float)
+    panels = heatmap_panels(data, var)
+    if len(panels) != 1:
+        raise DepthscopeError(f"{len(panels)} models in one array: use plot_heatmap_grid")
+    label, da = panels[0]
     log = da.name == "row_normalized" if log is None else log
-    if log:
-        lo, hi = log_range(values)
-        vmin, vmax = (lo if vmin is None else float(vmin)), (hi if vmax is None else float(vmax))
-        norm = LogNorm(vmin=vmin, vmax=vmax)
-        values = np.where(np.isfinite(values), np.maximum(values, vmin), np.nan)
-        cmap = SEQUENTIAL_CMAP if cmap is None else cmap
-    else:
-        vmax = symmetric_vmax(values) if vmax is None else float(vmax)
-        norm = make_norm(vmax, symlog=symlog, linthresh=linthresh)
-        cmap = DIVERGING_CMAP if cmap is None else cmap
-    if ax is None:
-        import matplotlib.pyplot as plt
-
-        _, ax = plt.subplots(figsize=heatmap_size(*values.shape, colorbar=colorbar))
-    im = ax.imshow(
-        np.ma.masked_invalid(values), cmap=_cmap(cmap), norm=norm, aspect="auto", interpolation="nearest"
+    values, norm, cmap, vmax = _scale(
+        np.asarray(da.values, dtype=float),
+        log=log,
+        symlog=symlog,
+        linthresh=linthresh,
+        vmin=vmin,
+        vmax=vmax,
+        cmap=cmap,
     )
-    _set_labels(ax.xaxis, _labels(da, cols))
-    _set_labels(ax.yaxis, _labels(da, rows))
-    ax.tick_params(axis="x", labelrotation=90)
-    ax.tick_params(which="minor", length=1.5)
-    for spine in ax.spines.values():  # the matrix's own edge is frame enough
-        spine.set_visible(False)
-    ax.set_xlabel(("source block" if blocks else "source") if cols == "source" else cols)
-    ax.set_ylabel(("consumer block" if blocks else "consumer (layer)") if rows == "layer" else rows)
-    if title is None and isinstance(data, xr.Dataset):
-        title = trace_label(data) if STACK not in data.dims else str(data[STACK].values[0])
+    if ax is None:
+        _, ax = subplots(figsize=heatmap_size(*values.shape, colorbar=colorbar))
+    im = _draw_matrix(ax, da, values, norm, cmap)
+    title = label if title is None else title
     if title:
         ax.set_title(title)
     if annotate:
@@ -296,28 +307,28 @@ def _colorbar(
     return cb
 
 
-def _panels(data, var: str, blocks: bool = False) -> list[tuple[str, xr.DataArray]]:
-    """(label, 2-D array without padding) per model."""
-    if isinstance(data, xr.DataArray):
-        if STACK in data.dims:
-            return [(str(m), _matrix(data.sel({STACK: [m]}), var)) for m in data[STACK].values]
-        return [(str(data.attrs.get("label", data.name or "")), _matrix(data, var))]
-    if not isinstance(data, xr.Dataset):
-        data = list(data)
-    if isinstance(data, list) and data and all(isinstance(d, xr.DataArray) for d in data):
-        return [(str(d.attrs.get("label", d.name or i)), _matrix(d, var)) for i, d in enumerate(data)]
-    return [(label, _matrix(t, var, blocks)) for label, t in traces_by_model(data)]
-
-
 def _default_ncols(n: int) -> int:
     """1-3 panels in a row; more in a near-square grid (4 -> 2 x 2, 6 -> 2 x 3, 9 -> 3 x 3)."""
     return n if n <= 3 else math.ceil(math.sqrt(n))
 
 
+def _grid_figure(panels: list[tuple[str, xr.DataArray]], ncols: int):
+    """A Figure and its GridSpec: column widths and row heights follow the panels' cell counts."""
+    n = len(panels)
+    nrows = math.ceil(n / ncols)
+    grid = [panels[r * ncols : (r + 1) * ncols] for r in range(nrows)]
+    heights = [max(p.shape[0] for _, p in row) for row in grid]
+    widths = [max(panels[i][1].shape[1] for i in range(c, n, ncols)) for c in range(ncols)]
+    # one cell size for the whole figure, small enough to keep it within ~18 x 16 inches
+    cell = max(0.08, min(0.22, 14.0 / sum(widths), 11.0 / sum(heights)))
+    fig = new_figure((sum(widths) * cell + 1.9 * ncols + 1.2, sum(heights) * cell + 1.6 * nrows))
+    return fig, fig.add_gridspec(nrows, ncols, width_ratios=widths, height_ratios=heights)
+
+
 @styled
 def plot_heatmap_grid(
     data,
-    var: str = "row_normalized",
+    var: str = "mixing",
     *,
     symlog: bool = False,
     linthresh: float = 0.05,
@@ -326,30 +337,26 @@ def plot_heatmap_grid(
     cmap: str | Colormap | None = None,
     annotate: bool = False,
     log: bool | None = None,
-    blocks: bool = False,
 ):
     """One heatmap panel per model on one shared colour scale (one colour bar for the figure).
 
-    ``data``: a trace stacked along ``model`` (each panel without the padding rows/columns of
-    models with fewer consumers), a list of traces, or a list of 2-D DataArrays. ``var`` is the
-    row-normalised weight by default (``analysis.row_normalized``: each row of |M| over its sum,
-    so a standard residual reads 1/n_l whatever the scheme's read-out scale), drawn on a log
-    scale (``log``, as in ``plot_heatmap``); ``"mixing"`` is the raw M. Panels are
-    ``fig.axes[:n]`` in model order, titled by the model labels;
+    ``data``: a DataArray with dims (model, layer, source), such as
+    ``analysis.row_normalized(stacked)`` (each row of |M| over its sum, so a standard residual
+    reads 1/n_l whatever the scheme's read-out scale; drawn on a log scale, see ``plot_heatmap``'s
+    ``log``) or ``stacked["mixing"]``; a stacked Dataset, whose ``var`` is drawn; or a sequence of
+    2-D DataArrays. Each panel is drawn without the padding rows and columns of models with fewer
+    consumers. Panels are ``fig.axes[:n]`` in model order, titled by the model labels;
     ``fig.axes[-1]`` is the colour bar. Column widths and row heights follow the panels' source
     and consumer counts.
 
     Returns:
         The Figure.
     """
-    import matplotlib.pyplot as plt
-
-    panels = _panels(data, var, blocks)
+    panels = heatmap_panels(data, var)
     n = len(panels)
     if n == 0:
         raise DepthscopeError("no models to plot")
     ncols = max(1, min(ncols or _default_ncols(n), n))
-    nrows = math.ceil(n / ncols)
     every = np.concatenate([p.values.ravel() for _, p in panels])
     log = panels[0][1].name == "row_normalized" if log is None else log
     vmin = None
@@ -358,45 +365,22 @@ def plot_heatmap_grid(
         vmax = top if vmax is None else float(vmax)
     elif vmax is None:
         vmax = symmetric_vmax(every)
-    grid = [panels[r * ncols : (r + 1) * ncols] for r in range(nrows)]
-    heights = [max(p.shape[0] for _, p in row) for row in grid]
-    widths = [max(panels[i][1].shape[1] for i in range(c, n, ncols)) for c in range(ncols)]
-    # one cell size for the whole figure, small enough to keep it within ~18 x 16 inches
-    cell = max(0.08, min(0.22, 14.0 / sum(widths), 11.0 / sum(heights)))
-    figsize = (sum(widths) * cell + 1.9 * ncols + 1.2, sum(heights) * cell + 1.6 * nrows)
-    fig = plt.figure(figsize=figsize)
-    gs = fig.add_gridspec(nrows, ncols, width_ratios=widths, height_ratios=heights)
+    fig, gs = _grid_figure(panels, ncols)
+    style = dict(symlog=symlog, log=log, linthresh=linthresh, vmax=vmax, vmin=vmin, cmap=cmap)
     axes = []
     for i, (label, da) in enumerate(panels):
         r, c = divmod(i, ncols)
-        ax = fig.add_subplot(gs[r, c])
-        plot_heatmap(
-            da,
-            ax,
-            symlog=symlog,
-            log=log,
-            linthresh=linthresh,
-            vmax=vmax,
-            vmin=vmin,
-            cmap=cmap,
-            annotate=annotate,
-            title=label,
-            colorbar=False,
+        ax = plot_heatmap(
+            da, fig.add_subplot(gs[r, c]), annotate=annotate, title=label, colorbar=False, **style
         )
         if c != 0:
             ax.set_ylabel("")
         if i + ncols < n:  # another panel below: its x label suffices
             ax.set_xlabel("")
         axes.append(ax)
+    shrink = 0.6 if len(axes) <= ncols else 0.5
     label = colorbar_label(panels[0][1])
     _colorbar(
-        fig,
-        axes[0].images[0],
-        axes,
-        label,
-        symlog=symlog,
-        vmax=vmax,
-        linthresh=linthresh,
-        shrink=0.6 if nrows == 1 else 0.5,
+        fig, axes[0].images[0], axes, label, symlog=symlog, vmax=vmax, linthresh=linthresh, shrink=shrink
     )
     return fig

@@ -1,39 +1,45 @@
-"""Collective-rank figures: per-source effective ranks across depth, and r*/d versus width."""
+"""Collective-rank figures: per-source effective ranks across depth, and r*/d versus width.
+
+Data in: ``analysis.rank_profile`` of a trace or a stack, and the (scheme, width) table of
+``pipelines.rank.rank_sweep``; matplotlib Axes out.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import xarray as xr
 
-from depthscope.analysis.rank import effective_ranks
-from depthscope.figures.heatmaps import traces_by_model
-from depthscope.figures.style import scheme_color, styled
+from depthscope.figures.data import by_model, colors, unpadded
+from depthscope.figures.style import new_axes, scheme_color, style_axes, styled
 from depthscope.trace.labels import EMBED
 
 
 @styled
-def plot_rank_profile(data, ax=None, *, kind: str = "numerical", energy: float = 0.99):
+def plot_rank_profile(profile: xr.Dataset, ax=None, *, kind: str = "numerical"):
     """Effective rank of each sublayer's outputs versus its depth, one line per model.
 
-    ``data``: a trace captured with rank=True, a stack of them, or a list. The width d is drawn
-    as a dotted line: a layer of rank d uses the whole stream.
-    """
-    import matplotlib.pyplot as plt
+    ``profile``: ``analysis.rank_profile`` of a trace captured with rank=True, or of a stack
+    (a model captured without it has no line). Each width d is drawn as a dotted line: a layer
+    of rank d uses the whole stream.
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(6.4, 3.6))
-    d = None
-    for label, t in traces_by_model(data):
-        if "source_spectrum" not in t:
+    Returns:
+        The Axes.
+    """
+    ax = style_axes(ax) if ax is not None else new_axes((6.4, 3.6))
+    colours = colors(profile)
+    widths = []
+    for label, _, part in by_model(profile):
+        part = unpadded(part)
+        if "effective_rank" not in part or bool(part["effective_rank"].isnull().all()):
             continue
-        r = effective_ranks(t["source_spectrum"], energy).sel(rank_kind=kind)
-        keep = t["source_kind"] != EMBED
-        x = t["source_depth"].where(keep, drop=True).values
-        y = r.where(keep, drop=True).values
-        ax.plot(x, y, marker="o", ms=3, color=scheme_color(label), label=label)
-        d = t.sizes["component"]
-    if d is not None:
+        sublayers = part["source_kind"] != EMBED
+        x = part["source_depth"].where(sublayers, drop=True).values
+        y = part["effective_rank"].sel(rank_kind=kind).where(sublayers, drop=True).values
+        ax.plot(x, y, marker="o", ms=3, color=colours[label], label=label)
+        widths.append(int(part["d_model"]))
+    for d in dict.fromkeys(widths):
         ax.axhline(d, color="black", ls=":", lw=1, label=f"width d = {d}")
+    energy = profile["effective_rank"].attrs.get("energy", 0.99) if "effective_rank" in profile else 0.99
     ax.set_xlabel("source depth (sublayer index, embedding = 0)")
     ax.set_ylabel(f"{kind} effective rank" + (f" ({energy:g} energy)" if kind == "numerical" else ""))
     ax.set_ylim(bottom=0)
@@ -45,11 +51,11 @@ def plot_rank_profile(data, ax=None, *, kind: str = "numerical", energy: float =
 def plot_rank_vs_width(table: xr.Dataset, ax=None, *, kind: str = "numerical"):
     """r*/d of checkpoints of several widths (``table``: dims (scheme, width) with variable
     ``collective_rank_ratio`` and a ``rank_kind`` dim), one line per scheme.
-    """
-    import matplotlib.pyplot as plt
 
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5.2, 3.6))
+    Returns:
+        The Axes.
+    """
+    ax = style_axes(ax) if ax is not None else new_axes((5.2, 3.6))
     ratio = table["collective_rank_ratio"].sel(rank_kind=kind)
     for scheme in ratio["scheme"].values:
         y = ratio.sel(scheme=scheme)

@@ -1,7 +1,9 @@
 """The report page: which figures it holds, and the HTML it renders (a Jinja2 template).
 
-``planned_figures`` lists every figure of a report with the function that draws it (nothing is
-captured here; ``report_figures`` draws them all at once);
+``planned_figures`` lists every figure of a report with the function that draws it: the one
+place where the report's traces meet the estimators of ``depthscope.analysis`` and their output
+meets the ``plot_*`` primitives (nothing is captured here; ``report_figures`` draws them all at
+once);
 ``render_page`` fills ``templates/report.html`` with the tables (computed by the estimators of
 ``depthscope.analysis``) and the figures. Every string that comes from a trace, a file or the
 settings is escaped by the template. Orchestration (capturing, writing files) lives in
@@ -17,13 +19,36 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import numpy as np
 import xarray as xr
 from markupsafe import Markup
 
+from depthscope._version import __version__
 from depthscope.analysis.causal import views, weight_effect_correlation
-from depthscope.analysis.dilution import consumer_table, summary
-from depthscope.figures.style import styled
+from depthscope.analysis.dilution import (
+    block_view,
+    consumer_table,
+    dilution_curves,
+    mean_retention,
+    pattern_curves,
+    relative_retention,
+    row_normalized,
+    summary,
+)
+from depthscope.analysis.rank import rank_profile
+from depthscope.figures.causal import has_native, native_figure, read_depth_figure, weight_effect_figure
+from depthscope.figures.curves import (
+    plot_dilution_panels,
+    plot_pattern_scores,
+    plot_retention,
+    plot_trajectories,
+    plot_trajectory,
+)
+from depthscope.figures.data import run_label, trace_label
+from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
+from depthscope.figures.rank import plot_rank_profile
+from depthscope.figures.style import styled, subplots
 from depthscope.trace import STACK
 
 DEEP = 40  # more consumers than this: the model's section adds a block-level view
@@ -31,12 +56,15 @@ DEEP = 40  # more consumers than this: the model's section adds a block-level vi
 
 @dataclass(frozen=True)
 class FigureSpec:
+    """One figure of the report: its file and anchor name, its title and its caption."""
+
     name: str
     title: str
     caption: str
 
 
 def slug(label: str) -> str:
+    """A label as a file and anchor name: runs of other characters than ``[A-Za-z0-9_.-]`` -> ``-``."""
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "model"
 
 
@@ -147,92 +175,76 @@ def planned_figures(
 
     Drawing is deferred so that a report draws, saves and closes one figure at a time.
     """
-    from depthscope.figures.causal import has_native, plot_native, plot_read_depth, plot_weight_effect
-    from depthscope.figures.curves import (
-        plot_dilution_panels,
-        plot_pattern_scores,
-        plot_retention,
-        plot_trajectories,
-        plot_trajectory,
-    )
-    from depthscope.figures.heatmaps import plot_heatmap_grid
-    from depthscope.figures.rank import plot_rank_profile
-
     signed = any(_is_signed(t) for t in traces)
     out: list[tuple[FigureSpec, Callable[[], Any]]] = [
-        (spec("grid-weights"), lambda: plot_heatmap_grid(stacked)),
+        (spec("grid-weights"), lambda: plot_heatmap_grid(row_normalized(stacked))),
         (spec("grid-share"), lambda: plot_heatmap_grid(stacked, "contribution_share")),
-        (spec("dilution"), lambda: plot_dilution_panels(stacked)),
+        (spec("dilution"), lambda: plot_dilution_panels(dilution_curves(stacked))),
         (
             spec("grid-mixing", scale=", symmetric-log (weights are signed)" if signed else ""),
             lambda: plot_heatmap_grid(stacked, "mixing", symlog=signed),
         ),
-        (spec("pattern", k=k), lambda: plot_pattern_scores(stacked, k=k).figure),
-        (spec("retention"), lambda: plot_retention(stacked).figure),
+        (spec("pattern", k=k), lambda: plot_pattern_scores(pattern_curves(stacked, k)).figure),
+        (spec("retention"), lambda: plot_retention(retention(stacked)).figure),
     ]
     with_cells = [t for t in traces if "ablation_effect_cell" in t]
     if with_cells:
-        out.append((spec("weight-effect"), lambda: plot_weight_effect(with_cells)))
+        out.append((spec("weight-effect"), lambda: weight_effect_figure(with_cells)))
     for t in traces:
         if views(t).sizes.get("view", 0):
-            out.append((spec("read-depth", _label(t)), lambda t=t: plot_read_depth(t)))
+            out.append((spec("read-depth", trace_label(t)), lambda t=t: read_depth_figure(t)))
     if len(trajectories) > 1:
-        out.append((spec("trajectories"), lambda: plot_trajectories(list(trajectories), k=k)))
+        out.append((spec("trajectories"), lambda: plot_trajectories([summary(tr, k) for tr in trajectories])))
     for tr in trajectories:
         label = trajectory_label(tr)
-        out.append((spec("trajectory", label), lambda tr=tr: plot_trajectory(tr, k=k)))
+        out.append((spec("trajectory", label), lambda tr=tr: plot_trajectory(summary(tr, k))))
         out.append(
             (
                 spec("trajectory-weights", label),
-                lambda tr=tr: plot_heatmap_grid(tr, ncols=tr.sizes[STACK]),
+                lambda tr=tr: plot_heatmap_grid(row_normalized(tr), ncols=tr.sizes[STACK]),
             )
         )
     if "source_spectrum" in stacked:
-        out.append((spec("rank"), lambda: plot_rank_profile(stacked).figure))
+        out.append((spec("rank"), lambda: plot_rank_profile(rank_profile(stacked)).figure))
     for t in traces:
         deep = t.sizes["layer"] > DEEP
         blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
         out.append(
             (
-                spec("model", _label(t), blocks=blocks if deep else ""),
+                spec("model", trace_label(t), blocks=blocks if deep else ""),
                 lambda t=t, deep=deep: model_figure(t, deep),
             )
         )
         if has_native(t):
-            out.append((spec("native", _label(t)), lambda t=t: plot_native(t)))
+            out.append((spec("native", trace_label(t)), lambda t=t: native_figure(t)))
     return out
 
 
-def _label(t: xr.Dataset) -> str:
-    return str(t.attrs.get("label", t.attrs.get("scheme", "trace")))
+def retention(stacked: xr.Dataset) -> xr.DataArray:
+    """What the report's retention figure draws: one model's ``relative_retention`` (a line per
+    source), or several models' ``mean_retention`` (a line per model).
+    """
+    one = STACK not in stacked.dims or stacked.sizes[STACK] == 1
+    return relative_retention(stacked) if one else mean_retention(stacked)
 
 
 @styled
 def model_figure(t: xr.Dataset, deep: bool):
     """One model's section figure: M and the shares (and, for a deep model, the shares per block)."""
-    import matplotlib.pyplot as plt
-
-    from depthscope.figures.heatmaps import heatmap_size, plot_heatmap
-
-    panels = [(False, "mixing"), (False, "contribution_share")] + (
-        [(True, "contribution_share")] if deep else []
-    )
+    panels = [(t, "mixing", "mixing weights M"), (t, "contribution_share", "contribution shares")]
+    if deep:
+        panels.append((block_view(t), "contribution_share", "contribution shares, per block"))
     width, height = heatmap_size(t.sizes["layer"], t.sizes["source"])
-    fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
-    for ax, (blocks, var) in zip(axes[0], panels):
-        title = {"mixing": "mixing weights M", "contribution_share": "contribution shares"}[var]
-        signed = var == "mixing" and _is_signed(t)
-        plot_heatmap(
-            t, ax, var=var, symlog=signed, blocks=blocks, title=title + (", per block" if blocks else "")
-        )
-    fig.suptitle(_label(t))
+    fig, axes = subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
+    for ax, (data, var, title) in zip(axes[0], panels):
+        plot_heatmap(data, ax, var=var, symlog=var == "mixing" and _is_signed(t), title=title)
+    fig.suptitle(trace_label(t))
     return fig
 
 
 def trajectory_label(trajectory: xr.Dataset) -> str:
-    """``variant`` of a trajectory's models (the label without its ``@step``)."""
-    first = str(trajectory[STACK].values[0])
-    return first.split("@", 1)[0]
+    """The run of a trajectory: its ``variant`` (``data.run_label``)."""
+    return run_label(trajectory)
 
 
 def figure_html(spec: FigureSpec, png: bytes) -> Markup:
@@ -378,10 +390,6 @@ def render_page(
     trajectories: list[xr.Dataset] = (),
 ) -> str:
     """The report's index.html: tables from the estimators, the figures as given."""
-    import jinja2
-
-    from depthscope._version import __version__
-
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("depthscope.figures", "templates"),
         autoescape=True,

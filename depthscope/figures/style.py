@@ -35,7 +35,8 @@ PALETTE = (
     "#56b4e9",  # sky blue
 )
 
-# seaborn's "dark" palette: the overflow when one figure needs more colours than PALETTE has
+# seaborn's "dark" palette, hue by hue as PALETTE (EXTRA[i] is a dark shade of PALETTE[i]): the
+# colours of a scheme's second model in one figure, and the overflow beyond PALETTE
 EXTRA = (
     "#001c7f",
     "#b1400d",
@@ -100,12 +101,27 @@ def apply_house_style() -> None:
     matplotlib.rcParams.update(RC)
 
 
-def new_axes(figsize: tuple[float, float] | None = None):
-    """A fresh Figure with one Axes (pyplot-managed, so notebooks display it; never shown here)."""
+def subplots(*args, **kwargs):
+    """``pyplot.subplots`` (pyplot-managed figures, so notebooks display them; never shown here).
+
+    pyplot is imported on first use, in this module only: its figure-manager and backend
+    machinery is the slow part of importing matplotlib, and importing the figures need not pay it.
+    """
     import matplotlib.pyplot as plt
 
-    _, ax = plt.subplots(figsize=figsize)
-    return ax
+    return plt.subplots(*args, **kwargs)
+
+
+def new_figure(figsize: tuple[float, float] | None = None):
+    """A fresh empty pyplot-managed Figure (as ``subplots``)."""
+    import matplotlib.pyplot as plt
+
+    return plt.figure(figsize=figsize)
+
+
+def new_axes(figsize: tuple[float, float] | None = None):
+    """A fresh Figure with one Axes (as ``subplots``)."""
+    return subplots(figsize=figsize)[1]
 
 
 def style_axes(ax, *, spines: bool = False):
@@ -116,8 +132,9 @@ def style_axes(ax, *, spines: bool = False):
     return ax
 
 
-# One colour per scheme family in every figure (keyed by the ``scheme`` a trace records); the
-# colours are PALETTE's, so they stay colour-blind safe. A scheme not listed hashes into PALETTE.
+# One colour per scheme in every figure, keyed by the ``scheme`` a trace records (an attr of one
+# trace, a coordinate along ``model`` of a stack); the colours are PALETTE's, so they stay
+# colour-blind safe. A scheme not listed hashes into PALETTE.
 SCHEME_COLORS = {
     "standard": "#949494",
     "denseformer": "#0173b2",
@@ -128,40 +145,49 @@ SCHEME_COLORS = {
     "ddl": "#ca9161",
     "shortswa": "#56b4e9",
 }
+_SKIPPED = ("#ece133",)  # yellow: too pale for lines on white, never handed out as a free colour
 
 
-def _family(label: str) -> str:
-    """``attnres-block4`` -> ``attnres``, ``dca#2`` -> ``dca``, ``hc@500`` -> ``hc``."""
-    for sep in ("#", "@", "(", "-", ":", " "):
-        label = label.split(sep, 1)[0]
-    return label.lower()
+def scheme_color(scheme: str) -> str:
+    """The stable colour of a scheme (``SCHEME_COLORS``); an unknown scheme hashes into PALETTE."""
+    scheme = str(scheme)
+    return SCHEME_COLORS[scheme] if scheme in SCHEME_COLORS else _hashed(scheme)
 
 
-def scheme_color(label: str) -> str:
-    """The stable colour of a model label: its scheme's colour (``Scheme.color``, found by variant
-    label or scheme family); unknown labels hash into PALETTE.
+def _hashed(name: str) -> str:
+    return PALETTE[zlib.crc32(name.encode()) % len(PALETTE)]  # crc32: stable across runs, unlike hash()
+
+
+def model_colors(models: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Colours of the models of one figure, by label, from (label, scheme) pairs.
+
+    Each model wants its scheme's colour (``scheme_color``; a model without a scheme, its label's
+    hash: never a colour looked up from the label). The first model to want a colour gets it, so
+    every scheme keeps its colour whatever comes before it; a later model of that scheme (two
+    AttnRes variants, runs of one scheme) gets the dark shade of the same hue (EXTRA), else the
+    first colour still free.
     """
-    label = str(label)
-    colors = SCHEME_COLORS
-    for key in (label, label.split("#", 1)[0].split("@", 1)[0], _family(label)):
-        if key in colors:
-            return colors[key]
-    return PALETTE[zlib.crc32(label.encode()) % len(PALETTE)]  # crc32: stable across runs
-
-
-def scheme_colors(labels: Iterable[str]) -> dict[str, str]:
-    """Colours for the labels of one figure: ``scheme_color`` each, and where two labels would
-    share a colour (``attnres`` and ``attnres-block4``) the later one takes the next free one.
-    """
+    models = [(str(label), str(scheme)) for label, scheme in models]
+    wanted = {label: scheme_color(scheme) if scheme else _hashed(label) for label, scheme in models}
+    owner: dict[str, str] = {}
+    for label, _ in models:
+        owner.setdefault(wanted[label], label)
+    claimed = set(owner)
     out: dict[str, str] = {}
-    for label in labels:
-        colour = scheme_color(label)
-        if colour in out.values():
-            start = PALETTE.index(colour) if colour in PALETTE else 0
-            free = [PALETTE[(start + i) % len(PALETTE)] for i in range(1, len(PALETTE))] + list(EXTRA)
-            colour = next((c for c in free if c not in out.values() and c != "#ece133"), colour)
-        out[str(label)] = colour
+    for label, _ in models:
+        colour = wanted[label]
+        if owner[colour] != label:
+            colour = _free(colour, claimed)
+            claimed.add(colour)
+        out[label] = colour
     return out
+
+
+def _free(colour: str, claimed: set[str]) -> str:
+    """The dark shade of ``colour``'s hue if free, else the first free colour (EXTRA, then PALETTE)."""
+    shade = [EXTRA[PALETTE.index(colour)]] if colour in PALETTE else []
+    spare = [c for c in (*shade, *EXTRA, *PALETTE) if c not in claimed and c not in _SKIPPED]
+    return spare[0] if spare else colour
 
 
 # Formats whose suffix ``save`` strips from the path it is given, to append each requested one.

@@ -3,7 +3,7 @@
 Data in (DataArrays from ``depthscope.analysis.theory``, dicts from
 ``depthscope.analysis.identity``), matplotlib Axes or Figure out, drawn in the house style
 (``figures.style``: colour-blind-safe palette, ResNet in the standard residual's grey, GRN in
-the DCA family's colour). Nothing here shows or saves. Data lines are drawn first and in input
+DCA's colour). Nothing here shows or saves. Data lines are drawn first and in input
 order, so ``ax.lines[i]`` is the i-th input; reference lines (the zero gain) come after them.
 """
 
@@ -15,11 +15,11 @@ import numpy as np
 import xarray as xr
 from matplotlib.ticker import NullFormatter
 
-from depthscope.figures.style import PALETTE, new_axes, scheme_color, styled
+from depthscope.figures.style import PALETTE, new_axes, scheme_color, styled, subplots
 
-MODEL_STYLE = {
+MODEL_STYLE = {  # a ResNet is the standard residual; GRN is DCA's mixing (arXiv 2502.06785)
     "resnet": {"color": scheme_color("standard"), "label": "ResNet"},
-    "grn_v1": {"color": scheme_color("grn-v1"), "label": "GRN-v1"},
+    "grn_v1": {"color": scheme_color("dca"), "label": "GRN-v1"},
 }
 VARIANT_LINESTYLE = {"v1": "-", "v2": "--"}
 TASK_TITLE = {"identity": "(a) identity, y = x", "random": "(b) random map, y = Ax + b"}
@@ -133,26 +133,39 @@ def plot_threshold_vs_kappa(numerical, derived=None, ax=None):
 
 
 @styled
+def plot_identity_task(curves: dict, ax=None, *, task: str = "identity"):
+    """One task of the identity experiment: MSE versus steps, one line per model, log y.
+
+    ``curves``: ``identity.run_identity``'s dict for that task (model -> MSE per step: ResNet
+    and GRN-v1); lines in its order.
+
+    Returns:
+        The Axes.
+    """
+    ax = _axes(ax)
+    for model, curve in curves.items():
+        style = MODEL_STYLE.get(model, {"label": model})
+        curve = np.asarray(curve, dtype=float)
+        ax.plot(np.arange(curve.size), curve, **style)
+    ax.set_yscale("log")
+    ax.set_xlabel("SGD step (batch of 100)")
+    ax.set_ylabel("mean squared error")
+    ax.set_title(TASK_TITLE.get(task, task))
+    ax.legend()
+    return ax
+
+
+@styled
 def plot_identity_curves(results: dict):
-    """The identity experiment (paper Fig. 1): MSE versus steps, ResNet vs GRN-v1, log y.
+    """The identity experiment (paper Fig. 1): ``plot_identity_task`` of each task present.
 
     ``results`` is ``identity.run_identity``'s dict; one panel per task present, in the order
     identity, random. Returns the Figure; panel i is ``fig.axes[i]`` with the ResNet line first.
     """
-    import matplotlib.pyplot as plt
-
     tasks = [t for t in TASK_TITLE if t in results]
-    fig, axes = plt.subplots(1, len(tasks), figsize=(5.0 * len(tasks), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(tasks), figsize=(5.0 * len(tasks), 3.8), squeeze=False)
     for ax, task in zip(axes[0], tasks):
-        for model, curve in results[task].items():
-            style = MODEL_STYLE.get(model, {"label": model})
-            curve = np.asarray(curve, dtype=float)
-            ax.plot(np.arange(curve.size), curve, **style)
-        ax.set_yscale("log")
-        ax.set_xlabel("SGD step (batch of 100)")
-        ax.set_ylabel("mean squared error")
-        ax.set_title(TASK_TITLE[task])
-        ax.legend()
+        plot_identity_task(results[task], ax, task=task)
     return fig
 
 

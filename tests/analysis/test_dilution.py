@@ -7,7 +7,7 @@ import pytest
 import xarray as xr
 
 from depthscope.analysis import dilution as est
-from depthscope.trace import stack_traces
+from depthscope.trace import stack_traces, with_blocks
 
 NAN = np.nan
 
@@ -163,3 +163,111 @@ def test_estimators_keep_the_model_dimension(trace):
     np.testing.assert_allclose(
         est.share_of(stacked, "first").sel(model="planted").values[1:], [0.75, 0.3, 0.1]
     )
+
+
+# --- curves per consumer depth, and estimators of a stack model by model -----------------------
+
+
+def _views_trace():
+    """A DCA-like layout: 1.attn has q, k and v rows at one depth (3)."""
+    layers = ["0.attn", "0.mlp", "1.attn.q", "1.attn.k", "1.attn.v", "1.mlp", "readout"]
+    sources = ["embed", "0.attn", "0.mlp", "1.attn", "1.mlp"]
+    mix = np.full((7, 5), NAN)
+    share = np.full((7, 5), NAN)
+    for i, n in enumerate([1, 2, 3, 3, 3, 4, 5]):
+        mix[i, :n] = 1.0
+        share[i, :n] = 1.0 / n
+    share[2, :3] = [0.6, 0.2, 0.2]  # q
+    share[3, :3] = [0.0, 0.5, 0.5]  # k
+    share[4, :3] = [0.3, 0.3, 0.4]  # v
+    kinds = ["attn", "mlp", "attn", "attn", "attn", "mlp", "readout"]
+    return planted(mix, share, layers, sources, layer_kinds=kinds, label="views")
+
+
+def test_by_depth_averages_the_views_of_one_input_and_keeps_the_others():
+    t = _views_trace()
+    curve = est.by_depth(est.share_of(t, "embed"))
+    assert curve.dims == ("layer_depth",)
+    assert list(curve["layer_depth"].values) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(curve.values, [1.0, 0.5, (0.6 + 0.0 + 0.3) / 3, 0.25, 0.2])
+    # one consumer per depth: the values are the consumers' own, exactly
+    plain = planted(MIX, SHARE, LAYERS, SOURCES)
+    np.testing.assert_array_equal(
+        est.by_depth(plain["contribution_share"].sel(source="embed")).values, [1.0, 0.25, 0.1, 0.4]
+    )
+
+
+def test_dilution_curves_are_share_of_and_baseline_by_depth(trace):
+    c = est.dilution_curves(trace)
+    for which in ("embed", "first", "latest"):
+        xr.testing.assert_identical(c[f"{which}_share"], est.by_depth(est.share_of(trace, which)))
+    np.testing.assert_allclose(c["baseline"].values, [1.0, 1 / 2, 1 / 3, 1 / 4])
+    assert c.attrs == {"label": "planted"}  # a single trace's result is named after it
+
+
+def test_estimators_of_a_stack_equal_each_models_own(trace):
+    """per_model: each model's numbers are those of its trace alone (no padding in them), the
+    results are aligned by label (a shorter model gets NaN), and per-model coordinates stay."""
+    short = planted(
+        [[1.0, NAN], [0.5, 0.5]],
+        [[1.0, NAN], [0.4, 0.6]],
+        ["0.attn", "readout"],
+        ["embed", "0.attn"],
+        layer_kinds=["attn", "readout"],
+        label="short",
+    )
+    stacked = stack_traces(
+        [trace.assign_attrs(scheme="attnres", step=7), short.assign_attrs(scheme="dca", step=9)]
+    )
+    for estimator in (
+        est.dilution_curves,
+        lambda t: est.pattern_curves(t, k=1),
+        est.mean_retention,
+        est.relative_retention,
+    ):
+        both = estimator(stacked)
+        assert list(both["model"].values) == ["planted", "short"]
+        assert list(both["scheme"].values) == ["attnres", "dca"] and list(both["step"].values) == [7, 9]
+        for label, t in (("planted", trace), ("short", short)):
+            own = estimator(with_blocks(t))  # a stack's models carry their block coordinates
+            mine = both.sel(model=label).drop_vars(["model", "scheme", "step"])
+            xr.testing.assert_allclose(mine.reindex_like(own), own)
+    # the shorter model's missing depths are NaN, never 0
+    c = est.dilution_curves(stacked)
+    assert np.isnan(c["embed_share"].sel(model="short", layer_depth=[3, 4])).all()
+
+
+def test_relative_retention_of_a_stack_keeps_each_models_source_depths():
+    a = planted(MIX, SHARE, LAYERS, SOURCES, label="a")
+    b = planted(MIX, SHARE, LAYERS, ["embed", "0.swa", "0.attn", "0.mlp"], label="b")
+    r = est.relative_retention(stack_traces([a, b]))
+    assert r["source_depth"].dims == ("model", "source")
+    np.testing.assert_array_equal(r["source_depth"].sel(model="b", source=["0.swa", "0.attn"]), [1, 2])
+    np.testing.assert_array_equal(r["source_depth"].sel(model="a", source="0.attn"), 1)
+    assert list(r["source"].values) == ["embed", "0.attn", "0.mlp", "1.attn", "0.swa"]  # not sorted
+
+
+def test_pattern_curves_mean_is_the_summary(trace):
+    c = est.pattern_curves(trace, k=1)
+    assert c.attrs["k"] == 1
+    np.testing.assert_allclose(
+        c["mean_pattern_score"], est.summary(trace, k=1)["pattern_score"].sel(group="sublayers")
+    )
+    xr.testing.assert_identical(c["pattern_score"], est.by_depth(est.pattern_score(trace, k=1)))
+
+
+def test_mean_retention_leaves_the_embedding_out(trace):
+    r = est.relative_retention(trace)
+    expected = r.sel(source=["0.attn", "0.mlp", "1.attn"]).mean("source")
+    np.testing.assert_allclose(est.mean_retention(trace).values, expected.values)
+    assert not np.allclose(
+        expected.values, r.mean("source").values, equal_nan=True
+    )  # the embedding would count
+
+
+def test_summary_of_a_stack_keeps_the_per_model_coordinates(trace):
+    steps = [trace.assign_attrs(label=f"run@{s}", step=s, val_loss=1.0 / s, variant="run") for s in (10, 20)]
+    s = est.summary(stack_traces(steps))
+    assert list(s["step"].values) == [10, 20] and list(s["variant"].values) == ["run", "run"]
+    np.testing.assert_allclose(s["val_loss"].values, [0.1, 0.05])
+    assert "data_variables" not in s.coords  # the stack's own bookkeeping stays behind

@@ -115,3 +115,23 @@ def test_collective_rank_sums_sublayers_and_round_trips(tmp_path):
     with pytest.raises(ValueError, match="rank=True"):
         collective_rank(capture(build(cfg), random_tokens(cfg, batch=1)))
     assert effective_ranks(trace["source_spectrum"]).sizes["rank_kind"] == 3
+
+
+def test_rank_profile_gives_each_model_of_a_stack_its_own_width():
+    from depthscope.analysis.rank import rank_profile
+    from depthscope.trace import stack_traces
+
+    narrow, wide = tiny(d_model=16), tiny(d_model=32)
+    traces = [capture(build(c), random_tokens(c, batch=2), rank=True) for c in (narrow, wide)]
+    traces[1].attrs["label"] = "wide"
+    profile = rank_profile(stack_traces(traces))
+    np.testing.assert_array_equal(profile["d_model"].values, [16, 32])
+    for label, t in zip(profile["model"].values, traces):
+        expected = effective_ranks(t["source_spectrum"])  # each at its own width, without padding
+        np.testing.assert_allclose(
+            profile["effective_rank"].sel(model=label).transpose(*expected.dims).values, expected.values
+        )
+    one = rank_profile(traces[0])
+    assert int(one["d_model"]) == 16 and one.attrs["label"] == traces[0].attrs["label"]
+    with pytest.raises(ValueError, match="rank=True"):
+        rank_profile(capture(build(narrow), random_tokens(narrow, batch=1)))

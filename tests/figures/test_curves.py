@@ -10,13 +10,15 @@ from matplotlib.figure import Figure
 
 from depthscope.analysis import dilution as est
 from depthscope.figures import (
+    model_colors,
     plot_dilution,
+    plot_dilution_panels,
     plot_heatmap,
     plot_heatmap_grid,
     plot_pattern_scores,
     plot_retention,
 )
-from depthscope.figures.style import scheme_colors
+from depthscope.figures.style import SCHEME_COLORS
 from depthscope.trace import stack_traces
 from tests.figures.test_heatmaps import perturbed_trace
 
@@ -60,15 +62,21 @@ def assert_line_is(ln, expected: dict[int, float]) -> None:
     np.testing.assert_allclose(y, [expected[int(d)] for d in x], rtol=1e-12)
 
 
+def user_axes(n: int = 1):
+    """Axes of a figure made by the caller, not by the plot function."""
+    axes = Figure().subplots(1, n, squeeze=False)[0]
+    return axes if n > 1 else axes[0]
+
+
 def test_dilution_lines_are_share_of_at_layer_depth(traces, stacked):
-    ax = plot_dilution(stacked)
-    colours = scheme_colors(SCHEMES)
+    ax = plot_dilution(est.dilution_curves(stacked))
+    colours = model_colors((s, s) for s in SCHEMES)
     for s in SCHEMES:
         for which in ("embed", "first", "latest"):
             share = est.share_of(traces[s], which)
             ln = line(ax, f"{s}: {which}")
             assert_line_is(ln, per_depth(share))
-            assert ln.get_color() == colours[s]
+            assert ln.get_color() == colours[s] == SCHEME_COLORS[s]
         if s != "dca":  # one consumer per depth: the points are exactly the consumers' values
             x, y = line(ax, f"{s}: embed").get_data()
             np.testing.assert_array_equal(x, traces[s]["layer_depth"].values)
@@ -82,10 +90,19 @@ def test_dilution_lines_are_share_of_at_layer_depth(traces, stacked):
     assert ax.get_yscale() in ("log", "symlog")
 
 
-def test_dilution_panels_one_source_per_panel(traces, stacked):
-    from depthscope.figures.curves import plot_dilution_panels
+def test_dilution_draws_the_curves_into_the_given_axes(traces):
+    curves = est.dilution_curves(traces["dca"])
+    ax = user_axes()
+    assert plot_dilution(curves, ax, sources=("latest",)) is ax
+    assert [ln.get_label() for ln in ax.lines] == ["dca: latest", "1/T baseline"]
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), curves["layer_depth"].values)
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), curves["latest_share"].values)
+    np.testing.assert_array_equal(ax.lines[1].get_ydata(), curves["baseline"].values)
+    assert not ax.spines["top"].get_visible()
 
-    fig = plot_dilution_panels(stacked)
+
+def test_dilution_panels_one_source_per_panel(traces, stacked):
+    fig = plot_dilution_panels(est.dilution_curves(stacked))
     panels = fig.axes[:3]
     for ax, which in zip(panels, ("embed", "first", "latest")):
         for s in SCHEMES:
@@ -98,29 +115,37 @@ def test_dilution_panels_one_source_per_panel(traces, stacked):
     assert panels[0].get_shared_y_axes().joined(panels[0], panels[2])
 
 
-def test_dilution_accepts_a_list_and_a_single_trace(traces, stacked):
-    a = plot_dilution(stacked, sources=("latest",))
-    b = plot_dilution([traces[s] for s in SCHEMES], sources=("latest",))
-    c = plot_dilution(traces["attnres"], sources=("latest",))
-    for ln_a, ln_b in zip(a.lines, b.lines):
-        assert ln_a.get_label() == ln_b.get_label()
-        np.testing.assert_array_equal(ln_a.get_xydata(), ln_b.get_xydata())
-    np.testing.assert_array_equal(c.lines[0].get_xydata(), line(a, "attnres: latest").get_xydata())
+def test_a_stack_and_its_traces_one_by_one_give_the_same_lines(traces, stacked):
+    a = plot_dilution(est.dilution_curves(stacked), sources=("latest",))
+    for s in SCHEMES:
+        own = plot_dilution(est.dilution_curves(traces[s]), sources=("latest",))
+        np.testing.assert_array_equal(own.lines[0].get_xydata(), line(a, f"{s}: latest").get_xydata())
+        assert own.lines[0].get_color() == line(a, f"{s}: latest").get_color()
     assert len(a.lines) == len(SCHEMES) + 1
+
+
+def test_models_are_coloured_by_their_scheme_not_their_label(traces):
+    """A label says nothing here: the ``scheme`` coordinate picks the colour, and two models of
+    one scheme get distinct colours (the first keeps its scheme's)."""
+    runs = [traces["attnres"].assign_attrs(label=name) for name in ("dca-lookalike", "run-2")]
+    ax = plot_dilution(est.dilution_curves(stack_traces(runs)), sources=("embed",))
+    first, second = line(ax, "dca-lookalike: embed"), line(ax, "run-2: embed")
+    assert first.get_color() == SCHEME_COLORS["attnres"]
+    assert second.get_color() != first.get_color()
 
 
 def test_dilution_axis_is_log_when_positive_and_symlog_otherwise(traces):
     t = traces["standard"]
     positive = t.assign(contribution_share=abs(t["contribution_share"]) + 1e-6)
-    assert plot_dilution(positive).get_yscale() == "log"
+    assert plot_dilution(est.dilution_curves(positive)).get_yscale() == "log"
     negative = positive.copy()
     negative["contribution_share"] = negative["contribution_share"].where(
         negative["source"] != "0.attn", -negative["contribution_share"]
     )
-    ax = plot_dilution(negative)
+    ax = plot_dilution(est.dilution_curves(negative))
     assert ax.get_yscale() == "symlog"
     assert line(ax, "standard: first").get_ydata().min() < 0
-    assert plot_dilution(positive, yscale="linear").get_yscale() == "linear"
+    assert plot_dilution(est.dilution_curves(positive), yscale="linear").get_yscale() == "linear"
 
 
 def test_uniform_retention_is_one_over_the_readers_sources(traces):
@@ -135,7 +160,8 @@ def test_uniform_retention_is_one_over_the_readers_sources(traces):
 
 def test_retention_of_one_trace_has_a_line_per_source(traces):
     t = traces["attnres"]
-    ax = plot_retention(t)
+    ax = user_axes()
+    assert plot_retention(est.relative_retention(t), ax) is ax
     r = est.retention(t) / est.uniform_retention(t)
     for s in t["source"].values:
         ln = line(ax, f"attnres: {s}")
@@ -151,7 +177,7 @@ def test_retention_of_one_trace_has_a_line_per_source(traces):
 
 
 def test_retention_of_several_schemes_is_the_mean_over_sublayer_sources(traces, stacked):
-    ax = plot_retention(stacked)
+    ax = plot_retention(est.mean_retention(stacked))
     for s in SCHEMES:
         t = traces[s]
         mean = est.relative_retention(t).where(t["source_kind"] != "embed").mean("source")
@@ -162,8 +188,16 @@ def test_retention_of_several_schemes_is_the_mean_over_sublayer_sources(traces, 
     assert ax.lines[-1].get_label() == "1/T (uniform share)"
 
 
+def test_one_panel_of_several_models_sources_is_refused(stacked):
+    from depthscope.errors import DepthscopeError
+
+    with pytest.raises(DepthscopeError, match="mean_retention"):
+        plot_retention(est.relative_retention(stacked))
+
+
 def test_pattern_scores_are_the_estimator_per_depth(traces, stacked):
-    ax = plot_pattern_scores(stacked, k=1)
+    ax = user_axes()
+    assert plot_pattern_scores(est.pattern_curves(stacked, k=1), ax) is ax
     for s in SCHEMES:
         assert_line_is(line(ax, f"{s}: pattern score"), per_depth(est.pattern_score(traces[s], k=1)))
     np.testing.assert_allclose(line(ax, "standard: pattern score").get_ydata(), 1.0)  # uniform rows
@@ -174,28 +208,19 @@ def test_pattern_scores_are_the_estimator_per_depth(traces, stacked):
     for s in SCHEMES:
         mean = float(est.summary(traces[s], k=1)["pattern_score"].sel(group="sublayers"))
         assert f"{s} (mean {mean:.2f})" in legend
-    assert "> 1: input-and-recent pattern" in ax.get_ylabel()
-
-
-def test_curves_draw_into_a_given_axes(traces):
-    fig = Figure()
-    axes = fig.subplots(1, 3)
-    assert plot_dilution(traces["dca"], ax=axes[0]) is axes[0]
-    assert plot_retention(traces["dca"], ax=axes[1]) is axes[1]
-    assert plot_pattern_scores([traces["dca"]], ax=axes[2]) is axes[2]
-    assert not axes[0].spines["top"].get_visible()
+    assert "(k = 1)" in ax.get_ylabel() and "> 1: input-and-recent pattern" in ax.get_ylabel()
 
 
 def _plots(traces, stacked):
     return [
         lambda: plot_heatmap(traces["dca"], annotate=True),
         lambda: plot_heatmap(traces["denseformer"], symlog=True),
-        lambda: plot_heatmap_grid(stacked),
-        lambda: plot_heatmap_grid(list(traces.values()), "norm_share"),
-        lambda: plot_dilution(stacked),
-        lambda: plot_retention(traces["standard"]),
-        lambda: plot_retention(stacked),
-        lambda: plot_pattern_scores(stacked),
+        lambda: plot_heatmap_grid(est.row_normalized(stacked)),
+        lambda: plot_heatmap_grid(stacked, "norm_share"),
+        lambda: plot_dilution(est.dilution_curves(stacked)),
+        lambda: plot_retention(est.relative_retention(traces["standard"])),
+        lambda: plot_retention(est.mean_retention(stacked)),
+        lambda: plot_pattern_scores(est.pattern_curves(stacked)),
     ]
 
 

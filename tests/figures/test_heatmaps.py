@@ -211,9 +211,9 @@ def test_grid_has_one_unpadded_panel_per_scheme_on_one_scale(traces):
     assert "effective depth-mixing weight" in " ".join(cbar.get_ylabel().split())
 
 
-def test_grid_from_a_list_matches_the_stack_and_dedupes_labels(traces):
+def test_grid_of_a_stack_matches_its_traces_and_dedupes_labels(traces):
     ts = [traces["attnres"], traces["dca"], traces["attnres"]]
-    fig = plot_heatmap_grid(ts, "contribution_share", symlog=True)
+    fig = plot_heatmap_grid(stack_traces(ts), "contribution_share", symlog=True)
     panels = fig.axes[:3]
     assert [ax.get_title() for ax in panels] == ["attnres", "dca", "attnres#2"]
     norms = [ax.images[0].norm for ax in panels]
@@ -221,31 +221,60 @@ def test_grid_from_a_list_matches_the_stack_and_dedupes_labels(traces):
     assert len({(n.vmin, n.vmax) for n in norms}) == 1
     for ax, t in zip(panels, ts):
         assert_image_is(ax, t["contribution_share"].values)
-    stacked = plot_heatmap_grid(stack_traces(ts), "contribution_share", symlog=True)
-    for a, b in zip(panels, stacked.axes[:3]):
+    # the same panels from a list of 2-D arrays, titled by their label
+    arrays = [t["contribution_share"].assign_attrs(label=f"m{i}") for i, t in enumerate(ts)]
+    listed = plot_heatmap_grid(arrays, symlog=True)
+    assert [ax.get_title() for ax in listed.axes[:3]] == ["m0", "m1", "m2"]
+    for a, b in zip(panels, listed.axes[:3]):
         assert_image_is(b, image(a).filled(np.nan))
 
 
 def test_grid_layout_and_explicit_vmax(traces):
     ts = [traces[s] for s in ("standard", "attnres", "denseformer")]
-    fig = plot_heatmap_grid(ts, "mixing", ncols=2, vmax=3.0)
+    fig = plot_heatmap_grid(stack_traces(ts), "mixing", ncols=2, vmax=3.0)
     assert len(fig.axes) == 4
     rows = {round(ax.get_position().y0, 3) for ax in fig.axes[:3]}
     assert len(rows) == 2
     assert all(ax.images[0].norm.vmax == 3.0 for ax in fig.axes[:3])
 
 
-def test_grid_defaults_to_row_normalised_weights(traces):
-    """The cross-model grid draws |M| / row sum: a standard residual reads exactly 1/n_l."""
+def test_grid_of_row_normalised_weights(traces):
+    """The cross-model grid of |M| / row sum: a standard residual reads exactly 1/n_l, on a log
+    scale (the default for ``row_normalized``)."""
+    from matplotlib.colors import LogNorm
+
     from depthscope.analysis.dilution import n_available, row_normalized
 
     ts = [traces[s] for s in SCHEMES]
-    fig = plot_heatmap_grid(ts)
+    fig = plot_heatmap_grid(row_normalized(stack_traces(ts)))
     for ax, t in zip(fig.axes[: len(ts)], ts):
-        assert_image_is(ax, row_normalized(t).values)
+        np.testing.assert_allclose(image(ax).filled(np.nan), row_normalized(t).values, rtol=1e-12)
+        assert isinstance(ax.images[0].norm, LogNorm)
     std = traces["standard"]
     np.testing.assert_allclose(
         image(fig.axes[0]).filled(np.nan),
         (1.0 / n_available(std)).broadcast_like(std["mixing"]).where(std["mixing"].notnull()).values,
     )
     assert "row-normalised" in " ".join(fig.axes[-1].get_ylabel().split())
+
+
+def test_heatmap_draws_an_estimators_output_into_the_given_axes(traces):
+    """The primitive takes a DataArray and a user's Axes; a trace's variable by name is the same."""
+    from matplotlib.figure import Figure
+
+    from depthscope.analysis.dilution import block_view, row_normalized
+
+    t = traces["attnres"]
+    ax = Figure().subplots()
+    assert plot_heatmap(row_normalized(t), ax, colorbar=False) is ax
+    assert_image_is(ax, row_normalized(t).values)
+    assert ax.get_title() == "" and ax.get_xlabel() == "source"  # a bare DataArray has no label
+    by_name = plot_heatmap(t, Figure().subplots(), var="mixing")
+    assert_image_is(
+        by_name, plot_heatmap(t["mixing"], Figure().subplots()).images[0].get_array().filled(np.nan)
+    )
+    blocks = plot_heatmap(block_view(t), Figure().subplots(), var="contribution_share")
+    assert_image_is(blocks, block_view(t)["contribution_share"].values)
+    assert (blocks.get_xlabel(), blocks.get_ylabel()) == ("source block", "consumer block")
+    with pytest.raises(DepthscopeError, match="no variable 'nope'"):
+        plot_heatmap(t, var="nope")

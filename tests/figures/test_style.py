@@ -11,8 +11,8 @@ import pytest
 from matplotlib.figure import Figure
 
 from depthscope.errors import DepthscopeError
-from depthscope.figures import house_style, save, scheme_color, scheme_colors
-from depthscope.figures.style import PALETTE, RC
+from depthscope.figures import house_style, model_colors, save, scheme_color
+from depthscope.figures.style import EXTRA, PALETTE, RC
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,6 +35,7 @@ def test_palette_is_seaborn_colorblind():
     import seaborn as sns
 
     assert list(PALETTE) == sns.color_palette("colorblind").as_hex()
+    assert list(EXTRA) == sns.color_palette("dark").as_hex()  # a dark shade of each hue, in order
     from depthscope.figures.style import SCHEME_COLORS
     from depthscope.schemes import scheme_names
 
@@ -53,24 +54,40 @@ def test_house_style_applies_and_restores():
     assert (matplotlib.rcParams["axes.spines.top"], matplotlib.rcParams["font.size"]) == before
 
 
-def test_scheme_colours_are_stable_and_family_wide():
+def test_scheme_colours_are_stable_and_keyed_by_scheme_name():
     from depthscope.figures.style import SCHEME_COLORS
 
     assert scheme_color("denseformer") == SCHEME_COLORS["denseformer"]
-    assert scheme_color("attnres-block4") == scheme_color("attnres") == scheme_color("attnres#2")
-    assert scheme_color("dca(k=2)") == scheme_color("dca@250") == SCHEME_COLORS["dca"]
     unknown = scheme_color("my-new-scheme")
     assert unknown in PALETTE
     assert unknown == PALETTE[zlib.crc32(b"my-new-scheme") % len(PALETTE)]  # not the salted hash()
+    # a scheme's name is the key: nothing is parsed out of it
+    assert scheme_color("attnres-block4") == PALETTE[zlib.crc32(b"attnres-block4") % len(PALETTE)]
 
 
-def test_scheme_colours_of_one_figure_are_distinct():
-    labels = ["standard", "attnres", "attnres-block4", "dca", "grn-v1", "denseformer"]
-    colours = scheme_colors(labels)
-    assert list(colours) == labels
-    assert len(set(colours.values())) == len(labels)
-    assert colours["attnres"] == scheme_color("attnres")  # the first of a family keeps its colour
+def test_model_colours_follow_the_scheme_and_are_distinct_within_a_figure():
+    models = [
+        ("standard", "standard"),
+        ("attnres", "attnres"),
+        ("attnres-block4", "attnres"),
+        ("dca", "dca"),
+        ("grn-v1", "dca"),
+        ("denseformer", "denseformer"),
+        ("my run", ""),
+    ]
+    colours = model_colors(models)
+    assert list(colours) == [label for label, _ in models]
+    assert len(set(colours.values())) == len(models)
+    assert colours["attnres"] == scheme_color("attnres")  # the first of a scheme keeps its colour
     assert colours["dca"] == scheme_color("dca")
+    assert colours["attnres-block4"] != colours["attnres"] and "#ece133" not in colours.values()
+    # a scheme's second model takes the dark shade of its hue, never another scheme's colour
+    assert colours["attnres-block4"] == EXTRA[PALETTE.index(scheme_color("attnres"))]
+    assert colours["grn-v1"] == EXTRA[PALETTE.index(scheme_color("dca"))]
+    assert colours["denseformer"] == scheme_color("denseformer")
+    assert colours["my run"] == PALETTE[zlib.crc32(b"my run") % len(PALETTE)]  # no scheme: the label's hash
+    # the label plays no part in the colour of a model with a scheme
+    assert model_colors([("dca", "attnres")]) == {"dca": scheme_color("attnres")}
 
 
 def test_save_writes_each_format_atomically(tmp_path):

@@ -99,3 +99,17 @@ def test_identity_sweep_plots_final_errors_against_d():
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), sweep["identity"]["grn_v1"])
     assert ax.get_yscale() == "log" and ax.get_xscale() == "log"
     ax.figure.canvas.draw()
+
+
+def test_identity_task_draws_into_the_given_axes_in_the_schemes_colours():
+    from depthscope.figures.style import SCHEME_COLORS
+
+    res = _results()
+    fig, ax = plt.subplots()
+    assert figs.plot_identity_task(res["random"], ax, task="random") is ax
+    np.testing.assert_array_equal(ax.lines[1].get_ydata(), res["random"]["grn_v1"])
+    assert ax.get_title() == figs.TASK_TITLE["random"]
+    assert [ln.get_color() for ln in ax.lines] == [
+        SCHEME_COLORS["standard"],
+        SCHEME_COLORS["dca"],
+    ]  # GRN is DCA's

@@ -149,7 +149,7 @@ def test_the_cross_run_trajectory_figure_draws_each_bundled_run_per_group():
         load_trace(zoo.ZOO_DIR / m["trajectory"]["file"]) for m in zoo.read_manifest() if m.get("trajectory")
     ]
     assert len(runs) == 6
-    fig = plot_trajectories(runs)
+    fig = plot_trajectories([summary(run) for run in runs])
     for ax, group in zip(fig.axes, TRAJECTORY_GROUPS):
         data = ax.lines[: len(runs)]  # data lines first, then the uniform row
         assert len(ax.lines) == len(runs) + 1 and ax.lines[-1].get_ydata()[0] == 1.0

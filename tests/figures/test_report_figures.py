@@ -1,0 +1,121 @@
+"""The report's figures: the same names and captions as ever, and each one exactly what its
+primitive draws from the estimator's output (the report is where traces meet estimators)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from depthscope import zoo
+from depthscope.analysis.dilution import (
+    dilution_curves,
+    mean_retention,
+    pattern_curves,
+    relative_retention,
+    row_normalized,
+    summary,
+)
+from depthscope.analysis.rank import rank_profile
+from depthscope.figures.curves import (
+    plot_dilution_panels,
+    plot_pattern_scores,
+    plot_retention,
+    plot_trajectories,
+    plot_trajectory,
+)
+from depthscope.figures.heatmaps import plot_heatmap_grid
+from depthscope.figures.rank import plot_rank_profile
+from depthscope.figures.report import planned_figures
+from depthscope.trace import load_trace, split_models, stack_traces
+
+REFERENCE = Path(__file__).parent.parent / "fixtures" / "reference"
+
+
+@pytest.fixture(scope="module")
+def stacked():
+    return stack_traces([load_trace(REFERENCE / "attnres.nc"), load_trace(REFERENCE / "dca.nc")])
+
+
+@pytest.fixture(scope="module")
+def trajectories():
+    return [load_trace(zoo.ZOO_DIR / "trajectories" / f"{n}.nc") for n in ("hc", "mhc")]
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+def drawn(fig) -> list:
+    """Every line's points and every image's cells, panel by panel."""
+    out = []
+    for ax in fig.axes:
+        out.append([np.asarray(ln.get_xydata(), dtype=float) for ln in ax.lines])
+        out.append([np.ma.filled(np.ma.asarray(im.get_array(), dtype=float), np.nan) for im in ax.images])
+    return out
+
+
+def assert_same_drawing(a, b) -> None:
+    da, db = drawn(a), drawn(b)
+    assert len(da) == len(db)
+    for xs, ys in zip(da, db):
+        assert len(xs) == len(ys)
+        for x, y in zip(xs, ys):
+            np.testing.assert_array_equal(x, y)
+
+
+def test_the_report_plans_the_same_figures(stacked, trajectories):
+    names = [s.name for s, _ in planned_figures(stacked, split_models(stacked), 2, trajectories)]
+    assert names == [
+        "grid-weights",
+        "grid-share",
+        "dilution",
+        "grid-mixing",
+        "pattern",
+        "retention",
+        "weight-effect",
+        "read-depth-dca",
+        "trajectories",
+        "trajectory-hc",
+        "trajectory-weights-hc",
+        "trajectory-mhc",
+        "trajectory-weights-mhc",
+        "rank",
+        "model-attnres",
+        "model-dca",
+    ]
+
+
+def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajectories):
+    k = 2
+    planned = {s.name: draw for s, draw in planned_figures(stacked, split_models(stacked), k, trajectories)}
+    expected = {
+        "grid-weights": lambda: plot_heatmap_grid(row_normalized(stacked)),
+        "grid-share": lambda: plot_heatmap_grid(stacked["contribution_share"]),
+        "dilution": lambda: plot_dilution_panels(dilution_curves(stacked)),
+        "pattern": lambda: plot_pattern_scores(pattern_curves(stacked, k)).figure,
+        "retention": lambda: plot_retention(mean_retention(stacked)).figure,
+        "rank": lambda: plot_rank_profile(rank_profile(stacked)).figure,
+        "trajectories": lambda: plot_trajectories([summary(tr, k) for tr in trajectories]),
+        "trajectory-hc": lambda: plot_trajectory(summary(trajectories[0], k)),
+    }
+    for name, primitive in expected.items():
+        assert_same_drawing(planned[name](), primitive())
+    # and the grid's panels are each model's own row-normalised weights
+    grid = planned["grid-weights"]()
+    for ax, t in zip(grid.axes, split_models(stacked)):
+        np.testing.assert_allclose(
+            ax.images[0].get_array().filled(np.nan), row_normalized(t).values, rtol=1e-12
+        )
+
+
+def test_a_report_of_one_model_draws_the_retention_of_each_source(stacked):
+    one = stack_traces([split_models(stacked)[0]])
+    planned = {s.name: draw for s, draw in planned_figures(one, split_models(one), 2)}
+    fig = planned["retention"]()
+    assert_same_drawing(fig, plot_retention(relative_retention(one)).figure)
+    assert len(fig.axes[0].lines) == one.sizes["source"] + 1  # a line per source and the 1/T line
