@@ -82,6 +82,7 @@ class Accumulator:
         self._marks: tuple[Tensor, Tensor] | None = None
 
     def add_tokens(self, n: int) -> None:
+        """Count ``n`` more analysed tokens (the batch's, after the skipped positions)."""
         self.tokens += n
 
     def start_batch(self) -> None:
@@ -352,6 +353,7 @@ class Accumulator:
 
     @classmethod
     def from_state(cls, layout: Layout, state: dict[str, np.ndarray]) -> Accumulator:
+        """An accumulator holding a saved ``state`` (a partial capture or a shard's)."""
         acc = cls(layout, covariance="cov.n" in state)
         acc.merge(state)
         return acc

@@ -292,6 +292,7 @@ class Run:
             handle.remove()
 
     def parts(self) -> dict[str, Any]:
+        """The run's accumulators by name (None where a view is not asked for)."""
         return {"acc": self.acc, "probe": self.probe, "ablation": self.ablation}
 
     def state(self) -> dict[str, np.ndarray]:
@@ -311,6 +312,7 @@ class Run:
             self.taps.dtype = self.taps.dtype or getattr(torch, str(state["dtype"]).removeprefix("torch."))
 
     def dataset(self, attrs: dict) -> xr.Dataset:
+        """The trace of everything run so far, checked (the rebuild and the logit attribution)."""
         ad, probe, ablation = self.ad, self.probe, self.ablation
         tol = tolerance(self.taps.dtype)
         ds = self.acc.dataset({**attrs, "dtype": str(self.taps.dtype or "").removeprefix("torch.")})
@@ -392,6 +394,7 @@ class Taps:
         self.shape: tuple[int, int] | None = None  # (batch, pos) after the skipped positions
 
     def callbacks(self) -> list[tuple[str, Any]]:
+        """(tap, callback) for every source, consumer input, weights and native quantity."""
         out = [(s.tap, self._on_source(j)) for j, s in enumerate(self.ad.sources)]
         for i, c in enumerate(self.ad.consumers):
             out.append((c.tap, self._on_consumer(i, "h")))
@@ -404,6 +407,7 @@ class Taps:
         return out
 
     def new_batch(self, chunk: Tensor | None = None) -> None:
+        """Start a batch of windows ``chunk`` [batch, pos]."""
         self.pending, self.natives = {}, set()
         self.fired[:] = False
         self.folded = 0
