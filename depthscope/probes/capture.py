@@ -30,6 +30,7 @@ from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
+from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
@@ -220,18 +221,6 @@ def _describe(err: Exception) -> str:
     return str(err) if isinstance(err, DepthscopeError) else f"{type(err).__name__}: {err}"
 
 
-def input_device(model: Any) -> torch.device:
-    """Where a batch of token ids goes: the model's first parameter's device; the CPU for a model
-    dispatched over devices by accelerate (its hooks move each module's inputs themselves).
-    """
-    if getattr(model, "hf_device_map", None):
-        return torch.device("cpu")
-    try:
-        return next(model.parameters()).device
-    except (AttributeError, StopIteration, TypeError):
-        return torch.device("cpu")
-
-
 class Run:
     """One capture's accumulators (trace sums, logit probe, ablations) and its per-batch work.
 
@@ -344,17 +333,6 @@ def tolerance(dtype: torch.dtype | None) -> float:
     (float16) bits, ``LOW_PRECISION[dtype]``.
     """
     return LOW_PRECISION.get(dtype, TOLERANCE)
-
-
-@contextlib.contextmanager
-def evaluating(model: Any) -> Iterator[None]:
-    """Eval mode inside the block; the model's previous mode afterwards."""
-    was_training = getattr(model, "training", False)
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 class _Stop(Exception):

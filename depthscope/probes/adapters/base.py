@@ -90,18 +90,25 @@ def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.Abstra
 def module_attach(model: Any, taps: list[tuple[str, Callback]]):
     """Callbacks on plain ``nn.Module``s. A tap is ``"path:out"`` (the module's output, its first
     element if it returns a tuple) or ``"path:in"`` (its first input, positional or the
-    ``hidden_states`` keyword). A callback may return a replacement tensor. Every handle is removed
-    in the ``finally``.
+    ``hidden_states`` keyword); either in the token shape [batch, pos, d] of the forward in flight
+    when the module flattens the tokens (``token_view``). A callback may return a replacement
+    tensor. Every handle is removed in the ``finally``.
     """
-    handles = []
+    tokens: list[tuple[int, int]] = []  # (batch, pos) of the model's forward in flight
+
+    def note(module, args, kwargs):
+        ids = args[0] if args else kwargs.get("input_ids")
+        tokens[:] = [tuple(ids.shape)] if isinstance(ids, Tensor) and ids.ndim == 2 else []
+
+    handles = [model.register_forward_pre_hook(note, with_kwargs=True)]
     try:
         for tap, fn in taps:
             path, _, where = tap.rpartition(":")
             module = model.get_submodule(path)
             if where == "out":
-                handles.append(module.register_forward_hook(_output_hook(fn)))
+                handles.append(module.register_forward_hook(_output_hook(fn, tokens)))
             elif where == "in":
-                handles.append(module.register_forward_pre_hook(_input_hook(fn), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(_input_hook(fn, tokens), with_kwargs=True))
             else:
                 raise ValueError(f"tap {tap!r} must end in ':in' or ':out'")
         yield
@@ -110,23 +117,48 @@ def module_attach(model: Any, taps: list[tuple[str, Callback]]):
             h.remove()
 
 
-def _output_hook(fn: Callback):
+def token_view(t: Any, tokens: tuple[int, int] | None) -> Any:
+    """A tensor [batch x pos, d] of a module that flattens the tokens (a MoE block, OPT's MLP), seen
+    as [batch, pos, d] with ``tokens`` = (batch, pos) of the forward; anything else as it is.
+    """
+    if isinstance(t, Tensor) and t.ndim == 2 and tokens and t.shape[0] == tokens[0] * tokens[1]:
+        return t.view(*tokens, t.shape[-1])
+    return t
+
+
+def _replaced(new: Tensor, seen: Tensor, original: Tensor) -> Tensor:
+    return new.reshape(original.shape) if seen is not original else new
+
+
+def _output_hook(fn: Callback, tokens: list):
     def hook(module, args, out):
         first = out[0] if isinstance(out, tuple) else out
-        new = fn(first)
+        seen = token_view(first, tokens[0] if tokens else None)
+        new = fn(seen)
         if new is None:
             return None
+        new = _replaced(new, seen, first)
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
     return hook
 
 
-def _input_hook(fn: Callback):
+def first_input(args: tuple, kwargs: dict) -> Any:
+    """What a ``"path:in"`` tap sees of a call: its first positional argument, else its
+    ``hidden_states`` keyword (None if it has neither).
+    """
+    return args[0] if args else kwargs.get("hidden_states")
+
+
+def _input_hook(fn: Callback, tokens: list):
     def hook(module, args, kwargs):
         positional = bool(args)
-        new = fn(args[0] if positional else kwargs["hidden_states"])
+        first = args[0] if positional else kwargs["hidden_states"]
+        seen = token_view(first, tokens[0] if tokens else None)
+        new = fn(seen)
         if new is None:
             return None
+        new = _replaced(new, seen, first)
         return ((new, *args[1:]), kwargs) if positional else (args, {**kwargs, "hidden_states": new})
 
     return hook
@@ -181,6 +213,29 @@ def installed_version(package: str | None) -> str | None:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
         return None
+
+
+@contextlib.contextmanager
+def evaluating(model: Any):
+    """Eval mode inside the block; the model's previous mode afterwards."""
+    was_training = getattr(model, "training", False)
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+def input_device(model: Any) -> torch.device:
+    """Where a batch of token ids goes: the model's first parameter's device; the CPU for a model
+    dispatched over devices by accelerate (its hooks move each module's inputs themselves).
+    """
+    if getattr(model, "hf_device_map", None):
+        return torch.device("cpu")
+    try:
+        return next(model.parameters()).device
+    except (AttributeError, StopIteration, TypeError):
+        return torch.device("cpu")
 
 
 def call_model(model: Any, tokens: Tensor) -> Any:
