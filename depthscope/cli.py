@@ -417,10 +417,12 @@ def dilution(
         out.print(rows)
         s = summary(t, k)
         ps = s["pattern_score"]
+        # a hybrid's state-space mixers, where the model has their inputs
+        ssm = f", SSM {_fmt(ps.sel(group='ssm'))}" if bool((t["layer_kind"] == "ssm").any()) else ""
         out.print(
             f"pattern score: sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention "
             f"{_fmt(ps.sel(group='attn'))}, "
-            f"MLP {_fmt(ps.sel(group='mlp'))}), read-out {_fmt(ps.sel(group='readout'))}; read-out: "
+            f"MLP {_fmt(ps.sel(group='mlp'))}{ssm}), read-out {_fmt(ps.sel(group='readout'))}; read-out: "
             "embedding share "
             f"{_fmt(s['embed_share'].sel(group='readout'))}, latest share "
             f"{_fmt(s['latest_share'].sel(group='readout'))}; "

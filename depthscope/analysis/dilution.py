@@ -30,7 +30,7 @@ import xarray as xr
 
 from depthscope.analysis.stack import per_model
 from depthscope.trace import STACK, split_models, stack_traces, with_blocks
-from depthscope.trace.labels import ATTN, BLOCK, EMBED, MLP, READOUT, SWA
+from depthscope.trace.labels import ATTN, BLOCK, EMBED, MLP, READOUT, SSM, SWA
 
 
 def n_available(trace: xr.Dataset) -> xr.DataArray:
@@ -257,8 +257,9 @@ def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
 
 
 # The consumer groups a summary reports separately (the papers do: AttnRes Fig. 8 draws
-# pre-attention and pre-MLP inputs apart), "sublayers" being every sublayer input together.
-GROUPS = ("sublayers", ATTN, MLP, SWA, READOUT)
+# pre-attention and pre-MLP inputs apart), "sublayers" being every sublayer input together; a
+# hybrid's state-space / convolution / linear-attention mixers are a group like attention and MLP
+GROUPS = ("sublayers", ATTN, MLP, SSM, SWA, READOUT)
 SUMMARISED = (
     "pattern_score",
     "embed_share",
@@ -287,7 +288,7 @@ def per_input(table: xr.Dataset) -> xr.Dataset:
 
 
 def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
-    """Per-model summary along a ``group`` dimension (sublayers, attn, mlp, swa, readout).
+    """Per-model summary along a ``group`` dimension (sublayers, attn, mlp, ssm, swa, readout).
 
     Each variable of ``SUMMARISED`` is its mean over the sublayer inputs of a group, DCA's three
     views of one attention input averaged first (``per_input``); pattern scores and dilution

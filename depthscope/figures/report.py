@@ -280,6 +280,7 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
         "pattern": _f(g(group="sublayers")["pattern_score"]),
         "pattern_attn": _f(g(group="attn")["pattern_score"]),
         "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
+        "pattern_ssm": _f(g(group="ssm")["pattern_score"]),
         "pattern_readout": _f(g(group="readout")["pattern_score"]),
         "embed_index": _f(g(group="sublayers")["embed_index"]),
         "latest_index": _f(g(group="sublayers")["latest_index"]),
