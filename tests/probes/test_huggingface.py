@@ -172,8 +172,12 @@ def test_capture_a_directory_from_the_cli(llama_dir, tmp_path, capsys):
         ),
         (lambda d: _dir(d, {"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}), "needs custom code"),
         (
+            lambda d: _dir(d, {"model_type": "gpt5x", "architectures": ["Gpt5xForCausalLM"]}),
+            "unknown model type 'gpt5x': transformers",
+        ),
+        (  # a type transformers builds is loaded: these weights are not a safetensors file
             lambda d: _dir(d, {"model_type": "mamba", "architectures": ["MambaForCausalLM"]}),
-            "unsupported architecture 'mamba'",
+            "cannot load the model",
         ),
         (lambda d: _gguf(d), "GGUF"),
     ],

@@ -8,7 +8,9 @@ family; ``base`` and ``streams`` are helpers). A family module defines
 * ``PACKAGE``, ``VERSION``: the distribution it reads and the version it was written for (None
   for depthscope's own models and transformers' standard classes);
 * ``detect(model) -> bool`` and ``build(model) -> Adapter`` (see ``base.py``);
-* optionally ``PRIORITY`` (default 100): families are tried in increasing priority, then by name.
+* optionally ``PRIORITY`` (default 100): families are tried in increasing priority, then by name;
+* optionally ``MODEL_TYPES``: the transformers ``config.model_type`` values it claims (the generic
+  ``huggingface`` family reads every other transformers decoder).
 
 An installed version other than ``VERSION`` gives a warning (and the trace records both), never a
 silent misreading.
@@ -37,6 +39,11 @@ def _families() -> tuple[ModuleType, ...]:
 
 MODULES: tuple[ModuleType, ...] = _families()
 FAMILIES: dict[str, ModuleType] = {m.FAMILY: m for m in MODULES}
+
+
+def claimed(model_type: Any) -> str | None:
+    """The family whose ``MODEL_TYPES`` names this ``config.model_type`` (one written for it), or None."""
+    return next((m.FAMILY for m in MODULES if model_type in getattr(m, "MODEL_TYPES", ())), None)
 
 
 def _built(family: ModuleType, model: Any) -> Adapter:
@@ -92,6 +99,7 @@ __all__ = [
     "ConsumerSpec",
     "NativeSpec",
     "SourceSpec",
+    "claimed",
     "describe",
     "resolve",
 ]

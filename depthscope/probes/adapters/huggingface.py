@@ -1,148 +1,352 @@
-"""Adapter for Hugging Face ``transformers`` pre-norm decoders (Llama/Mistral/Qwen/SmolLM, GPT-2, GPT-NeoX).
+"""Adapter for any Hugging Face ``transformers`` decoder whose layers add their sublayers' writes to
+one stream: a table of layouts for the common families, discovery for the rest.
 
-Plain PyTorch hooks on the model's own modules (no wrapper, so a capture costs little more than
-the model's forward): sources are the token embedding (and GPT-2's learned position embedding as
-its own source), then every attention and MLP output; consumers are read at the inputs of the
-norms: each layer's first norm (the attention's input), its second norm (the MLP's) and the final
-norm (the read-out) — the stream's values, but a view of it: replacing one changes only what that
-sublayer reads. Every weight is 1: a standard residual. GPT-NeoX with ``use_parallel_residual`` has
-its MLP read the layer's input, so the MLP consumer does not see its own block's attention output.
+Plain PyTorch hooks on the model's own modules (no wrapper, so a capture costs little more than a
+forward). Sources are the token embedding (and a learned position embedding as its own source),
+then every sublayer's write: an attention, MLP (a MoE block's output is one write) or state-space /
+convolution / linear-attention mixer (kind ``ssm``), or the norm on a branch's output where there is
+one (gemma2/3, olmo2/3: what is added is the post-norm output). Consumers are the inputs of the
+modules that read the stream: each sublayer's input norm (or the sublayer itself where it has none)
+and the final norm (the read-out); a view of the stream, so replacing one changes only what that
+sublayer reads. A norm shared by parallel sublayers (phi, gptj, cohere, falcon) is one input, one
+consumer (labelled by the first of them); a parallel residual's second sublayer does not see the
+first's write. Writes and embeddings scaled in the forward (granite's ``residual_multiplier`` and
+``embedding_multiplier``, minicpm3's ``scale_depth / sqrt(L)``, falcon_h1's multipliers) are static
+weights of the consumers on those sources; a scale inside the embedding module (gemma) is part of
+the source.
 
-Like every family, the residual identity is checked on every batch: a model whose inputs are not
-the sum of these sources (an embedding scaled inside the forward, sandwich norms, a post-LN
-layout) is refused, never decomposed wrongly. Architectures are recognised by ``model_type``.
+How a model is read is a ``structure.Plan``: a row of ``LAYOUTS`` (module paths and a few structural
+switches) for the model types it names, else ``structure.discover``. Either is checked on a probe
+forward before the capture (``structure.check``), and a model that is not the sum of its writes is
+refused with the check that failed; the engine checks the rebuild on every batch as for every family.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of, module_attach
+import torch
+
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, Head, SourceSpec, head_of, module_attach
 from depthscope.probes.adapters.hf import encoder, model_name, pretrained
-from depthscope.schemes import names
+from depthscope.probes.adapters.structure import (
+    Embed,
+    Plan,
+    Probe,
+    Refused,
+    Step,
+    Sublayer,
+    check,
+    discover,
+    error,
+    tap_value,
+)
+from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
 
 FAMILY = "huggingface"
-PRIORITY = 20
+PRIORITY = 90  # after every family that claims its model types (MODEL_TYPES): this one takes the rest
 READS = (
-    "transformers pre-norm decoders (llama, mistral, qwen2, qwen3, smollm3, phi3, gpt2, gpt_neox): "
-    "module hooks on embeddings, attention and MLP outputs, norm inputs; unit weights"
+    "any transformers decoder whose layers add their writes to one stream (a layouts table: llama-like, "
+    "gpt2, gpt_neox, gptj, phi, cohere, falcon, gemma2/3, olmo2/3, glm4, granite, minicpm3, mamba, jamba, "
+    "falcon_h1 ...; discovery, checked on a probe batch, for the rest): hooks on embeddings, sublayer "
+    "writes (attn, mlp, ssm), norm inputs; unit weights, or static ones for scaled writes"
 )
+Scale = Callable[[Any], float]  # a static scale from the (text) config
+
+
+def _attr(name: str) -> Scale:
+    return lambda cfg: float(getattr(cfg, name))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One sublayer of a layer, by module names relative to the layer."""
+
+    kind: Kind
+    module: str  # the sublayer; a layer without it (a hybrid's other kind of layer) skips it
+    read: tuple[str, ...] = ()  # its input norm: the first the layer has; () = the sublayer reads the stream
+    out: str | None = None  # a norm on its output: that is what is added
+    scale: Scale | None = None  # its write is added times this
 
 
 @dataclass(frozen=True)
 class DecoderLayout:
-    """Module paths of one architecture, relative to its base model (``{i}`` = layer index)."""
+    """Module paths of one architecture: the layer list (candidates, relative to the model), the
+    embeddings and the final norm (relative to the layer list's parent), and the steps of a layer:
+    the branches of one step read the same stream and are added together.
+    """
 
-    base: tuple[str, ...]  # attribute of the *For* classes holding the base model, tried in order
+    layers: tuple[str, ...]
     embed: str
-    positions: str | None  # learned position embedding, if any
-    layer: str
-    attn_input: str  # the module whose input is the attention's input (its pre-norm): a view of the stream
-    attn: str
-    mlp: str
-    mlp_input: str  # the module whose input is the MLP's input (its pre-norm)
-    readout: str  # the final norm
-    parallel: str | None = None  # config flag: the MLP reads the layer's input (parallel residual)
+    readout: str
+    steps: tuple[tuple[Branch, ...], ...]
+    positions: str | None = None  # a learned position embedding, added to the token embedding
+    parallel: Callable[[Any], bool] | None = None  # a config switch that puts every branch in one step
+    embed_scale: Scale | None = None  # the embedding is added times this (in the forward)
 
 
-LLAMA = DecoderLayout(
-    base=("model",),
-    embed="embed_tokens",
-    positions=None,
-    layer="layers.{i}",
-    attn_input="layers.{i}.input_layernorm",
-    attn="layers.{i}.self_attn",
-    mlp="layers.{i}.mlp",
-    mlp_input="layers.{i}.post_attention_layernorm",
-    readout="norm",
-)
-LAYOUTS = {
-    **dict.fromkeys(("llama", "mistral", "qwen2", "qwen3", "smollm3", "phi3"), LLAMA),
-    "gpt2": DecoderLayout(
-        base=("transformer",),
+MODEL = ("model.layers", "model.language_model.layers")  # a *ForCausalLM, a *ForConditionalGeneration
+
+
+def _llama(attn: str = "self_attn", mlp: str = "mlp", scale: Scale | None = None, **kw) -> DecoderLayout:
+    return DecoderLayout(
+        layers=MODEL,
+        embed="embed_tokens",
+        readout="norm",
+        steps=(
+            (Branch(ATTN, attn, ("input_layernorm",), scale=scale),),
+            (Branch(MLP, mlp, ("post_attention_layernorm",), scale=scale),),
+        ),
+        **kw,
+    )
+
+
+def _sandwich(pre_mlp: str, post_attn: str, post_mlp: str, read_attn: tuple[str, ...]) -> DecoderLayout:
+    """A norm on each branch output (and on its input where ``read_*`` names one)."""
+    return DecoderLayout(
+        layers=MODEL,
+        embed="embed_tokens",
+        readout="norm",
+        steps=(
+            (Branch(ATTN, "self_attn", read_attn, out=post_attn),),
+            (Branch(MLP, "mlp", (pre_mlp,) if pre_mlp else (), out=post_mlp),),
+        ),
+    )
+
+
+def _parallel(base, embed, readout, norm, attn="self_attn", mlp="mlp") -> DecoderLayout:
+    """Attention and MLP both read the layer's input through one norm and are added together."""
+    return DecoderLayout(
+        layers=base,
+        embed=embed,
+        readout=readout,
+        steps=((Branch(ATTN, attn, (norm,)), Branch(MLP, mlp, (norm,))),),
+    )
+
+
+def _gpt2(positions: str | None = "wpe") -> DecoderLayout:
+    return DecoderLayout(
+        layers=("transformer.h",),
         embed="wte",
-        positions="wpe",
-        layer="h.{i}",
-        attn_input="h.{i}.ln_1",
-        attn="h.{i}.attn",
-        mlp="h.{i}.mlp",
-        mlp_input="h.{i}.ln_2",
+        positions=positions,
         readout="ln_f",
+        steps=((Branch(ATTN, "attn", ("ln_1",)),), (Branch(MLP, "mlp", ("ln_2",)),)),
+    )
+
+
+def _hybrid(attn: Scale | None = None, ssm: Scale | None = None, **kw) -> DecoderLayout:
+    """Jamba-style layers: a mamba mixer or an attention (falcon_h1: both, in parallel), then an MLP."""
+    return DecoderLayout(
+        layers=MODEL,
+        embed="embed_tokens",
+        readout="final_layernorm",
+        steps=(
+            (
+                Branch(SSM, "mamba", ("input_layernorm",), scale=ssm),
+                Branch(ATTN, "self_attn", ("input_layernorm",), scale=attn),
+            ),
+            (Branch(MLP, "feed_forward", ("pre_ff_layernorm",)),),
+        ),
+        **kw,
+    )
+
+
+MAMBA = DecoderLayout(
+    layers=("backbone.layers",),
+    embed="embeddings",
+    readout="norm_f",
+    steps=((Branch(SSM, "mixer", ("norm",)),),),
+)
+LLAMA = _llama()
+GEMMA2 = _sandwich(
+    "pre_feedforward_layernorm",
+    "post_attention_layernorm",
+    "post_feedforward_layernorm",
+    ("input_layernorm",),
+)
+OLMO2 = _sandwich("", "post_attention_layernorm", "post_feedforward_layernorm", ())
+GPTJ = _parallel(("transformer.h",), "wte", "ln_f", "ln_1", attn="attn")
+COHERE = _parallel(MODEL, "embed_tokens", "norm", "input_layernorm")
+LAYOUTS: dict[str, DecoderLayout] = {
+    **dict.fromkeys(
+        (
+            "llama",
+            "mistral",
+            "mixtral",
+            "qwen2",
+            "qwen2_moe",
+            "qwen3",
+            "qwen3_moe",
+            "deepseek_v2",
+            "deepseek_v3",
+            "starcoder2",
+            "olmo",
+            "olmoe",
+            "internlm3",
+            "exaone",
+            "ernie4_5",
+            "ernie4_5_moe",
+            "hunyuan_v1_dense",
+            "hunyuan_v1_moe",
+            "gpt_oss",
+            "glm",
+            "glm4_moe",
+            "phi3",
+            "smollm3",
+            "gemma",
+            "helium",
+            "granite_swa",
+            "ministral",
+            "seed_oss",
+            "nemotron",
+        ),
+        LLAMA,
     ),
+    "stablelm": DecoderLayout(
+        layers=MODEL,
+        embed="embed_tokens",
+        readout="norm",
+        steps=(
+            (Branch(ATTN, "self_attn", ("input_layernorm",)),),
+            (Branch(MLP, "mlp", ("post_attention_layernorm", "input_layernorm")),),
+        ),
+        parallel=lambda cfg: bool(cfg.use_parallel_residual),
+    ),
+    "granite": _llama(scale=_attr("residual_multiplier"), embed_scale=_attr("embedding_multiplier")),
+    "granitemoe": _llama(
+        mlp="block_sparse_moe", scale=_attr("residual_multiplier"), embed_scale=_attr("embedding_multiplier")
+    ),
+    "minicpm3": _llama(scale=lambda cfg: cfg.scale_depth / math.sqrt(cfg.num_hidden_layers)),
+    "llama4": _llama(mlp="feed_forward"),
+    "llama4_text": _llama(mlp="feed_forward"),
+    **dict.fromkeys(("gemma2", "gemma3", "gemma3_text"), GEMMA2),
+    **dict.fromkeys(("olmo2", "olmo3"), OLMO2),
+    "glm4": _sandwich(
+        "post_attention_layernorm", "post_self_attn_layernorm", "post_mlp_layernorm", ("input_layernorm",)
+    ),
+    **dict.fromkeys(("cohere", "cohere2"), COHERE),
+    "phi": _parallel(MODEL, "embed_tokens", "final_layernorm", "input_layernorm"),
+    **dict.fromkeys(("gptj", "codegen"), GPTJ),
+    "falcon": DecoderLayout(
+        layers=("transformer.h",),
+        embed="word_embeddings",
+        readout="ln_f",
+        steps=(
+            (Branch(ATTN, "self_attention", ("ln_attn", "input_layernorm")),),
+            (Branch(MLP, "mlp", ("ln_mlp", "post_attention_layernorm", "input_layernorm")),),
+        ),
+        parallel=lambda cfg: bool(cfg.parallel_attn or cfg.new_decoder_architecture),
+    ),
+    **dict.fromkeys(("gpt2", "gpt_neo", "gpt_bigcode"), _gpt2()),
     "gpt_neox": DecoderLayout(
-        base=("gpt_neox",),
+        layers=("gpt_neox.layers",),
         embed="embed_in",
-        positions=None,
-        layer="layers.{i}",
-        attn_input="layers.{i}.input_layernorm",
-        attn="layers.{i}.attention",
-        mlp="layers.{i}.mlp",
-        mlp_input="layers.{i}.post_attention_layernorm",
         readout="final_layer_norm",
-        parallel="use_parallel_residual",
+        steps=(
+            (Branch(ATTN, "attention", ("input_layernorm",)),),
+            (Branch(MLP, "mlp", ("post_attention_layernorm",)),),
+        ),
+        parallel=lambda cfg: bool(cfg.use_parallel_residual),
+    ),
+    **dict.fromkeys(("mamba", "mamba2", "falcon_mamba"), MAMBA),
+    **dict.fromkeys(("jamba", "bamba"), _hybrid()),
+    "falcon_h1": _hybrid(
+        attn=_attr("attention_out_multiplier"),
+        ssm=_attr("ssm_out_multiplier"),
+        embed_scale=_attr("embedding_multiplier"),
     ),
 }
 
 
-MODEL_TYPES = tuple(LAYOUTS)  # config.model_type of the models this adapter reads (the loader asks)
-
-
 def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers model of a pre-norm decoder type that ``LAYOUTS`` knows."""
-    return pretrained(model) and getattr(model.config, "model_type", None) in LAYOUTS
+    """Whether ``model`` is a transformers model of a type no other family claims (``MODEL_TYPES``)."""
+    from depthscope.probes.adapters import claimed
+
+    return pretrained(model) and claimed(getattr(model.config, "model_type", None)) is None
 
 
-def base_prefix(model: Any, layout: DecoderLayout) -> str:
-    """``"model."`` for a *ForCausalLM, ``""`` for the base model itself."""
-    for attr in layout.base:
-        if hasattr(model, attr) and hasattr(getattr(model, attr), layout.embed):
-            return f"{attr}."
-    return ""
+def text_config(model: Any) -> Any:
+    """The config of the language model (a multimodal model's ``text_config``)."""
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _module(model: Any, path: str) -> Any:
+    try:
+        return model.get_submodule(path)
+    except AttributeError:
+        return None
+
+
+def layout_plan(model: Any, layout: DecoderLayout, name: str) -> Plan:
+    """The plan a ``DecoderLayout`` row says for ``model``; Refused where the model lacks its modules."""
+    cfg = text_config(model)
+    path = next((p for p in layout.layers if isinstance(_module(model, p), torch.nn.ModuleList)), None)
+    if path is None:
+        raise Refused(f"no list of layers at {' or '.join(layout.layers)}")
+    parent = path.rpartition(".")[0]
+    embeds = [
+        Embed(EMBED, f"{parent}.{layout.embed}:out", layout.embed_scale(cfg) if layout.embed_scale else 1.0)
+    ]
+    if layout.positions:
+        embeds.append(Embed("pos_embed", f"{parent}.{layout.positions}:out"))
+    steps = layout.steps
+    if layout.parallel is not None and layout.parallel(cfg):
+        steps = (tuple(b for step in steps for b in step),)
+    layers = []
+    for i in range(len(_module(model, path))):
+        at = f"{path}.{i}"
+        plan = tuple(Step(s) for s in (_step(model, at, i, step, cfg) for step in steps) if s)
+        if not plan:
+            raise Refused(f"layer {i} has none of the sublayers of the {name} layout")
+        layers.append(plan)
+    return Plan(path, tuple(embeds), tuple(layers), f"{parent}.{layout.readout}:in", f"layout {name}")
+
+
+def _step(model: Any, at: str, i: int, step: tuple[Branch, ...], cfg: Any) -> tuple[Sublayer, ...]:
+    subs = []
+    for b in step:
+        if _module(model, f"{at}.{b.module}") is None:
+            continue
+        read = next((f"{at}.{r}" for r in b.read if _module(model, f"{at}.{r}") is not None), None)
+        if read is None and b.read:
+            raise Refused(f"layer {i} has none of the input norms {', '.join(b.read)} of its {b.module}")
+        write = f"{at}.{b.out or b.module}:out"
+        subs.append(Sublayer(read or f"{at}.{b.module}", write, b.kind, b.scale(cfg) if b.scale else 1.0))
+    return tuple(subs)
+
+
+def plan_of(model: Any, probe: Probe) -> Plan:
+    """The model's plan: its ``LAYOUTS`` row, else discovered; checked on the probe."""
+    model_type = getattr(model.config, "model_type", "")
+    layout = LAYOUTS.get(model_type)
+    if layout is not None:
+        plan = layout_plan(model, layout, model_type)
+    else:
+        embedding = model.get_input_embeddings()
+        path = next((p for p, m in model.named_modules() if m is embedding), None)
+        plan = discover(model, probe, path)
+    check(plan, probe)
+    return plan
 
 
 def build(model: Any) -> Adapter:
-    """The adapter of a pre-norm decoder from its ``DecoderLayout``: unit weights; with a parallel
-    residual the MLP's row leaves out its own block's attention output.
-    """
-    cfg = model.config
-    layout = LAYOUTS[cfg.model_type]
-    p = base_prefix(model, layout)
-    n = cfg.num_hidden_layers
-    parallel = bool(layout.parallel and getattr(cfg, layout.parallel, False))
-    srcs = [SourceSpec(names.EMBED, f"{p}{layout.embed}:out", names.EMBED, 0)]
-    if layout.positions:
-        srcs.append(SourceSpec("pos_embed", f"{p}{layout.positions}:out", names.EMBED, 0))
-    cons = []
-    for i in range(n):
-        before = len(srcs)
-        cons.append(
-            ConsumerSpec(
-                names.label(i, names.ATTN),
-                f"{p}{layout.attn_input.format(i=i)}:in",
-                names.ATTN,
-                2 * i + 1,
-                before,
-            )
-        )
-        srcs.append(
-            SourceSpec(names.label(i, names.ATTN), f"{p}{layout.attn.format(i=i)}:out", names.ATTN, 2 * i + 1)
-        )
-        mlp_sees = before if parallel else len(srcs)
-        cons.append(
-            ConsumerSpec(
-                names.label(i, names.MLP),
-                f"{p}{layout.mlp_input.format(i=i)}:in",
-                names.MLP,
-                2 * i + 2,
-                mlp_sees,
-            )
-        )
-        srcs.append(
-            SourceSpec(names.label(i, names.MLP), f"{p}{layout.mlp.format(i=i)}:out", names.MLP, 2 * i + 2)
-        )
-    cons.append(ConsumerSpec(names.READOUT, f"{p}{layout.readout}:in", names.READOUT, 2 * n + 1, len(srcs)))
+    """The adapter of a decoder from its checked plan: static weights where writes are scaled."""
+    cfg = text_config(model)
+    model_type = str(getattr(model.config, "model_type", ""))
+    embedding = model.get_input_embeddings()
+    vocab = int(getattr(embedding, "num_embeddings", None) or cfg.vocab_size)
+    try:
+        probe = Probe(model, vocab)
+        plan = plan_of(model, probe)
+    except Refused as err:
+        how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
+        raise Refused(f"cannot read this {model_type} model as a sum of its writes ({how}): {err}") from None
+    sources, consumers = specs(plan, probe)
     name = model_name(model)
     tokenizer = getattr(model, "tokenizer", None)
     keep = (
@@ -160,23 +364,131 @@ def build(model: Any) -> Adapter:
     config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
     return Adapter(
         family=FAMILY,
-        sources=srcs,
-        consumers=cons,
+        sources=sources,
+        consumers=consumers,
         attrs={
             "scheme": "standard",
             "variant": name,
             "label": name,
             "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
-            "parallel_residual": int(parallel),
+            "layout": plan.origin,
+            "parallel_residual": int(any(len(step.subs) > 1 for steps in plan.steps for step in steps)),
+            "static_weights": int(any(c.static is not None for c in consumers)),
         },
-        ctx=int(getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", 1024)),
-        vocab=int(cfg.vocab_size),
+        ctx=_context(cfg),
+        vocab=vocab,
         encode=None if tokenizer is None else encoder(tokenizer),
         attach=module_attach,
         skip_positions=1,
-        head=head_of(model.get_submodule(f"{p}{layout.readout}"), model.get_output_embeddings())
-        if model.get_output_embeddings() is not None
-        else None,
-        hint=f"; {cfg.model_type} is not a plain pre-norm residual stream here",
+        head=verified_head(model, plan, probe),
+        hint=f"; this {model_type} model ({plan.origin}) is not a plain sum of its writes here",
     )
+
+
+def specs(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
+    """Sources and consumers of a plan, in execution order, with the static weights its scales imply.
+
+    A step's writes are ordered as they ran; each distinct read of a stream is one consumer,
+    labelled by the first write it feeds and placed where that stream is read (before the step's
+    writes); a layer writing two of one kind labels the second by its module's name
+    (``3.mlp.shared_mlp``). A step that scales the stream scales every earlier source's weight
+    after its reads.
+    """
+    sources = [SourceSpec(e.label, e.tap, EMBED, 0) for e in plan.embeds]
+    weights = [e.scale for e in plan.embeds]
+    consumers = []
+    depth = 0
+    for i, steps in zip(plan.index(), plan.steps):
+        used: set[str] = set()
+        ordered = [
+            sorted(st.subs, key=lambda sub: probe.once(sub.write.rpartition(":")[0]).index) for st in steps
+        ]
+        writes = []  # per step: (sublayer, label, depth) of its writes
+        for st in ordered:
+            writes.append([(sub, _label(i, sub, used), depth + 1 + k) for k, sub in enumerate(st)])
+            depth += len(st)
+        reads: list[list[tuple]] = [[] for _ in steps]  # per step: the writes fed by a read of its stream
+        for k, step in enumerate(writes):
+            for w in step:
+                reads[k - w[0].back].append(w)
+        for k, step in enumerate(steps):
+            seen: set[str] = set()
+            for sub, lab, d in reads[k]:
+                if sub.read not in seen:
+                    seen.add(sub.read)
+                    consumers.append(
+                        ConsumerSpec(
+                            lab, f"{sub.read}:in", sub.kind, d, len(sources), static=_static(weights)
+                        )
+                    )
+            weights = [step.keep * w for w in weights]
+            for sub, lab, d in writes[k]:
+                sources.append(SourceSpec(lab, sub.write, sub.kind, d))
+                weights.append(sub.scale)
+    n = len(sources)
+    consumers.append(ConsumerSpec(READOUT, plan.readout, READOUT, depth + 1, n, static=_static(weights)))
+    return sources, consumers
+
+
+def _label(i: int, sub: Sublayer, used: set[str]) -> str:
+    lab = f"{i}.ple" if sub.kind == EMBED else label(i, sub.kind)  # a per-layer embedding (gemma4)
+    if lab in used:
+        lab = f"{lab}.{sub.write.rpartition(':')[0].rsplit('.', 1)[-1]}"
+    used.add(lab)
+    return lab
+
+
+def _static(weights: list[float]) -> tuple[float, ...] | None:
+    """Static weights over the sources so far, or None when every one is 1 (the fast unit path)."""
+    return None if all(w == 1.0 for w in weights) else tuple(weights)
+
+
+def _context(cfg: Any) -> int:
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return 1 << 16  # no stated limit (a state-space model)
+
+
+def verified_head(model: Any, plan: Plan, probe: Probe) -> Head | None:
+    """The final norm and unembedding as a ``Head`` (logit attribution, lens, ablation) if it
+    reproduces the model's logits on the probe; None otherwise (softcapped or scaled logits, a norm
+    of another form), so those views are refused rather than wrong. Gemma's norms scale by
+    1 + weight: both gains are tried.
+    """
+    final = tap_value(probe, plan.readout)
+    last = probe.first[f"{plan.layers}.{plan.index()[-1]}"]
+    # the final norm: the first module after the last layer that reads the final stream
+    norm = next(
+        (
+            c.module
+            for c in probe.calls
+            if c.index > last.index
+            and c.input is not None
+            and not c.path.startswith(f"{plan.layers}.")
+            and error(c.input, final) == 0.0
+        ),
+        None,
+    )
+    unembed = model.get_output_embeddings()
+    if unembed is None or probe.logits is None or getattr(unembed, "weight", None) is None:
+        return None
+    try:
+        head = head_of(norm, unembed)
+    except Exception:  # not a norm with the attributes of one
+        return None
+    gains = [head.weight] if head.weight is None else [head.weight, head.weight + 1]
+    for gain in gains:
+        candidate = Head(head.norm, head.unembed, head.centred, head.eps, gain, head.bias)
+        try:
+            with torch.no_grad():
+                logits = candidate.logits(final.to(unembed.weight.device, unembed.weight.dtype))
+        except RuntimeError:  # shapes of another kind of module
+            continue
+        if logits.shape == probe.logits.shape and error(probe.logits.cpu(), logits.cpu()) <= max(
+            1e-4, 10 * probe.tolerance()
+        ):
+            return candidate
+    return None
