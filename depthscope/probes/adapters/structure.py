@@ -532,7 +532,10 @@ class Discovery:
             read = next((c for c in reversed(reads[-1]) if c.index < chain[-1].index), None)
         if read is None:
             raise Refused(f"layer {i}: no module reads the stream before {write.path} writes to it")
-        named = [self.child(write, calls), write, *chain[1:]]
+        # its kind: the layer's child that holds it, else its branch from the read on (inkling's
+        # short convolution of an attention's output writes an attention's output)
+        branch = chain[: chain.index(read) + 1] if read in chain else chain
+        named = [self.child(write, calls), *reversed(branch)]
         kind = next((k for k in (kind_word(c, self.family) for c in named if c is not None) if k), None)
         # else the names on its path (longcat_flash's "self_attn.0": a list of attentions, not called)
         kind = kind or next((k for k in map(path_word, write.path[len(self.at) + 1 :].split(".")) if k), None)

@@ -20,22 +20,24 @@ from depthscope.probes.adapters.structure import Probe, Refused, Step, check, di
 from depthscope.probes.load import load_model
 from tests.architectures import oracle_errors, running_sum, tiny_model
 
-# one model type per layout kind: (model type, how it is read, what it stands for)
+# one model type per layout kind: (model type, how it is read, its sources' kinds, what it stands for)
+AM = {"attn", "mlp"}
 KINDS = [
-    ("llama", "layout llama", "sequential pre-norm"),
-    ("gpt2", "layout gpt2", "learned position embedding as its own source"),
-    ("phi", "layout phi", "parallel residual through one shared norm"),
-    ("gemma2", "layout gemma2", "a norm on each branch output (sandwich)"),
-    ("olmo2", "layout olmo2", "post-norm branches and no input norm"),
-    ("gemma", "layout gemma", "an embedding scaled inside its module"),
-    ("granite", "layout granite", "scaled writes and embedding"),
-    ("mixtral", "layout mixtral", "MoE MLP blocks"),
-    ("llama4", "layout llama4_text", "a MoE block that flattens the tokens"),
-    ("jamba", "layout jamba", "hybrid: mamba or attention, then an MLP"),
-    ("qwen3_next", "discovered", "discovered: linear attention (ssm), attention, MoE"),
-    ("opt", "discovered", "discovered: an MLP of Linear modules on flattened tokens"),
-    ("longcat_flash", "discovered", "discovered: a shortcut MoE that reads an earlier stream"),
-    ("nanochat", "discovered", "discovered: one norm for the embedding and the read-out"),
+    ("llama", "layout llama", AM, "sequential pre-norm"),
+    ("gpt2", "layout gpt2", AM, "learned position embedding as its own source"),
+    ("phi", "layout phi", AM, "parallel residual through one shared norm"),
+    ("gemma2", "layout gemma2", AM, "a norm on each branch output (sandwich)"),
+    ("olmo2", "layout olmo2", AM, "post-norm branches and no input norm"),
+    ("gemma", "layout gemma", AM, "an embedding scaled inside its module"),
+    ("granite", "layout granite", AM, "scaled writes and embedding"),
+    ("mixtral", "layout mixtral", AM, "MoE MLP blocks"),
+    ("llama4", "layout llama4_text", AM, "a MoE block that flattens the tokens"),
+    ("jamba", "layout jamba", AM | {"ssm"}, "hybrid: mamba or attention, then an MLP"),
+    ("qwen3_next", "discovered", AM | {"ssm"}, "discovered: linear attention (ssm), attention, MoE"),
+    ("opt", "discovered", AM, "discovered: an MLP of Linear modules on flattened tokens"),
+    ("longcat_flash", "discovered", AM, "discovered: a shortcut MoE that reads an earlier stream"),
+    ("nanochat", "discovered", AM, "discovered: one norm for the embedding and the read-out"),
+    ("inkling_text", "discovered", AM, "discovered: a short convolution on each branch's output"),
 ]
 
 
@@ -49,14 +51,15 @@ def saved(tmp_path, model_type, **overrides):
     return load_model(tmp_path / model_type)
 
 
-@pytest.mark.parametrize("model_type, how, about", KINDS, ids=[k[0] for k in KINDS])
-def test_each_layout_kind_agrees_with_the_layer_level_oracle(tmp_path, model_type, how, about):
+@pytest.mark.parametrize("model_type, how, kinds, about", KINDS, ids=[k[0] for k in KINDS])
+def test_each_layout_kind_agrees_with_the_layer_level_oracle(tmp_path, model_type, how, kinds, about):
     """Saved, loaded and captured: at every layer boundary the shares of a block's sources sum to
     the share of that layer's write (output minus input, from plain hooks), exactly."""
     model = saved(tmp_path, model_type)
     toks = tokens()
     trace = capture(model, toks, skip_positions=0)
     assert trace.attrs["family"] == "huggingface" and trace.attrs["layout"] == how
+    assert set(trace["source_kind"].values) - {"embed"} == kinds
     assert float(trace["residual_error"].max()) < 1e-5
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
     worst = oracle_errors(trace, model, toks)
