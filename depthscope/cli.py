@@ -25,7 +25,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
-out = Console() if sys.stdout.isatty() else Console(width=160)
+# user strings (labels, layer names, paths, manifest entries) are printed as they are: no markup,
+# no highlighting, so "[/b]" in a label is text, never a rich tag
+out = Console(markup=False, highlight=False, **({} if sys.stdout.isatty() else {"width": 160}))
 BIG = 2**62  # the most any count may be: torch and numpy count in int64
 SEED_MAX = 2**63 - 1  # what both torch.manual_seed and numpy's generators accept (and not negative)
 D_MAX = 10_000  # the theory's width: exact risks over every r* < d (the paper: d = 100)
@@ -779,9 +781,9 @@ def _fmt(x, digits: int = 3) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for a user mistake, with one line on stderr)."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, markup=False, highlight=False)
     try:
-        app(args=argv, prog_name="depthscope", standalone_mode=False)
+        status = app(args=argv, prog_name="depthscope", standalone_mode=False)
     except DepthscopeError as e:
         err.print(
             Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True
@@ -789,8 +791,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except typer.Exit as e:  # --help, or an explicit exit
         return e.exit_code
-    except typer.Abort:
-        err.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted")
         return 130
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
         message = " ".join(e.format_message().split()) or "no command given (the commands are listed above)"
@@ -800,7 +802,10 @@ def main(argv: list[str] | None = None) -> int:
             soft_wrap=True,
         )
         return 2
-    return 0
+    if status == 130:  # typer turns Ctrl-C inside a command into a returned 130
+        err.print("interrupted")
+        return 130
+    return status if isinstance(status, int) else 0
 
 
 def run() -> None:

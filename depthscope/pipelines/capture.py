@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -150,8 +151,15 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
     ]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; the parent stops them, then says so
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join()
+        raise
     done: dict[int, str | None] = {}
     while not reports.empty():
         rank, message = reports.get()
@@ -182,6 +190,7 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
     import torch.distributed as dist
 
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle, in one line
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     report: str | None = f"capture worker {rank} stopped before finishing"
@@ -205,7 +214,6 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     import ctypes
-    import signal
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
