@@ -67,10 +67,18 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _output_file(path: Path) -> None:
-    """Refuse an output file name that is a directory before any work starts."""
-    if path.is_dir():
-        raise ConfigError(f"--out {path} is a directory; name the file to write")
+def _output_file(path: Path, *inputs: Path) -> None:
+    """Refuse an output file that cannot be written safely before any work starts: a directory, a
+    FIFO or device, a name too long, or the input itself.
+    """
+    from depthscope.atomic import check_output
+
+    try:
+        if path.is_dir():
+            raise ConfigError(f"--out {path} is a directory; name the file to write")
+    except OSError:  # a name the file system refuses: check_output says which
+        pass
+    check_output(path, *inputs)
 
 
 class Variant(str, enum.Enum):
@@ -184,7 +192,7 @@ def train(
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
-    _output_file(out_path)
+    _output_file(out_path, *([corpus] if corpus else []))
     cfg = ModelConfig(
         scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_)
     )
@@ -351,7 +359,7 @@ def capture(
     from depthscope.probes.load import Placement
     from depthscope.probes.settings import CaptureSettings, Partial
 
-    _output_file(out_path)
+    _output_file(out_path, checkpoint, *([corpus] if corpus else []))
     settings = CaptureSettings(
         n_tokens=tokens,
         batch_size=batch_size,
@@ -794,6 +802,11 @@ def main(argv: list[str] | None = None) -> int:
     except (typer.Abort, KeyboardInterrupt):
         err.print("interrupted")
         return 130
+    except OSError as e:  # the system refused: a full disk, a lost permission, a name too long
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        line = f"{e.strerror or e}{where}"
+        err.print(Text.assemble(("error:", "red"), " ", line), highlight=False, soft_wrap=True)
+        return 2
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
         message = " ".join(e.format_message().split()) or "no command given (the commands are listed above)"
         err.print(

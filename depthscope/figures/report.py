@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,8 +65,14 @@ class FigureSpec:
 
 
 def slug(label: str) -> str:
-    """A label as a file and anchor name: runs of other characters than ``[A-Za-z0-9_.-]`` -> ``-``."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "model"
+    """A label as a file and anchor name: runs of other characters than ``[A-Za-z0-9_.@-]`` -> ``-``,
+    and where that changed the label, a digest of it appended, so two labels never share a name
+    (``m>1`` and ``m<1``).
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "-", label).strip("-")
+    if safe == label and safe:
+        return safe
+    return f"{safe or 'model'}-{zlib.crc32(label.encode()):08x}"
 
 
 def _is_signed(t: xr.Dataset) -> bool:
