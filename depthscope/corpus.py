@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import CorpusError, DepthscopeError
+from depthscope.resources import require_memory
 
 CHUNK = 1 << 16
 VAL_EVERY = 10
@@ -170,6 +171,8 @@ def token_windows(
         return tokens, f"{tokens.numel()} given tokens"
     if n_tokens < ctx:
         raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
+    # int64 windows, and for a tokenizer about four times as many ids to draw them from
+    require_memory(8 * n_tokens * (5 if encode is not None else 1), f"--tokens {n_tokens}", "; ask for fewer")
     corpus = data if isinstance(data, Corpus) else load_corpus(data)
     if encode is None:
         if vocab < 256:

@@ -28,6 +28,7 @@ from depthscope.probes.load import Placement, load_model
 from depthscope.probes.partial import partial_path
 from depthscope.probes.settings import CaptureSettings
 from depthscope.probes.shard import all_gather, shard
+from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
 
 
@@ -49,6 +50,11 @@ class CaptureJob:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise DepthscopeError(f"--workers must be >= 1, got {self.workers}")
+        if self.workers > cores():
+            raise DepthscopeError(
+                f"--workers {self.workers}: this machine gives the process {cores()} cores; more workers "
+                "than cores only compete for them"
+            )
 
 
 def run_capture(job: CaptureJob) -> xr.Dataset | None:

@@ -39,6 +39,7 @@ import xarray as xr
 from torch import Tensor
 
 from depthscope.errors import TraceError
+from depthscope.resources import require_memory
 from depthscope.trace import TRACE_FORMAT, VARIABLE_ATTRS, Layout, with_blocks
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-feature and per-token work: about 1 MB, cache-sized
@@ -95,6 +96,11 @@ class Accumulator:
             self._to(v.device)
         shape = (len(self.layout.source), *v.shape)
         if self.V is None or self.V.shape != shape or self.V.dtype != v.dtype or self.V.device != v.device:
+            if v.device.type == "cpu":
+                self.V = None  # the old buffer goes first
+                need = (shape[0] + 1) * shape[1] * (shape[2] + 1) * v.element_size()
+                what = f"the source buffer of {shape[1]} tokens x {shape[0]} sources x d_model {shape[2]}"
+                require_memory(need, what, "; lower --batch-size or --ctx")
             self.V = v.new_empty(shape)
             self.norms = v.new_empty(shape[:2])
         self.R = torch.zeros_like(v)
