@@ -10,6 +10,7 @@ writes the trace. ``workers=N`` starts N local processes with a gloo group itsel
 from __future__ import annotations
 
 import contextlib
+import glob
 import multiprocessing
 import os
 import signal
@@ -73,6 +74,12 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     asked = job.settings.partial
     partial = partial_path(job.out, me, world)
     keep = bool(asked.save_every or asked.resume)
+    foreign = _other_partials(job.out, world)
+    if foreign and (asked.save_every or asked.resume):
+        raise DepthscopeError(
+            f"{foreign[0]}: a partial capture of this output made with another number of ranks; resume it "
+            "with the same --workers (or torchrun world size), or delete it"
+        )
     if asked.save_every and not asked.resume and partial.exists():
         raise DepthscopeError(
             f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
@@ -97,6 +104,12 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if keep:
         partial.unlink(missing_ok=True)
     return trace if me == 0 else None
+
+
+def _other_partials(out: Path, world: int) -> list[Path]:
+    """Partial states of ``out`` written by a capture with another world size than ``world``."""
+    own = {partial_path(out, r, world).name for r in range(world)}
+    return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.partial*") if p.name not in own)
 
 
 def _local(placement: Placement) -> Placement:

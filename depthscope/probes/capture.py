@@ -32,7 +32,13 @@ from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
-from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
+from depthscope.probes.partial import (
+    check_state,
+    load_partial,
+    model_fingerprint,
+    save_partial,
+    windows_fingerprint,
+)
 from depthscope.probes.settings import CaptureSettings, Partial
 from depthscope.probes.shard import all_gather, shard
 from depthscope.progress import bar
@@ -97,7 +103,7 @@ def capture(
             "windows": windows_fingerprint(windows, corpus_name),
             "settings": settings.fingerprint(skip_positions=skip, world_size=world, shard=me),
         }
-    done = _resume(run, settings.partial, record)
+    done = _resume(run, settings.partial, record, mine, chunks)
     failure = _batches(model, run, chunks, mine, done, record, progress and me == 0)
     run = _gather(run, failure, world)
 
@@ -161,13 +167,28 @@ def _windows(ad: Adapter, data: Any, settings: CaptureSettings) -> tuple[Tensor,
     return windows, corpus_name, int(skip)
 
 
-def _resume(run: Run, partial: Partial, record: dict | None) -> int:
-    """Merge the partial state into ``run`` if resuming from one; the batches it had done."""
+def _resume(run: Run, partial: Partial, record: dict | None, batches: list[int], chunks: tuple) -> int:
+    """Merge the partial state into ``run`` if resuming from one; the batches it had done (of this
+    rank's ``batches``), checked against the state's own token count.
+    """
     if record is None or not partial.resume or not partial.path.is_file():
         return 0
     state, meta = load_partial(partial.path, record)
+    check_state(partial.path, state, run.state())
+    done = meta.get("batches_done")
+    if type(done) is not int or not 0 < done < len(batches):
+        raise DepthscopeError(
+            f"{partial.path}: this partial capture's batch count {done!r:.20} is not this run's"
+        )
+    tokens = sum(len(chunks[b]) for b in batches[:done]) * (run.window - run.skip)
+    held = int(state["acc.tokens"])
+    if held != tokens:
+        raise DepthscopeError(
+            f"{partial.path}: this partial capture holds {held} tokens, its {done} batches hold {tokens}; "
+            "delete it"
+        )
     run.merge(state)
-    return int(meta["batches_done"])
+    return done
 
 
 def _batches(
