@@ -1,0 +1,79 @@
+"""The independent check of a foreign family: plain forward hooks on the transformers modules record
+every source and every consumer input, and least squares of each input on the sources written
+before it recovers that input's per-token coefficients, knowing nothing of how the family mixes.
+
+Used by the tests of the transformers families with depth mixing (glm5_next, hy_v4, inkling2,
+gemma3n): what the adapter unrolls from the model's own weights and what least squares finds in
+the tensors must agree, token by token (compared through the trace's mean and spread)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+def record(model, tokens: Tensor, taps: list[tuple[str, str, str]]) -> dict[str, list[Tensor]]:
+    """Run ``model(tokens)`` once with plain hooks; ``taps`` are (name, module path, ``in`` | ``out``):
+    a module's first input (positional or ``hidden_states``) or its output (the first element of a
+    tuple). Every firing is kept, in order, as float64 [batch, pos, d]."""
+    seen: dict[str, list[Tensor]] = {name: [] for name, _, _ in taps}
+    handles = []
+
+    def out_hook(name):
+        def hook(module, args, out):
+            seen[name].append((out[0] if isinstance(out, tuple) else out).detach().double())
+
+        return hook
+
+    def in_hook(name):
+        def hook(module, args, kwargs):
+            seen[name].append((args[0] if args else kwargs["hidden_states"]).detach().double())
+
+        return hook
+
+    try:
+        for name, path, where in taps:
+            module = model.get_submodule(path)
+            if where == "out":
+                handles.append(module.register_forward_hook(out_hook(name)))
+            else:
+                handles.append(module.register_forward_pre_hook(in_hook(name), with_kwargs=True))
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def lstsq_weights(sources: list[Tensor], h: Tensor) -> tuple[Tensor, float]:
+    """Per-token least-squares coefficients [batch, pos, n] of ``h`` [batch, pos, d] on the ``sources``
+    (each [batch, pos, d]), in float64 with the columns scaled to unit norm, and the largest
+    relative residual |h - sum_s w_s v_s| / |h| over the tokens."""
+    a = torch.stack(sources, dim=-1)  # [batch, pos, d, n]
+    scale = torch.linalg.vector_norm(a, dim=-2, keepdim=True).clamp_min(1e-300)
+    w = torch.linalg.lstsq(a / scale, h.unsqueeze(-1)).solution / scale.transpose(-1, -2)
+    rebuilt = (a @ w).squeeze(-1)
+    resid = torch.linalg.vector_norm(h - rebuilt, dim=-1) / torch.linalg.vector_norm(h, dim=-1)
+    return w.squeeze(-1), float(resid.max())
+
+
+def compare(trace, rows: dict[str, Tensor], rtol: float = 1e-4) -> float:
+    """Assert that the trace's ``mixing`` and ``mixing_std`` are the token mean and spread of the
+    independent per-token ``rows`` (label -> [batch, pos, n]); the largest deviation of a mean,
+    relative to the row's largest |weight|."""
+    worst = 0.0
+    for label, w in rows.items():
+        n = w.shape[-1]
+        flat = w.flatten(0, 1).numpy()
+        mean, std = (
+            trace["mixing"].sel(layer=label).values[:n],
+            trace["mixing_std"].sel(layer=label).values[:n],
+        )
+        scale = max(float(np.abs(flat).max()), 1e-12)
+        np.testing.assert_allclose(mean, flat.mean(0), rtol=rtol, atol=rtol * scale, err_msg=label)
+        np.testing.assert_allclose(std, flat.std(0), rtol=10 * rtol, atol=10 * rtol * scale, err_msg=label)
+        assert np.isnan(trace["mixing"].sel(layer=label).values[n:]).all(), label
+        worst = max(worst, float(np.abs(mean - flat.mean(0)).max()) / scale)
+    return worst
