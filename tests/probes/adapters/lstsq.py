@@ -77,3 +77,30 @@ def compare(trace, rows: dict[str, Tensor], rtol: float = 1e-4) -> float:
         assert np.isnan(trace["mixing"].sel(layer=label).values[n:]).all(), label
         worst = max(worst, float(np.abs(mean - flat.mean(0)).max()) / scale)
     return worst
+
+
+def rows_of(
+    seen: dict[str, Tensor], order: list[str], inputs: dict[str, str]
+) -> tuple[dict[str, Tensor], float]:
+    """Least-squares rows of every consumer: ``inputs`` maps a consumer label to (the name of its
+    recorded input, n), n the number of sources in ``order`` written before it; and the largest
+    relative residual of any of them."""
+    rows, worst = {}, 0.0
+    for label, (name, n) in inputs.items():
+        rows[label], resid = lstsq_weights([seen[s] for s in order[:n]], seen[name])
+        worst = max(worst, resid)
+    return rows, worst
+
+
+def assert_shares(
+    trace, rows: dict[str, Tensor], seen: dict[str, Tensor], order: list[str], inputs, skip: int
+):
+    """The trace's ``contribution_share`` against sum_t <w_s v_s, h> / sum_t |h|^2 from the
+    independent rows, over the positions after the first ``skip``."""
+    for label, w in rows.items():
+        h = seen[inputs[label][0]][:, skip:]
+        n = w.shape[-1]
+        terms = torch.stack([w[:, skip:, j, None] * seen[s][:, skip:] for j, s in enumerate(order[:n])])
+        share = (terms * h).sum((1, 2, 3)) / h.pow(2).sum()
+        got = trace["contribution_share"].sel(layer=label).values[:n]
+        np.testing.assert_allclose(got, share.numpy(), atol=1e-5, err_msg=label)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from depthscope.probes import capture
-from tests.probes.adapters.lstsq import compare, lstsq_weights, record
+from tests.probes.adapters.lstsq import assert_shares, compare, record, rows_of
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB, N_LAYERS = 256, 3  # 256: a directory without a tokenizer reads text as bytes
@@ -111,8 +111,8 @@ def perturb(model, seed=0):
 
 
 def independent(model, prefix: str, toks):
-    """label -> per-token least-squares weights [batch, pos, n], from plain hooks only."""
-    taps = [("embed", f"{prefix}embed_tokens", "out"), ("readout", f"{prefix}norm", "in")]
+    """Per-token least-squares rows of every consumer, from plain hooks only."""
+    taps = [("embed", f"{prefix}embed_tokens", "out"), ("readout.in", f"{prefix}norm", "in")]
     for i in range(N_LAYERS):
         layer = f"{prefix}layers.{i}"
         taps += [
@@ -123,12 +123,9 @@ def independent(model, prefix: str, toks):
         ]
     seen = {k: v[0] for k, v in record(model, toks, taps).items()}
     order = ["embed"] + [f"{i}.{k}" for i in range(N_LAYERS) for k in ("attn", "mlp")]
-    rows, worst = {}, 0.0
-    for n, label in enumerate(order[1:] + ["readout"], start=1):
-        h = seen["readout" if label == "readout" else f"{label}.in"]
-        rows[label], resid = lstsq_weights([seen[s] for s in order[:n]], h)
-        worst = max(worst, resid)
-    return rows, worst, seen, order
+    inputs = {label: (f"{label}.in", n) for n, label in enumerate(order[1:] + ["readout"], start=1)}
+    rows, resid = rows_of(seen, order, inputs)
+    return rows, resid, seen, order, inputs
 
 
 @pytest.fixture(scope="module", params=list(BUILDERS))
@@ -145,7 +142,7 @@ def test_mixing_equals_least_squares_on_the_hooked_tensors(family, perturbed):
         model = perturb(model)
     toks = tokens()
     trace = capture(model, toks, batch_size=1, skip_positions=0)
-    rows, resid, _, _ = independent(model, prefix, toks)
+    rows, resid, *_ = independent(model, prefix, toks)
     assert resid < 1e-5  # every input is a combination of the hooked sources
     assert trace.attrs["family"] == name and float(trace["residual_error"].max()) < 1e-4
     assert compare(trace, rows) < 1e-5
@@ -178,14 +175,5 @@ def test_capture_directory_shares_against_least_squares(family, tmp_path):
     trace = load_trace(out)
     assert trace.attrs["family"] == name and trace.attrs["skip_positions"] == 1
     windows, _ = token_windows(None, 16, 64, 0, vocab=VOCAB)
-    rows, _, seen, order = independent(model, prefix, windows)
-    for label, w in rows.items():
-        h = seen["readout" if label == "readout" else f"{label}.in"][:, 1:]
-        terms = torch.stack([w[:, 1:, j, None] * seen[s][:, 1:] for j, s in enumerate(order[: w.shape[-1]])])
-        share = (terms * h).sum((1, 2, 3)) / h.pow(2).sum()
-        np.testing.assert_allclose(
-            trace["contribution_share"].sel(layer=label).values[: w.shape[-1]],
-            share,
-            atol=1e-5,
-            err_msg=label,
-        )
+    rows, _, seen, order, inputs = independent(model, prefix, windows)
+    assert_shares(trace, rows, seen, order, inputs, skip=1)
