@@ -130,7 +130,9 @@ def plan(layer_types: list[str], block: int) -> tuple[list[SourceSpec], list[Con
         rows = tuple(_label(i, v) for v in VIEWS) if full else (_label(i),)
         depth = len(srcs)
         for row in rows:
-            cons.append(ConsumerSpec(row, f"{row}.in", names.ATTN, depth, depth, None if i == 0 else f"{row}.w"))
+            cons.append(
+                ConsumerSpec(row, f"{row}.in", names.ATTN, depth, depth, None if i == 0 else f"{row}.w")
+            )
         if i > 0:
             reads.append(Read(f"layers.{i}.attention_input", rows, (*done, partial)))
         attn = len(srcs)
@@ -224,7 +226,7 @@ def delta_weights(alpha: Tensor, rms: Tensor, entries: tuple[tuple[int, ...], ..
 
 
 def _slots(alpha: Tensor, slots: int) -> Tensor:
-    """alpha [.., entry] in fixed slots (block states first, the partial sum last); NaN elsewhere."""
+    """The softmax [.., entry] in fixed slots (block states first, the partial sum last); NaN elsewhere."""
     out = alpha.new_full((*alpha.shape[:-1], slots), float("nan"))
     out[..., : alpha.shape[-1] - 1] = alpha[..., :-1]
     out[..., -1] = alpha[..., -1]
@@ -264,7 +266,12 @@ def _input_taps(p: str, layer_types: list[str]) -> list[tuple[str, str]]:
 
 @contextlib.contextmanager
 def _attach(
-    model: Any, taps: list[tuple[str, Callback]], p: str, layer_types: list[str], reads: list[Read], slots: int
+    model: Any,
+    taps: list[tuple[str, Callback]],
+    p: str,
+    layer_types: list[str],
+    reads: list[Read],
+    slots: int,
 ):
     send = router(taps)
     hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", _source_hook(send, names.EMBED))]
