@@ -50,13 +50,17 @@ def record(model, tokens: Tensor, taps: list[tuple[str, str, str]]) -> dict[str,
 def lstsq_weights(sources: list[Tensor], h: Tensor) -> tuple[Tensor, float]:
     """Per-token least-squares coefficients [batch, pos, n] of ``h`` [batch, pos, d] on the ``sources``
     (each [batch, pos, d]), in float64 with the columns scaled to unit norm, and the largest
-    relative residual |h - sum_s w_s v_s| / |h| over the tokens."""
-    a = torch.stack(sources, dim=-1)  # [batch, pos, d, n]
-    scale = torch.linalg.vector_norm(a, dim=-2, keepdim=True).clamp_min(1e-300)
+    relative residual |h - sum_s w_s v_s| / |h| over the tokens. A source that is exactly zero on
+    every token (a write initialised to zero) has no recoverable coefficient: NaN."""
+    live = [j for j, v in enumerate(sources) if bool(v.abs().amax() > 0)]
+    a = torch.stack([sources[j] for j in live], dim=-1)  # [batch, pos, d, n]
+    scale = torch.linalg.vector_norm(a, dim=-2, keepdim=True)
     w = torch.linalg.lstsq(a / scale, h.unsqueeze(-1)).solution / scale.transpose(-1, -2)
     rebuilt = (a @ w).squeeze(-1)
     resid = torch.linalg.vector_norm(h - rebuilt, dim=-1) / torch.linalg.vector_norm(h, dim=-1)
-    return w.squeeze(-1), float(resid.max())
+    out = h.new_full((*h.shape[:-1], len(sources)), float("nan"))
+    out[..., live] = w.squeeze(-1)
+    return out, float(resid.max())
 
 
 def compare(trace, rows: dict[str, Tensor], rtol: float = 1e-4) -> float:
@@ -67,10 +71,10 @@ def compare(trace, rows: dict[str, Tensor], rtol: float = 1e-4) -> float:
     for label, w in rows.items():
         n = w.shape[-1]
         flat = w.flatten(0, 1).numpy()
-        mean, std = (
-            trace["mixing"].sel(layer=label).values[:n],
-            trace["mixing_std"].sel(layer=label).values[:n],
-        )
+        live = ~np.isnan(flat).any(0)  # sources with a recoverable coefficient
+        mean = trace["mixing"].sel(layer=label).values[:n][live]
+        std = trace["mixing_std"].sel(layer=label).values[:n][live]
+        flat = flat[:, live]
         scale = max(float(np.abs(flat).max()), 1e-12)
         np.testing.assert_allclose(mean, flat.mean(0), rtol=rtol, atol=rtol * scale, err_msg=label)
         np.testing.assert_allclose(std, flat.std(0), rtol=10 * rtol, atol=10 * rtol * scale, err_msg=label)
@@ -101,6 +105,32 @@ def assert_shares(
         h = seen[inputs[label][0]][:, skip:]
         n = w.shape[-1]
         terms = torch.stack([w[:, skip:, j, None] * seen[s][:, skip:] for j, s in enumerate(order[:n])])
+        terms = terms.nan_to_num()  # a source that is zero everywhere contributes nothing
         share = (terms * h).sum((1, 2, 3)) / h.pow(2).sum()
         got = trace["contribution_share"].sel(layer=label).values[:n]
         np.testing.assert_allclose(got, share.numpy(), atol=1e-5, err_msg=label)
+
+
+def save_byte_tokenizer(directory) -> None:
+    """Save a byte-level tokenizer (256 ids, no merges) beside a model: without tokenizer files,
+    transformers 5.24 makes one from config.json alone (Gemma's maps every word to one id)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    PreTrainedTokenizerFast(tokenizer_object=tok).save_pretrained(directory)
+
+
+def cli_windows(directory, ctx: int, n_tokens: int, seed: int = 0) -> Tensor:
+    """The windows `depthscope capture DIR --ctx --tokens --seed` reads from the default corpus
+    through the directory's tokenizer."""
+    from transformers import AutoTokenizer
+
+    from depthscope.corpus import token_windows
+    from depthscope.probes.adapters.hf import encoder
+
+    tok = AutoTokenizer.from_pretrained(str(directory))
+    return token_windows(None, ctx, n_tokens, seed, encode=encoder(tok), vocab=len(tok))[0]

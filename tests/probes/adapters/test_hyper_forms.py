@@ -13,7 +13,14 @@ import pytest
 import torch
 
 from depthscope.probes import capture
-from tests.probes.adapters.lstsq import assert_shares, compare, record, rows_of
+from tests.probes.adapters.lstsq import (
+    assert_shares,
+    cli_windows,
+    compare,
+    record,
+    rows_of,
+    save_byte_tokenizer,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB, N_LAYERS = 256, 3  # 256: a directory without a tokenizer reads text as bytes
@@ -159,14 +166,14 @@ def test_mixing_equals_least_squares_on_the_hooked_tensors(family, perturbed):
 
 
 def test_capture_directory_shares_against_least_squares(family, tmp_path):
-    """`depthscope capture DIR` (no tokenizer saved: the default corpus as bytes), then the shares
+    """`depthscope capture DIR` (a byte-level tokenizer saved beside it), then the shares
     recomputed on the same windows from plain hooks and least squares."""
     from depthscope.cli import main
-    from depthscope.corpus import token_windows
     from depthscope.trace import load_trace
 
     name, model, prefix = family
     perturb(model, seed=3).save_pretrained(tmp_path / name)
+    save_byte_tokenizer(tmp_path / name)
     out = tmp_path / "t.nc"
     assert (
         main(["capture", str(tmp_path / name), "--out", str(out), "--tokens", "64", "--ctx", "16", "--quiet"])
@@ -174,6 +181,6 @@ def test_capture_directory_shares_against_least_squares(family, tmp_path):
     )
     trace = load_trace(out)
     assert trace.attrs["family"] == name and trace.attrs["skip_positions"] == 1
-    windows, _ = token_windows(None, 16, 64, 0, vocab=VOCAB)
+    windows = cli_windows(tmp_path / name, 16, 64)
     rows, _, seen, order, inputs = independent(model, prefix, windows)
     assert_shares(trace, rows, seen, order, inputs, skip=1)

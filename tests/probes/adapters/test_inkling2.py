@@ -14,7 +14,14 @@ import torch
 
 from depthscope.analysis.causal import views
 from depthscope.probes import capture
-from tests.probes.adapters.lstsq import assert_shares, compare, record, rows_of
+from tests.probes.adapters.lstsq import (
+    assert_shares,
+    cli_windows,
+    compare,
+    record,
+    rows_of,
+    save_byte_tokenizer,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB = 256  # a directory without a tokenizer reads text as bytes
@@ -169,14 +176,14 @@ def test_query_key_and_value_rows_read_different_depths(model):
 @pytest.mark.parametrize("kind", ["inkling2_text", "inkling2"])
 def test_capture_directory_shares_against_least_squares(model, tmp_path, kind):
     """`depthscope capture DIR` of a saved Inkling2ForCausalLM and Inkling2ForConditionalGeneration
-    (no tokenizer: the default corpus as bytes), the shares recomputed on the same windows."""
+    (a byte-level tokenizer saved beside it), the shares recomputed on the same windows."""
     from depthscope.cli import main
-    from depthscope.corpus import token_windows
     from depthscope.trace import load_trace
 
     torch.manual_seed(0)
     net = perturb(model if kind == "inkling2_text" else multimodal().eval(), seed=7)
     net.save_pretrained(tmp_path / kind)
+    save_byte_tokenizer(tmp_path / kind)
     out = tmp_path / "t.nc"
     assert (
         main(["capture", str(tmp_path / kind), "--out", str(out), "--tokens", "64", "--ctx", "16", "--quiet"])
@@ -186,7 +193,7 @@ def test_capture_directory_shares_against_least_squares(model, tmp_path, kind):
     assert (
         trace.attrs["family"] == "inkling2" and ": inkling2_text" in trace.attrs["label"]
     )  # the decoder's type
-    windows, _ = token_windows(None, 16, 64, 0, vocab=VOCAB)
+    windows = cli_windows(tmp_path / kind, 16, 64)
     prefix = "model." if kind == "inkling2_text" else "model.language_model."
     rows, resid, seen, order, inputs = independent(net, prefix, windows)
     assert resid < 1e-5
