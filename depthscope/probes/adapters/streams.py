@@ -165,6 +165,9 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
         encode=None if tokenizer is None else encoder(tokenizer),
         native=native,
         attach=lambda m, taps: _attach_hyper(m, taps, p, n, attrs, form),
+        # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
+        # replacement back: they are not views a source's term could be removed from (ablation)
+        views=False,
         skip_positions=1,
         hint=f"; the {form.family} forward no longer matches the hyper-connection equations unrolled here",
     )
