@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from depthscope.errors import DepthscopeError
+
+
+def _disk_full(directory: Path) -> bool:
+    """Whether the file system of ``directory`` has (almost) no room left: what a failed write that
+    does not say why usually means.
+    """
+    try:
+        return shutil.disk_usage(directory).free < 1 << 20
+    except OSError:
+        return False
 
 
 def check_output(path: Path, *inputs: str | Path) -> None:
@@ -63,7 +74,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; a finished file gets normal permissions
         os.replace(tmp_path, path)
     except BaseException as err:
+        full = not isinstance(err, (KeyboardInterrupt, DepthscopeError)) and _disk_full(parent)
         tmp_path.unlink(missing_ok=True)
-        if isinstance(err, OSError):  # full disk, lost permission, a directory made meanwhile ...
+        if full:  # netCDF and safetensors report a full disk as their own errors, not as OSError
+            raise DepthscopeError(f"no space left on device writing {path}") from None
+        if isinstance(err, OSError):  # lost permission, a directory made meanwhile ...
             raise DepthscopeError(f"cannot write {path}: {err.strerror or err}") from None
         raise

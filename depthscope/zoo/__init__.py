@@ -158,7 +158,18 @@ def _valid_entry(m: Any) -> bool:
     if not isinstance(m, dict) or not all(isinstance(m.get(k), t) for k, t in ENTRY_FIELDS.items()):
         return False
     c = m["config"]
-    return isinstance(c.get("options"), dict) and all(type(c.get(k)) is int for k in ("n_layers", "d_model"))
+    if not isinstance(c.get("options"), dict) or not all(
+        type(c.get(k)) is int for k in ("n_layers", "d_model")
+    ):
+        return False
+    t = m.get("trajectory")
+    return t is None or (
+        isinstance(t, dict)
+        and isinstance(t.get("file"), str)
+        and isinstance(t.get("steps"), list)
+        and all(type(x) is int for x in t["steps"])
+        and type(t.get("tokens", 0)) is int
+    )
 
 
 def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:
