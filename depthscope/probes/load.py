@@ -367,13 +367,32 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
+# what a saved tokenizer leaves in a model directory (any one of them): without one, transformers
+# 5.24 builds a tokenizer from config.json alone (BERT's maps every word to [UNK]; GPT-2's, Qwen's
+# have an empty vocabulary), so a directory without these files has no tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.model",  # sentencepiece: spiece.model, sentencepiece.bpe.model, tokenizer.model
+    "*.tiktoken",
+    "tekken.json",
+)
+
+
 def _tokenizer(directory: Path, **kwargs) -> Any:
-    """The model's tokenizer, or None (the capture then asks for token ids)."""
+    """The model's tokenizer: the one saved with it (in a .gguf file, the one inside), or None (the
+    capture then asks for token ids or a tokenizer). Never one built from config.json alone.
+    """
     from transformers import AutoTokenizer
 
+    if "gguf_file" not in kwargs and not any(any(directory.glob(p)) for p in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **kwargs)
-    except Exception:  # no tokenizer files: a model directory without one is still a model
+    except Exception:  # files it cannot read (or that need remote code): the model is still a model
         return None
 
 
