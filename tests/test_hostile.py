@@ -524,6 +524,55 @@ def test_a_tokenizer_that_reads_the_corpus_as_one_id_or_as_nothing_is_refused(tm
     assert "gives no token ids" in err and "pass token ids" in err and "validation split" not in err
 
 
+def _edit_weights(path: Path, edit) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    save_file(edit(weights), path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def _without_layer(w: dict) -> dict:
+    return {k: v for k, v in w.items() if ".1." not in k}
+
+
+def _with_extra(w: dict) -> dict:
+    import torch
+
+    return {**w, "extra.weight": torch.zeros(3)}
+
+
+def _misshapen(w: dict) -> dict:
+    import torch
+
+    key = next(
+        k
+        for k in sorted(w)
+        if k.endswith("1.attention.output.dense.weight") or k.endswith("1.attn.c_proj.weight")
+    )
+    return {**w, key: torch.zeros(4, 4)}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (_without_layer, "missing ("),
+        (_with_extra, "1 unexpected (extra.weight)"),
+        (_misshapen, "1 mismatched ("),
+    ],
+    ids=["a layer missing", "an unexpected tensor", "a misshapen tensor"],
+)
+def test_weights_that_do_not_fit_the_model_are_refused(tmp_path, kind, edit, says, capfd):
+    """transformers would initialise the missing (or misshapen) tensors randomly with a multi-line
+    warning, and the capture would measure a random layer: one line naming the first keys instead."""
+    path = _edit_weights(_saved(tmp_path / kind, kind), edit)
+    err = _capture_refused(path, tmp_path, capfd)
+    assert "the weights file does not fit" in err and says in err and "random values" in err
+    if edit is _without_layer:
+        assert ".1." in err.split("missing (")[1]  # names the layer's first keys
+
+
 # --- a zoo directory from others -------------------------------------------------------------------
 
 
