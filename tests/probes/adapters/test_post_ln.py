@@ -12,8 +12,10 @@ import torch
 import transformers as T
 
 from depthscope.cli import main
+from depthscope.corpus import token_windows
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
+from depthscope.probes.adapters import resolve
 from depthscope.probes.load import load_model
 from depthscope.trace import load_trace
 from tests.probes.test_bridge import model_dir
@@ -142,6 +144,13 @@ def test_terms_rebuild_hidden_states_and_shares_equal_an_independent_decompositi
         np.testing.assert_allclose(row["mixing"].dropna("source"), mixing, rtol=1e-10, err_msg=label)
     biases = [s for s, k in zip(trace["source"].values, trace["source_kind"].values) if k == "bias"]
     assert ("embed.proj" in biases) is (kind == "electra-projected")
+    if kind == "electra-projected":  # the word embeddings' value: their image in the stream's width
+        with torch.no_grad():
+            base = model.base_model
+            word = base.embeddings.word_embeddings(tokens()) @ base.embeddings_project.weight.T
+        assert float(trace["source_rms"].sel(source="embed")) == pytest.approx(
+            float(word.pow(2).mean().sqrt())
+        )
 
 
 @pytest.mark.parametrize("kind", ["bert", "distilbert", "electra-projected"])
@@ -167,13 +176,20 @@ def test_a_chunked_feed_forward_gives_the_trace_of_the_unchunked_model(kind):
 
 @pytest.mark.parametrize("kind", list(MODELS))
 def test_capture_a_saved_directory_from_the_cli(kind, saved, tmp_path):
+    """`depthscope capture DIR` on text read with the saved tokenizer: the shares equal the independent
+    decomposition of the same windows (the model in float64 there, float32 in the capture)."""
     out = tmp_path / "t.nc"
     argv = ["capture", str(saved(kind)), "--out", str(out), "--tokens", "128", "--ctx", "32", "--quiet"]
     assert main(argv) == 0
     trace = load_trace(out)
     assert trace.attrs["family"] == "post-ln" and trace.attrs["ctx"] == 32
     assert trace.attrs["tokens"] == 4 * 32 and float(trace["residual_error"].max()) < 1e-4
-    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
+    model = load_model(saved(kind))
+    windows, _ = token_windows(None, 32, 128, encode=resolve(model).encode, vocab=model.config.vocab_size)
+    rows = independent_decomposition(model.double(), windows)
+    for label, (share, _) in zip(trace["layer"].values, rows, strict=True):
+        got = trace["contribution_share"].sel(layer=label).dropna("source")
+        np.testing.assert_allclose(got, share, atol=1e-5, err_msg=label)
 
 
 def test_roberta_context_starts_after_the_pad_id(saved):
