@@ -69,7 +69,8 @@ def capture(
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
     Args:
-        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
+        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...), or an
+            nnsight wrapper of one (``NNsight``, ``LanguageModel``: its module is captured).
         settings: what to compute (``CaptureSettings``); or give its fields as keyword
             ``options`` (``n_tokens=8192, rank=True``). ``partial`` may be a path, with
             ``save_every`` and ``resume`` beside it.
@@ -88,6 +89,7 @@ def capture(
         TraceError for a model whose inputs cannot be rebuilt from its sources.
     """
     settings = _settings(settings, options)
+    model, tokenizer = unwrap(model, tokenizer)
     ad = _adapter(model, adapter, tokenizer, forward)
     if settings.causal:  # before the slow work: a model without an LM head is refused at once
         require_head(ad, "--logits" if settings.logits else "--lens" if settings.lens else "--ablate")
@@ -119,6 +121,25 @@ def capture(
             "world_size": world,
         }
     )
+
+
+def unwrap(model: Any, tokenizer: Any = None) -> tuple[Any, Any]:
+    """The module to capture and the tokenizer to read text with: an nnsight wrapper (``NNsight``,
+    ``LanguageModel``: an ``Envoy``) gives its underlying module, its weights loaded first if it was
+    built lazily, and its tokenizer unless one is given. Anything else is returned as it is. Found
+    by the wrapper's class, so nnsight is never imported here.
+    """
+    if not any(c.__module__.split(".")[0] == "nnsight" for c in type(model).__mro__):
+        return model, tokenizer
+    own = vars(model)
+    if own.get("dispatched") is False:  # a meta-device skeleton: nnsight's own first trace loads it
+        model.dispatch()
+    module = own.get("_module", own.get("_model"))  # the wrapped module (0.8: _module)
+    if not isinstance(module, torch.nn.Module):
+        raise DepthscopeError(f"cannot capture this {type(model).__name__}: it wraps no torch module")
+    if tokenizer is None and getattr(module, "tokenizer", None) is None:
+        tokenizer = own.get("tokenizer")
+    return module, tokenizer
 
 
 def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> CaptureSettings:

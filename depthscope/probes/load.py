@@ -22,6 +22,7 @@ take either.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -291,11 +292,20 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     placement = placement or Placement()
     kwargs = placement.hf_kwargs()
     try:
-        model = cls.from_pretrained(str(path), trust_remote_code=False, **kwargs)
+        with _quiet_transformers():  # its multi-line load report: depthscope says it in one line
+            # mismatched shapes are reported in ``info`` (not raised) so the refusal can name them
+            model, info = cls.from_pretrained(
+                str(path),
+                trust_remote_code=False,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **kwargs,
+            )
     except Exception as err:  # transformers raises many types for broken or unsupported weights
         raise DepthscopeError(
             f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
         ) from None
+    _check_loading(path, type(model).__name__, info)
     model.tokenizer = _tokenizer(path)
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
@@ -367,13 +377,63 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
+def _check_loading(path: Path, type_name: str, info: dict) -> None:
+    """Refuse weights that do not fit the model: transformers would initialise missing tensors
+    randomly (and drop unexpected ones), and the capture would measure a random layer. Tied weights
+    are not missing (transformers does not report them).
+    """
+    found = []
+    for kind in ("missing", "unexpected", "mismatched"):
+        keys = sorted(k[0] if isinstance(k, tuple) else str(k) for k in info.get(f"{kind}_keys") or ())
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            found.append(f"{len(keys)} {kind} ({', '.join(keys[:3])}{more})")
+    if found:
+        raise DepthscopeError(
+            f"{path}: the weights file does not fit {type_name}: {'; '.join(found)}; refused (transformers "
+            "would fill missing or misshapen weights with random values)"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' own warnings for the block (errors still show); its verbosity restored after."""
+    from transformers.utils import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
+# what a saved tokenizer leaves in a model directory (any one of them): without one, transformers
+# 5.24 builds a tokenizer from config.json alone (BERT's maps every word to [UNK]; GPT-2's, Qwen's
+# have an empty vocabulary), so a directory without these files has no tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.model",  # sentencepiece: spiece.model, sentencepiece.bpe.model, tokenizer.model
+    "*.tiktoken",
+    "tekken.json",
+)
+
+
 def _tokenizer(directory: Path, **kwargs) -> Any:
-    """The model's tokenizer, or None (the capture then asks for token ids)."""
+    """The model's tokenizer: the one saved with it (in a .gguf file, the one inside), or None (the
+    capture then asks for token ids or a tokenizer). Never one built from config.json alone.
+    """
     from transformers import AutoTokenizer
 
+    if "gguf_file" not in kwargs and not any(any(directory.glob(p)) for p in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **kwargs)
-    except Exception:  # no tokenizer files: a model directory without one is still a model
+    except Exception:  # files it cannot read (or that need remote code): the model is still a model
         return None
 
 
