@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from depthscope.errors import CheckpointError, DepthscopeError
+from depthscope.resources import require_memory
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
 WEIGHT_FILES = (
@@ -340,6 +341,7 @@ def load_torch(path: Path) -> Any:
     package = getattr(module, "PACKAGE", family)
     if importlib.util.find_spec(package.replace("-", "_")) is None:
         raise DepthscopeError(f"{path}: a {family} model needs its package: pip install {package}")
+    _check_saved_size(path, module, args, state)
     try:
         model = module.from_saved(args)
         model.load_state_dict(state)
@@ -348,6 +350,31 @@ def load_torch(path: Path) -> Any:
             f"{path}: cannot build the {family} model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     return model.eval()
+
+
+def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
+    """Build the model its arguments describe on the meta device (no memory) and refuse, before the
+    real build, arguments that describe other tensors than the file holds (huge constructor arguments
+    beside a few kilobytes of weights) or a model the memory cannot hold.
+    """
+    import torch
+
+    try:
+        with torch.device("meta"):
+            skeleton = module.from_saved(args)
+        expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    except Exception as err:  # wrong arguments: the real build below says the same in one line
+        raise DepthscopeError(
+            f"{path}: cannot build the {module.FAMILY} model ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    held = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if expected != held:
+        diff = sorted(set(expected) ^ set(held)) or [k for k in expected if expected[k] != held.get(k)]
+        raise DepthscopeError(
+            f"{path}: its arguments describe other tensors than it holds (first: {diff[0][:60]})"
+        )
+    need = sum(int(torch.Size(s).numel()) for s in expected.values()) * 4
+    require_memory(need, f"{path}: building the {module.FAMILY} model")
 
 
 def load_gguf(path: Path, placement: Placement | None = None) -> Any:
