@@ -172,9 +172,20 @@ def load_trace(path: str | Path) -> xr.Dataset:
     elif version != TRACE_FORMAT:
         raise TraceError(f"{path}: trace format {version}, this depthscope reads {TRACE_FORMAT} (and 1)")
     check_trace(trace, str(path))
-    # the contract's order of dimensions, whatever order the file stores them in
-    trace = trace.transpose(STACK, "layer", "source", ..., missing_dims="ignore")
-    return with_blocks(trace)
+    return with_blocks(_in_contract_order(trace))
+
+
+def _in_contract_order(trace: xr.Dataset) -> xr.Dataset:
+    """Every variable with (layer, source) in that order, whatever order the file stores them in
+    (the other dims stay where they are).
+    """
+    for name, var in trace.data_vars.items():
+        dims = list(var.dims)
+        if "layer" in dims and "source" in dims and dims.index("layer") > dims.index("source"):
+            i, j = dims.index("source"), dims.index("layer")
+            dims[i], dims[j] = "layer", "source"
+            trace[name] = var.transpose(*dims)
+    return trace
 
 
 def _check_claims(ds: xr.Dataset, path: Path) -> None:
@@ -216,6 +227,8 @@ def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
             raise TraceError(f"{name}: {var} holds {x.dtype} values, not numbers")
         if var in REQUIRED and np.isinf(x.values).any():
             raise TraceError(f"{name}: {var} holds infinite values")
+        if var in REQUIRED and not np.isfinite(x.values).any():
+            raise TraceError(f"{name}: {var} holds no value (only NaN)")
 
 
 # attrs (or, in a stack, coordinates along ``model``) that readers use as numbers
