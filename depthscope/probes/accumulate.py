@@ -191,15 +191,18 @@ class Accumulator:
             self._fold_weights(i, w.mean(-1), w.abs().mean(-1))
 
     @torch.no_grad()
-    def consumer_terms(self, i: int, h: Tensor, terms: Tensor, mixing: Tensor) -> None:
+    def consumer_terms(
+        self, i: int, h: Tensor, terms: Tensor, mixing: Tensor, rebuilt: Tensor | None = None
+    ) -> None:
         """Consumer i from its terms c[l, s] directly: input h [T, d], terms [n, T, d] with
         h = sum_s terms[s] (to rounding), and per-token mixing coefficients [T, n] (what ``mixing``
-        reports: for a post-LN model, the accumulated 1/sigma of each term).
+        reports: for a post-LN model, the accumulated 1/sigma of each term). ``rebuilt`` [T, d], if
+        the adapter carries it, is the sum of the terms (computed by the same linear maps as they).
         """
-        self._chunked(i, h, lambda a, b: terms[:, a:b])
+        self._chunked(i, h, lambda a, b: terms[:, a:b], rebuilt)
         self._fold_weights(i, mixing, mixing.abs())
 
-    def _chunked(self, i: int, h: Tensor, contributions) -> None:
+    def _chunked(self, i: int, h: Tensor, contributions, rebuilt_all: Tensor | None = None) -> None:
         """A consumer whose contributions c [n, t, d] are built per token chunk: rebuild, dots with
         its own rebuild, contribution norms and the error, without holding [n, T, d] at once.
         """
@@ -212,7 +215,7 @@ class Accumulator:
         for a in range(0, T, step):
             b = min(T, a + step)
             c = contributions(a, b)  # [n, t, d]
-            rebuilt = c.sum(0)
+            rebuilt = c.sum(0) if rebuilt_all is None else rebuilt_all[a:b]
             dots = dots + (c.flatten(1) @ rebuilt.flatten()).to(self.dtype)  # one matrix-vector product
             cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 1)
             hh = hh + self._sum(rebuilt.pow(2))

@@ -520,7 +520,10 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            got[key] = tuple(x[:, :, self.skip :] for x in t) if spec.terms and key == "w" else self._cut(t)
+            if spec.terms and key == "w":  # (terms, mixing[, rebuilt]): source-major, then [b, p, d]
+                got[key] = (*(x[:, :, self.skip :] for x in t[:2]), *(self._cut(x) for x in t[2:]))
+            else:
+                got[key] = self._cut(t)
             if key == "h" and self.probe is not None and self.probe.lens_on:
                 self.probe.lens(i, got["h"])
             if "h" in got and ("w" in got or spec.weights is None):
@@ -539,10 +542,11 @@ class Taps:
         h = got["h"].to(V.device, V.dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(V.device)
         w = got.get("w")
         if spec.terms:  # source-major: terms [n, batch, pos, d], mixing [n, batch, pos]
-            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w)
+            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w[:2])
             terms = terms.to(V.dtype)
+            rebuilt = self._flat(w[2].to(V.device, V.dtype)) if len(w) > 2 else None
             self._readout(spec, h, "terms", terms)
-            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T)
+            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T, rebuilt)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
             self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)

@@ -280,7 +280,9 @@ class _Terms:
 
     One buffer per batch, source-major: ``terms`` [source, batch, pos, d_model] (the first ``n``
     live) and ``scale`` [source, batch, pos]; each LayerNorm updates the live terms in place, and a
-    consumer hands the engine a view of them (the engine folds it before the next LayerNorm).
+    consumer hands the engine a view of them (the engine folds it before the next LayerNorm). The
+    sum of the terms, ``rebuilt``, is carried alongside by the same linear maps (O(d) per token and
+    LayerNorm), so the engine need not sum the terms again at every consumer.
     Where the embeddings are projected (``hold``), their terms start in a buffer of the embedding
     width and their values reach the engine only once projected into the stream's width. The MLP's
     write and its LayerNorm's input arrive in chunks of positions (``part``, ``norm_part``) and
@@ -313,6 +315,7 @@ class _Terms:
         shape = (self.n_sources, *t.shape)
         self.terms, self.scale = self._buffer("embed" if self.hold else "stream", shape, t)
         self.n = 0
+        self.rebuilt = torch.zeros_like(t)
         self.held = [] if self.hold else None
         self.parts, self.xs = [], []
         self.source(key, t)
@@ -326,6 +329,7 @@ class _Terms:
             self.send(key, t)
         self.terms[self.n] = t
         self.scale[self.n] = 1.0
+        self.rebuilt += t
         self.n += 1
 
     def normalise(self, ln: torch.nn.LayerNorm, x: Tensor, bias_key: str) -> None:
@@ -338,6 +342,8 @@ class _Terms:
             c = live[:, a : a + step]
             c -= c.mean(-1, keepdim=True)
             c *= gain[a : a + step]
+        r = self.rebuilt
+        self.rebuilt = (r - r.mean(-1, keepdim=True)) * gain.view_as(r)
         self.scale[: self.n] *= inv.squeeze(-1)
         beta = ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1])
         self.source(bias_key, beta.expand_as(x))
@@ -351,6 +357,7 @@ class _Terms:
         terms, scale = self._buffer("stream", (self.n_sources, *live.shape[1:-1], w.shape[0]), live)
         terms[: self.n] = live @ w.T
         scale[: self.n] = self.scale[: self.n]
+        self.rebuilt = self.rebuilt @ w.T
         self.terms, self.scale = terms, scale
         held, self.held = self.held or [], None
         for key, value in held:  # each source's value in the stream's width: its image under the weight
@@ -379,7 +386,7 @@ class _Terms:
     def consumer(self, key: str, h: Tensor) -> None:
         """Consumer ``key``'s input and its terms (a view, folded by the engine at once)."""
         self.send(f"{key}.in", h)
-        self.send(f"{key}.terms", (self.terms[: self.n], self.scale[: self.n]))
+        self.send(f"{key}.terms", (self.terms[: self.n], self.scale[: self.n], self.rebuilt))
 
 
 @contextlib.contextmanager
