@@ -37,6 +37,12 @@ class Entry:
     scheme: str
     options: dict[str, Any] = field(default_factory=dict)
     trajectory: bool = False
+    group: str | None = None  # the same scheme in another collection (default: its name)
+
+    @property
+    def key(self) -> str:
+        """Which models are one scheme across collections (depths): ``group``, else the name."""
+        return self.group or self.name
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ DEEP = Collection(
         Entry("denseformer", "denseformer", {}, True),
         Entry("dca", "dca", {}, True),
         Entry("attnres", "attnres", {}, True),
-        Entry("attnres-block8", "attnres", {"blocks": 8}, True),
+        Entry("attnres-block8", "attnres", {"blocks": 8}, True, group="attnres-block4"),
         Entry("hc", "hc", {}, True),
         Entry("mhc", "mhc", {}, True),
     ),
