@@ -48,8 +48,8 @@ def n_layers(trace: xr.Dataset) -> int:
 
 
 def group_of(trace: xr.Dataset) -> str:
-    """Which models are one scheme across depths: the ``group`` attr, else the ``variant``."""
-    return str(trace.attrs.get("group") or trace.attrs.get("variant") or trace.attrs.get("label", ""))
+    """Which models are one scheme across depths: the ``zoo_group`` attr (set by ``zoo build``), else the ``variant``."""
+    return str(trace.attrs.get("zoo_group") or trace.attrs.get("variant") or trace.attrs.get("label", ""))
 
 
 def comparable(traces: list[xr.Dataset]) -> dict[tuple[str, int], xr.Dataset]:

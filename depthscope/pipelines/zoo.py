@@ -174,7 +174,7 @@ def _trajectory(
         )
         return entry
     trace = capture_trajectory([*paths, out / entry["file"]], TRAJECTORY, progress=False)
-    trace = trace.assign_coords(group=("model", np.array([group] * trace.sizes["model"], dtype=object)))
+    trace = trace.assign_coords(zoo_group=("model", np.array([group] * trace.sizes["model"], dtype=object)))
     target = save_trace(trace, out / zoo.TRAJECTORY_DIR / f"{entry['name']}.nc")
     log(f"zoo {entry['name']}: trajectory captured at steps {[*snapshots, entry['steps']]}")
     return {

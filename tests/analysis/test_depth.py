@@ -15,7 +15,7 @@ def model(scheme: str, layers: int, step: int, loss: float, group: str | None = 
     t = capture(perturb(build(tiny(scheme, n_layers=layers)), others=0.05), n_tokens=64, ctx=32)
     t.attrs.update(step=step, val_loss=loss)
     if group:
-        t.attrs["group"] = group
+        t.attrs["zoo_group"] = group
     return t
 
 
