@@ -25,7 +25,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
-out = Console() if sys.stdout.isatty() else Console(width=160)
+# user strings (labels, layer names, paths, manifest entries) are printed as they are: no markup,
+# no highlighting, so "[/b]" in a label is text, never a rich tag
+out = Console(markup=False, highlight=False, **({} if sys.stdout.isatty() else {"width": 160}))
 BIG = 2**62  # the most any count may be: torch and numpy count in int64
 SEED_MAX = 2**63 - 1  # what both torch.manual_seed and numpy's generators accept (and not negative)
 D_MAX = 10_000  # the theory's width: exact risks over every r* < d (the paper: d = 100)
@@ -65,10 +67,18 @@ def _path(text: str) -> Path:
     return Path(text)
 
 
-def _output_file(path: Path) -> None:
-    """Refuse an output file name that is a directory before any work starts."""
-    if path.is_dir():
-        raise ConfigError(f"--out {path} is a directory; name the file to write")
+def _output_file(path: Path, *inputs: Path) -> None:
+    """Refuse an output file that cannot be written safely before any work starts: a directory, a
+    FIFO or device, a name too long, or the input itself.
+    """
+    from depthscope.atomic import check_output
+
+    try:
+        if path.is_dir():
+            raise ConfigError(f"--out {path} is a directory; name the file to write")
+    except OSError:  # a name the file system refuses: check_output says which
+        pass
+    check_output(path, *inputs)
 
 
 class Variant(str, enum.Enum):
@@ -182,7 +192,7 @@ def train(
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
-    _output_file(out_path)
+    _output_file(out_path, *([corpus] if corpus else []))
     cfg = ModelConfig(
         scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_)
     )
@@ -349,7 +359,7 @@ def capture(
     from depthscope.probes.load import Placement
     from depthscope.probes.settings import CaptureSettings, Partial
 
-    _output_file(out_path)
+    _output_file(out_path, checkpoint, *([corpus] if corpus else []))
     settings = CaptureSettings(
         n_tokens=tokens,
         batch_size=batch_size,
@@ -781,9 +791,9 @@ def _fmt(x, digits: int = 3) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for a user mistake, with one line on stderr)."""
-    err = Console(stderr=True)
+    err = Console(stderr=True, markup=False, highlight=False)
     try:
-        app(args=argv, prog_name="depthscope", standalone_mode=False)
+        status = app(args=argv, prog_name="depthscope", standalone_mode=False)
     except DepthscopeError as e:
         err.print(
             Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True
@@ -791,9 +801,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except typer.Exit as e:  # --help, or an explicit exit
         return e.exit_code
-    except typer.Abort:
-        err.print("aborted")
+    except (typer.Abort, KeyboardInterrupt):
+        err.print("interrupted")
         return 130
+    except OSError as e:  # the system refused: a full disk, a lost permission, a name too long
+        where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
+        line = f"{e.strerror or e}{where}"
+        err.print(Text.assemble(("error:", "red"), " ", line), highlight=False, soft_wrap=True)
+        return 2
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
         message = " ".join(e.format_message().split()) or "no command given (the commands are listed above)"
         err.print(
@@ -802,7 +817,10 @@ def main(argv: list[str] | None = None) -> int:
             soft_wrap=True,
         )
         return 2
-    return 0
+    if status == 130:  # typer turns Ctrl-C inside a command into a returned 130
+        err.print("interrupted")
+        return 130
+    return status if isinstance(status, int) else 0
 
 
 def run() -> None:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import CorpusError, DepthscopeError
+from depthscope.resources import require_memory
 
 CHUNK = 1 << 16
 VAL_EVERY = 10
@@ -139,6 +140,14 @@ def eval_windows(data: Tensor, n_tokens: int, ctx: int, seed: int = 0) -> Tensor
 
 
 Encode = Callable[[str], list[int]]  # text -> token ids (a model's tokenizer, no special tokens)
+# a tokenizer that gives one id this much of a corpus reads nothing of it: transformers builds such a
+# tokenizer (every word [UNK]) from a model's config.json alone when no tokenizer files were saved
+ONE_ID = 0.95
+JUDGED = 64  # fewer ids than this are too few to judge a tokenizer by (a corpus of a few words)
+INSTEAD = (
+    "pass token ids (Python: capture(model, ids)) or a tokenizer that goes with the model "
+    "(capture(..., tokenizer=...), or its files saved in the model directory)"
+)
 
 
 def token_windows(
@@ -170,15 +179,18 @@ def token_windows(
         return tokens, f"{tokens.numel()} given tokens"
     if n_tokens < ctx:
         raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
+    # int64 windows, and for a tokenizer about four times as many ids to draw them from
+    require_memory(8 * n_tokens * (5 if encode is not None else 1), f"--tokens {n_tokens}", "; ask for fewer")
     corpus = data if isinstance(data, Corpus) else load_corpus(data)
     if encode is None:
         if vocab < 256:
             raise DepthscopeError(
-                f"the model has no tokenizer and a vocabulary of {vocab} < 256 bytes: pass token ids"
+                f"the model has no tokenizer and a vocabulary of {vocab} < 256 bytes: {INSTEAD}"
             )
         corpus.require(ctx, "one context window")
         return eval_windows(corpus.val, n_tokens, ctx, seed), corpus.name
     ids = encode_prefix(corpus, encode, want=4 * (-(-n_tokens // ctx)) * ctx)
+    check_encoding(ids, corpus)
     if len(ids) < ctx:
         raise CorpusError(
             f"corpus {corpus.name} gives {len(ids)} tokens in its validation split, fewer than one window "
@@ -198,3 +210,28 @@ def encode_prefix(corpus: Corpus, encode: Encode, want: int) -> Tensor:
         if total >= want:
             break
     return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.long)
+
+
+def check_encoding(ids: Tensor, corpus: Corpus) -> None:
+    """Refuse a tokenizer that reads a corpus as nothing: no ids from text, or (almost) one id for all
+    of it (more than ``ONE_ID`` of at least ``JUDGED`` ids), the tokenizer's fault rather than the
+    corpus's.
+    """
+    if not len(ids):
+        if bytes(corpus.val[:CHUNK].tolist()).strip():
+            raise DepthscopeError(
+                f"the tokenizer gives no token ids for the text of corpus {corpus.name} (an empty "
+                f"vocabulary: built without its files?): {INSTEAD}"
+            )
+        return
+    if len(ids) < JUDGED:
+        return
+    values, counts = torch.unique(ids, return_counts=True)
+    top = int(counts.argmax())
+    share = float(counts[top]) / len(ids)
+    if share > ONE_ID:
+        raise DepthscopeError(
+            f"the tokenizer maps corpus {corpus.name} to almost one token id ({int(values[top])} is "
+            f"{share:.1%} of {len(ids)} tokens; a tokenizer built without its vocabulary does that): "
+            f"{INSTEAD}"
+        )

@@ -39,7 +39,7 @@ def bar(
     ``bar("train", 100, info="loss {task.fields[loss]:.3f}", loss=float("nan"))``.
     """
     columns = [
-        TextColumn("[bold]{task.description}"),
+        TextColumn("{task.description}", markup=False, style="bold"),  # labels are text, never markup
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),

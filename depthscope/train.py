@@ -34,6 +34,8 @@ from depthscope.progress import bar
 from depthscope.schemes import DepthModel, ModelConfig
 from depthscope.schemes.base import MixerBase, Port
 
+MAX_LR = 1e3  # far above any useful AdamW step; larger ones overflow float32 in the update itself
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -53,8 +55,8 @@ class TrainConfig:
             raise ConfigError(f"steps must be >= 0, got {self.steps}")
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
-        if not self.lr > 0:
-            raise ConfigError(f"learning rate must be positive, got {self.lr}")
+        if not 0 < self.lr <= MAX_LR:
+            raise ConfigError(f"learning rate must be positive and at most {MAX_LR:g}, got {self.lr:g}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -149,6 +151,8 @@ def train(
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
             opt.step()
             losses.append(loss.item())
+            if not math.isfinite(losses[-1]):  # nothing trained from here on would mean anything
+                raise ConfigError(f"training diverged at step {step}: the loss is {losses[-1]}; lower --lr")
             tokens += x.numel()
             pb.advance(1, loss=losses[-1], tps=tokens / (time.perf_counter() - start))
             if step + 1 in snapshots and on_snapshot is not None:

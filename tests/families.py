@@ -315,11 +315,116 @@ def beam(args):
     return model, f"BeamForCausalLM random, 4 experts on odd layers: {n} layers, d {args.d_model}"
 
 
+def glm5_next(args):
+    from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
+
+    torch.manual_seed(0)
+    n = args.layers
+    text = dict(
+        vocab_size=args.vocab,
+        hidden_size=args.d_model,
+        intermediate_size=2 * args.d_model,
+        moe_intermediate_size=args.d_model,
+        num_hidden_layers=n,
+        num_attention_heads=args.d_model // HEAD_DIM,
+        num_key_value_heads=args.d_model // HEAD_DIM,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        kv_lora_rank=16,
+        q_lora_rank=16,
+        v_head_dim=HEAD_DIM,
+        qk_nope_head_dim=HEAD_DIM,
+        index_topk=16,
+        index_head_dim=HEAD_DIM,
+        index_n_heads=2,
+        index_kpool=4,
+        linear_head_dim=HEAD_DIM,
+        linear_num_heads=2,
+        max_position_embeddings=args.ctx,
+        mlp_layer_types=cycle(["dense", "sparse"], n),
+        layer_types=cycle(["linear_attention", "indexed_attention"], n),
+        pad_token_id=0,
+    )
+    vision = dict(depth=1, hidden_size=16, num_heads=2, out_hidden_size=args.d_model, intermediate_size=16)
+    model = Glm5NextForConditionalGeneration(Glm5NextConfig(text_config=text, vision_config=vision))
+    return (
+        model,
+        f"Glm5NextForConditionalGeneration random, mHC 4 streams, KDA + MLA: {n} layers, d {args.d_model}",
+    )
+
+
+def hy_v4(args):
+    from transformers import HYV4Config, HYV4ForCausalLM
+
+    torch.manual_seed(0)
+    n = args.layers
+    cfg = HYV4Config(
+        vocab_size=args.vocab,
+        hidden_size=args.d_model,
+        intermediate_size=2 * args.d_model,
+        moe_intermediate_size=args.d_model,
+        num_hidden_layers=n,
+        num_attention_heads=args.d_model // HEAD_DIM,
+        num_key_value_heads=args.d_model // HEAD_DIM,
+        head_dim=HEAD_DIM,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        q_lora_rank=16,
+        kv_lora_rank=16,
+        qk_nope_head_dim=HEAD_DIM,
+        qk_rope_head_dim=8,
+        v_head_dim=HEAD_DIM,
+        index_topk=8,
+        index_head_dim=HEAD_DIM,
+        index_n_heads=2,
+        max_position_embeddings=args.ctx,
+        mlp_layer_types=cycle(["dense", "sparse"], n),
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return HYV4ForCausalLM(
+        cfg
+    ), f"HYV4ForCausalLM random, 4 streams without comb: {n} layers, d {args.d_model}"
+
+
+def gemma3n(args):
+    from transformers import Gemma3nForCausalLM, Gemma3nTextConfig
+
+    torch.manual_seed(0)
+    n = args.layers
+    cfg = Gemma3nTextConfig(
+        vocab_size=args.vocab,
+        vocab_size_per_layer_input=args.vocab,
+        hidden_size=args.d_model,
+        hidden_size_per_layer_input=8,
+        intermediate_size=2 * args.d_model,
+        num_hidden_layers=n,
+        num_attention_heads=args.d_model // HEAD_DIM,
+        num_key_value_heads=1,
+        head_dim=HEAD_DIM,
+        laurel_rank=4,
+        num_kv_shared_layers=0,
+        layer_types=cycle(["sliding_attention", "full_attention"], n),
+        activation_sparsity_pattern=[0.0] * n,
+        sliding_window=8,
+        max_position_embeddings=args.ctx,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    return Gemma3nForCausalLM(
+        cfg
+    ), f"Gemma3nForCausalLM random, AltUp 4 streams, LAuReL: {n} layers, d {args.d_model}"
+
+
 def has_transformers(name: str) -> bool:
     return importlib.util.find_spec(f"transformers.models.{name}") is not None
 
 
-# (family, needs: a check that the package is installed and its name, builder)
+# (family, needs: a check that the package is installed and its name, builder). Not here: inkling2,
+# whose MoE router casts its input to float32 against its own weight, so it cannot run in float64
+# (tests/probes/adapters/test_inkling2.py checks it in float32)
 FAMILIES: list[tuple[str, Callable[[], bool], str, Callable]] = [
     ("depthscope standard", lambda: True, "-", zoo("standard")),
     ("depthscope attnres", lambda: True, "-", zoo("attnres")),
@@ -359,6 +464,9 @@ FAMILIES: list[tuple[str, Callable[[], bool], str, Callable]] = [
     ("deepseek_v4", lambda: has_transformers("deepseek_v4"), "transformers", deepseek_v4),
     ("qwen4_exp", lambda: has_transformers("qwen4_exp"), "transformers", qwen4_exp),
     ("beam", lambda: has_transformers("beam"), "transformers", beam),
+    ("glm5_next", lambda: has_transformers("glm5_next"), "transformers", glm5_next),
+    ("hy_v4", lambda: has_transformers("hy_v4"), "transformers", hy_v4),
+    ("gemma3n", lambda: has_transformers("gemma3n"), "transformers", gemma3n),
 ]
 
 

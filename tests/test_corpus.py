@@ -62,3 +62,25 @@ def test_too_short_corpus(tmp_path):
     (tmp_path / "short.txt").write_bytes(b"x" * 50)
     with pytest.raises(CorpusError, match="too short"):
         load_corpus(tmp_path / "short.txt").require(129)
+
+
+def test_a_tokenizer_that_reads_a_corpus_as_one_id_or_nothing_is_refused():
+    """More than 95% of at least 64 ids on one id, or no ids from text: the tokenizer's fault, refused
+    with what to pass instead; 94% passes, and a few ids are too few to judge."""
+    from depthscope.corpus import Corpus, check_encoding
+    from depthscope.errors import DepthscopeError
+
+    corpus = Corpus("c", b"def f(x):\n    return x\n" * 10)
+    for n_top, refused in ((96, True), (94, False)):
+        ids = torch.cat([torch.full((n_top,), 7), torch.arange(100 - n_top) + 10])
+        if refused:
+            with pytest.raises(
+                DepthscopeError, match=r"almost one token id \(7 is 96.0% of 100 tokens.*pass token ids"
+            ):
+                check_encoding(ids, corpus)
+        else:
+            check_encoding(ids, corpus)
+    check_encoding(torch.full((63,), 7), corpus)  # too few to judge: the length checks speak instead
+    with pytest.raises(DepthscopeError, match="gives no token ids for the text of corpus c"):
+        check_encoding(torch.zeros(0, dtype=torch.long), corpus)
+    check_encoding(torch.zeros(0, dtype=torch.long), Corpus("blank", b" \n" * 50))  # no text: no ids is right

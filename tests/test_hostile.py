@@ -459,6 +459,120 @@ def test_a_config_with_a_negative_layer_count_is_one_line(llama_dir, tmp_path):
     assert not (tmp_path / "t.nc").exists()
 
 
+# --- model directories whose tokenizer or weights are not the model's ------------------------------
+
+
+def _saved(path: Path, kind: str) -> Path:
+    """A tiny random transformers model of ``kind`` saved alone: no tokenizer files beside it."""
+    import torch
+    import transformers as T
+
+    torch.manual_seed(0)
+    small = dict(
+        vocab_size=99, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32
+    )
+    make = {
+        "bert": lambda: T.BertForMaskedLM(T.BertConfig(**small, max_position_embeddings=32)),
+        "gpt2": lambda: T.GPT2LMHeadModel(
+            T.GPT2Config(vocab_size=99, n_embd=16, n_layer=2, n_head=2, n_positions=32)
+        ),
+        "gpt_neox": lambda: T.GPTNeoXForCausalLM(T.GPTNeoXConfig(**small, max_position_embeddings=32)),
+        "qwen2": lambda: T.Qwen2ForCausalLM(T.Qwen2Config(**small, num_key_value_heads=1)),
+        "qwen3": lambda: T.Qwen3ForCausalLM(T.Qwen3Config(**small, num_key_value_heads=1, head_dim=8)),
+    }[kind]
+    make().save_pretrained(path)
+    return path
+
+
+def _capture_refused(path: Path, root: Path, capfd) -> str:
+    """`depthscope capture path --out root/t.nc`: exit 2, one line on stderr (transformers' own output
+    included: captured at the file descriptors), nothing written under ``root``; the line.
+    """
+    before = tree(root)
+    capfd.readouterr()
+    rc = main(["capture", str(path), "--out", str(root / "t.nc"), "--ctx", "16", "--tokens", "64", "--quiet"])
+    err = capfd.readouterr().err
+    assert_one_error_line(rc, err)
+    assert tree(root) == before  # no trace, no temporary
+    return err
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2", "gpt_neox", "qwen2", "qwen3"])
+def test_a_directory_without_tokenizer_files_asks_for_token_ids_or_a_tokenizer(tmp_path, kind, capfd):
+    """transformers 5.24 builds a tokenizer from config.json alone (BERT's reads every word as [UNK],
+    the decoders' have no vocabulary): none is used, and text is refused in one line."""
+    path = _saved(tmp_path / kind, kind)
+    err = _capture_refused(path, tmp_path, capfd)
+    assert "no tokenizer" in err and "pass token ids (Python: capture(model, ids)) or a tokenizer" in err
+
+
+def test_a_tokenizer_that_reads_the_corpus_as_one_id_or_as_nothing_is_refused(tmp_path, capfd):
+    """Tokenizer files that hold no vocabulary (a BERT tokenizer made with transformers 5.24's ignored
+    ``vocab_file=``; GPT-2's built from its config): all [UNK], or no ids at all, is the tokenizer's
+    fault, and the message says what to pass instead, not that the corpus is short."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    unk = _saved(tmp_path / "unk", "bert")
+    (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]))
+    BertTokenizerFast(vocab_file=str(tmp_path / "vocab.txt")).save_pretrained(unk)
+    err = _capture_refused(unk, tmp_path, capfd)
+    assert "to almost one token id (1 is 100.0% of" in err and "pass token ids" in err
+
+    empty = _saved(tmp_path / "empty", "gpt2")
+    AutoTokenizer.from_pretrained(empty).save_pretrained(empty)  # the tokenizer built from config.json
+    err = _capture_refused(empty, tmp_path, capfd)
+    assert "gives no token ids" in err and "pass token ids" in err and "validation split" not in err
+
+
+def _edit_weights(path: Path, edit) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(path / "model.safetensors")
+    save_file(edit(weights), path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def _without_layer(w: dict) -> dict:
+    return {k: v for k, v in w.items() if ".1." not in k}
+
+
+def _with_extra(w: dict) -> dict:
+    import torch
+
+    return {**w, "extra.weight": torch.zeros(3)}
+
+
+def _misshapen(w: dict) -> dict:
+    import torch
+
+    key = next(
+        k
+        for k in sorted(w)
+        if k.endswith("1.attention.output.dense.weight") or k.endswith("1.attn.c_proj.weight")
+    )
+    return {**w, key: torch.zeros(4, 4)}
+
+
+@pytest.mark.parametrize("kind", ["bert", "gpt2"])
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (_without_layer, "missing ("),
+        (_with_extra, "1 unexpected (extra.weight)"),
+        (_misshapen, "1 mismatched ("),
+    ],
+    ids=["a layer missing", "an unexpected tensor", "a misshapen tensor"],
+)
+def test_weights_that_do_not_fit_the_model_are_refused(tmp_path, kind, edit, says, capfd):
+    """transformers would initialise the missing (or misshapen) tensors randomly with a multi-line
+    warning, and the capture would measure a random layer: one line naming the first keys instead."""
+    path = _edit_weights(_saved(tmp_path / kind, kind), edit)
+    err = _capture_refused(path, tmp_path, capfd)
+    assert "the weights file does not fit" in err and says in err and "random values" in err
+    if edit is _without_layer:
+        assert ".1." in err.split("missing (")[1]  # names the layer's first keys
+
+
 # --- a zoo directory from others -------------------------------------------------------------------
 
 

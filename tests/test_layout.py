@@ -15,6 +15,7 @@ ROOMS = {
     "depthscope.errors": 0,
     "depthscope.atomic": 0,
     "depthscope.progress": 0,
+    "depthscope.resources": 0,
     "depthscope.corpus": 0,
     "depthscope.zoo": 0,
     "depthscope.trace": 0,
@@ -74,7 +75,7 @@ def test_rooms_import_only_downwards():
 
 # What a room may import besides itself (function-local imports included): the trace room is the
 # ground floor; analysis and figures know traces, never the models that produced them.
-GROUND = {"depthscope.errors", "depthscope.atomic", "depthscope._version"}
+GROUND = {"depthscope.errors", "depthscope.atomic", "depthscope._version", "depthscope.resources"}
 ALLOWED = {
     "depthscope.trace": GROUND,
     "depthscope.analysis": GROUND | {"depthscope.trace"},

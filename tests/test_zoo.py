@@ -10,6 +10,9 @@ from depthscope.probes import capture
 from depthscope.schemes.checkpoint import read_meta
 
 ENTRIES = zoo.read_manifest()
+DEEP = zoo.read_manifest(zoo.DEEP.directory)
+BOTH = [(zoo.ZOO, m) for m in ENTRIES] + [(zoo.DEEP, m) for m in DEEP]
+ID = lambda x: getattr(x, "name", None) or x["name"]  # noqa: E731
 
 
 def test_manifest_lists_the_zoo_spec():
@@ -22,11 +25,24 @@ def test_zoo_fits_the_size_budget():
     total = sum((zoo.ZOO_DIR / m["file"]).stat().st_size for m in ENTRIES)
     assert total <= 10 * 1024 * 1024
     assert all(m["config"]["n_layers"] >= 8 for m in ENTRIES)
+    deep = sum((zoo.DEEP.directory / m["file"]).stat().st_size for m in DEEP)
+    assert deep <= 13 * 1024 * 1024 and all(m["config"]["n_layers"] == 16 for m in DEEP)
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[m["name"] for m in ENTRIES])
-def test_manifest_matches_file(entry):
-    path = zoo.ZOO_DIR / entry["file"]
+def test_the_deep_zoo_is_the_zoo_families_at_twice_the_depth():
+    assert [m["name"] for m in DEEP] == zoo.DEEP.names()
+    by_name = {m["name"]: m for m in ENTRIES}
+    for e, m in zip(zoo.DEEP.entries, DEEP):
+        twin = by_name[e.key]
+        assert m["scheme"] == twin["scheme"] and m["steps"] == twin["steps"] // 2
+        assert {**m["config"], "n_layers": 8, "options": {}} == {**twin["config"], "options": {}}
+    blocks = {m["name"]: m["config"]["options"].get("blocks") for m in DEEP}
+    assert blocks["attnres-block8"] == 8 and by_name["attnres-block4"]["config"]["options"]["blocks"] == 4
+
+
+@pytest.mark.parametrize("coll, entry", BOTH, ids=ID)
+def test_manifest_matches_file(coll, entry):
+    path = coll.directory / entry["file"]
     assert path.stat().st_size == entry["bytes"] and zoo.sha256(path) == entry["sha256"]
     assert zoo.weights_sha256(path) == entry["weights_sha256"]
     meta = read_meta(path)
@@ -38,9 +54,9 @@ def test_manifest_matches_file(entry):
     assert entry["val_loss"] < 3.0  # trained: well below the 5.55 nats/byte of a uniform guess
 
 
-@pytest.mark.parametrize("entry", ENTRIES, ids=[m["name"] for m in ENTRIES])
-def test_every_checkpoint_captures(entry):
-    trace = capture(load(zoo.ZOO_DIR / entry["file"]), n_tokens=256)
+@pytest.mark.parametrize("coll, entry", BOTH, ids=ID)
+def test_every_checkpoint_captures(coll, entry):
+    trace = capture(load(coll.directory / entry["file"]), n_tokens=256)
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-5)
     assert float(trace["residual_error"].max()) < 1e-4
 

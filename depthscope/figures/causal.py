@@ -122,9 +122,14 @@ NATIVE = ("dwa_alpha", "hc_res", "attnres_alpha", "comb")
 KIND_PANELS = {"attn": "pre-attention", "mlp": "pre-MLP", "readout": "read-out"}
 
 
+def _drawable(trace: xr.Dataset, name: str) -> bool:
+    """Whether the trace has ``name`` with a value in it (a format-1 stack pads the others with NaN)."""
+    return name in trace and bool(trace[name].notnull().any())
+
+
 def has_native(trace: xr.Dataset) -> bool:
     """Whether the trace holds weights in a parametrisation ``native_figure`` draws."""
-    return any(name in trace for name in NATIVE)
+    return any(_drawable(trace, name) for name in NATIVE)
 
 
 @styled
@@ -228,13 +233,13 @@ def native_figure(trace: xr.Dataset):
         The Figure, or None when the trace has none of these.
     """
     label = trace_label(trace) if "label" in trace.attrs else ""
-    if "dwa_alpha" in trace:
+    if _drawable(trace, "dwa_alpha"):
         title = f"{label}: DWA weights as DenseFormer's Fig. 5 (arXiv 2402.02622)"
         return plot_dwa(trace["dwa_alpha"], title=title).figure
-    if "attnres_alpha" in trace:
+    if _drawable(trace, "attnres_alpha"):
         return _entries_figure(trace["attnres_alpha"], label)
     for name in ("hc_res", "comb"):
-        if name in trace:
+        if _drawable(trace, name):
             return _streams_figure(trace[name], label)
     return None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import re
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ from depthscope.figures.curves import (
     plot_trajectory,
 )
 from depthscope.figures.data import run_label, trace_label
+from depthscope.figures.depth import depth_figure
 from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
 from depthscope.figures.style import styled, subplots
@@ -64,8 +66,14 @@ class FigureSpec:
 
 
 def slug(label: str) -> str:
-    """A label as a file and anchor name: runs of other characters than ``[A-Za-z0-9_.-]`` -> ``-``."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", label).strip("-") or "model"
+    """A label as a file and anchor name: runs of other characters than ``[A-Za-z0-9_.@-]`` -> ``-``,
+    and where that changed the label, a digest of it appended, so two labels never share a name
+    (``m>1`` and ``m<1``).
+    """
+    safe = re.sub(r"[^A-Za-z0-9_.@-]+", "-", label).strip("-")
+    if safe == label and safe:
+        return safe
+    return f"{safe or 'model'}-{zlib.crc32(label.encode()):08x}"
 
 
 def _is_signed(t: xr.Dataset) -> bool:
@@ -145,6 +153,14 @@ CAPTIONS = {
         "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum is the "
         "collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
     ),
+    "versus-depth": (
+        "The same schemes at several depths",
+        "Per scheme, against the number of blocks (each depth at the step all depths reached): the "
+        "pattern score of the sublayer inputs and of the read-out, the read-out's share of the embedding "
+        "and of block 0's MLP write beside the uniform 1/T share (dashed), the validation-loss gain over "
+        "the standard residual at the same depth, r*/d where spectra were captured, and how far back DCA's "
+        "q, k and v read.",
+    ),
     "model": ("{label}", "Mixing weights (left) and contribution shares (right){blocks}."),
     "native": (
         "{label} in its own parametrisation",
@@ -169,7 +185,11 @@ def report_figures(
 
 
 def planned_figures(
-    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
+    stacked: xr.Dataset,
+    traces: list[xr.Dataset],
+    k: int,
+    trajectories: list[xr.Dataset] = (),
+    depth: xr.Dataset | None = None,
 ) -> list[tuple[FigureSpec, Callable[[], Any]]]:
     """(description, function drawing the Figure) for every figure of the report, in page order.
 
@@ -204,6 +224,8 @@ def planned_figures(
                 lambda tr=tr: plot_heatmap_grid(row_normalized(tr), ncols=tr.sizes[STACK]),
             )
         )
+    if depth is not None:
+        out.append((spec("versus-depth"), lambda: depth_figure(depth)))
     if "source_spectrum" in stacked:
         out.append((spec("rank"), lambda: plot_rank_profile(rank_profile(stacked)).figure))
     for t in traces:
@@ -381,6 +403,34 @@ def _rank_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
     return rows
 
 
+def _depth_rows(table: xr.Dataset) -> list[dict[str, Any]]:
+    """The versus-depth table's rows: one per (scheme group, depth) that has a model."""
+    rows = []
+    for g in map(str, table["group"].values):
+        for n in table["n_layers"].values:
+            r = table.sel(group=g, n_layers=n)
+            if not float(r["step"]) >= 0 and not np.isfinite(float(r["val_loss"])):
+                continue
+            lag = {v: _f(r["view_lag"].sel(view=v)) for v in ("q", "k", "v")}
+            rows.append(
+                {
+                    "group": g,
+                    "n_layers": int(n),
+                    "step": int(r["step"]) if float(r["step"]) >= 0 else "-",
+                    "val_loss": _f(r["val_loss"]),
+                    "loss_gain": _f(r["loss_gain"]),
+                    "pattern": _f(r["pattern_score"].sel(kind="sublayers")),
+                    "pattern_readout": _f(r["pattern_score"].sel(kind="readout")),
+                    "embed": _f(r["retention"].sel(source="embed")),
+                    "mlp0": _f(r["retention"].sel(source="0.mlp")),
+                    "baseline": _f(table["baseline"].sel(n_layers=n)),
+                    "rank": _f(r["rank_ratio"]),
+                    **lag,
+                }
+            )
+    return rows
+
+
 def render_page(
     traces: list[xr.Dataset],
     figures: dict[str, Markup],
@@ -389,6 +439,7 @@ def render_page(
     k: int = 2,
     elapsed: float = 0.0,
     trajectories: list[xr.Dataset] = (),
+    depth: xr.Dataset | None = None,
 ) -> str:
     """The report's index.html: tables from the estimators, the figures as given."""
     env = jinja2.Environment(
@@ -406,6 +457,7 @@ def render_page(
             for t in traces
             if views(t).sizes.get("view", 0)
         ],
+        depth=[] if depth is None else _depth_rows(depth),
         figures=figures,
         settings=settings,
         corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",

@@ -10,8 +10,10 @@ writes the trace. ``workers=N`` starts N local processes with a gloo group itsel
 from __future__ import annotations
 
 import contextlib
+import glob
 import multiprocessing
 import os
+import signal
 import socket
 import sys
 from collections.abc import Iterator
@@ -27,6 +29,7 @@ from depthscope.probes.load import Placement, load_model
 from depthscope.probes.partial import partial_path
 from depthscope.probes.settings import CaptureSettings
 from depthscope.probes.shard import all_gather, shard
+from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
 
 
@@ -48,6 +51,11 @@ class CaptureJob:
     def __post_init__(self) -> None:
         if self.workers < 1:
             raise DepthscopeError(f"--workers must be >= 1, got {self.workers}")
+        if self.workers > cores():
+            raise DepthscopeError(
+                f"--workers {self.workers}: this machine gives the process {cores()} cores; more workers "
+                "than cores only compete for them"
+            )
 
 
 def run_capture(job: CaptureJob) -> xr.Dataset | None:
@@ -66,6 +74,12 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     asked = job.settings.partial
     partial = partial_path(job.out, me, world)
     keep = bool(asked.save_every or asked.resume)
+    foreign = _other_partials(job.out, world)
+    if foreign and (asked.save_every or asked.resume):
+        raise DepthscopeError(
+            f"{foreign[0]}: a partial capture of this output made with another number of ranks; resume it "
+            "with the same --workers (or torchrun world size), or delete it"
+        )
     if asked.save_every and not asked.resume and partial.exists():
         raise DepthscopeError(
             f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
@@ -90,6 +104,12 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if keep:
         partial.unlink(missing_ok=True)
     return trace if me == 0 else None
+
+
+def _other_partials(out: Path, world: int) -> list[Path]:
+    """Partial states of ``out`` written by a capture with another world size than ``world``."""
+    own = {partial_path(out, r, world).name for r in range(world)}
+    return sorted(p for p in out.parent.glob(f"{glob.escape(out.name)}.partial*") if p.name not in own)
 
 
 def _local(placement: Placement) -> Placement:
@@ -150,8 +170,15 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
     ]
     for p in procs:
         p.start()
-    for p in procs:
-        p.join()
+    try:
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; the parent stops them, then says so
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.join()
+        raise
     done: dict[int, str | None] = {}
     while not reports.empty():
         rank, message = reports.get()
@@ -182,6 +209,7 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
     import torch.distributed as dist
 
     _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle, in one line
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     report: str | None = f"capture worker {rank} stopped before finishing"
@@ -205,7 +233,6 @@ def _die_with_parent() -> None:
     if not sys.platform.startswith("linux"):
         return
     import ctypes
-    import signal
 
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG

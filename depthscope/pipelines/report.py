@@ -33,6 +33,8 @@ from typing import Any, Literal
 
 import xarray as xr
 
+from depthscope import zoo
+from depthscope.analysis.depth import depth_table, several_depths
 from depthscope.analysis.rank import add_ranks
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
@@ -152,6 +154,16 @@ def is_trajectory(trace: xr.Dataset) -> bool:
     return len(set(trace["step"].values.tolist())) == trace.sizes[STACK]
 
 
+def default_inputs() -> list[Path]:
+    """What a report without inputs shows: the zoo's checkpoints and trajectories, and the deep
+    zoo's trajectories (traces: nothing to capture), so the versus-depth section is there too.
+    """
+    paths = [*zoo.checkpoints(), *zoo.trajectories()]
+    if (zoo.DEEP.directory / zoo.MANIFEST).is_file():
+        paths += zoo.trajectories(zoo.DEEP.directory)
+    return paths
+
+
 def build_report(
     inputs: list[str | Path],
     out_dir: str | Path,
@@ -165,13 +177,12 @@ def build_report(
     """
     import matplotlib.pyplot as plt
 
-    from depthscope import zoo
     from depthscope.figures.report import figure_html, planned_figures, render_page
     from depthscope.figures.style import save
 
     start = time.perf_counter()
     out_dir = Path(out_dir)
-    paths = [Path(p) for p in inputs] or [*zoo.checkpoints(), *zoo.trajectories()]
+    paths = [Path(p) for p in inputs] or default_inputs()
     for p in paths:
         input_kind(p)
     made_dirs = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
@@ -188,7 +199,9 @@ def build_report(
         stacked = stack_traces(traces)
         traces = split_models(stacked)  # unique labels
         figures = {}
-        planned = planned_figures(stacked, traces, settings.k, trajectories)
+        members = [*traces, *(m for tr in trajectories for m in split_models(tr))]
+        depth = depth_table(members, settings.k) if several_depths(members) else None
+        planned = planned_figures(stacked, traces, settings.k, trajectories, depth)
         with bar("report: figures", len(planned), enabled=progress) as pb:
             for spec, draw in planned:  # one figure open at a time
                 fig = draw()
@@ -207,6 +220,7 @@ def build_report(
             k=settings.k,
             elapsed=time.perf_counter() - start,
             trajectories=trajectories,
+            depth=depth,
         )
         (tmp / "index.html").write_text(page, encoding="utf-8")
         out_dir.mkdir(exist_ok=True)

@@ -24,6 +24,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from depthscope import zoo
 from depthscope._version import __version__
 from depthscope.atomic import atomic_path
@@ -140,7 +142,7 @@ def build(
             }
             log(f"zoo {name}: trained, validation loss {s['val_loss']:.4f} nats/byte")
         if snapshots:
-            entry = _trajectory(out, entry, snapshots, recapture or not entry.get("trajectory"), log)
+            entry = _trajectory(out, entry, snapshots, recapture or not entry.get("trajectory"), log, e.key)
         current[name] = entry
         _write_manifest(out, [current[n] for n in names if n in current])
     return [current[n] for n in names if n in current]
@@ -158,7 +160,7 @@ def _config(spec: dict[str, Any]):
 
 
 def _trajectory(
-    out: Path, entry: dict[str, Any], snapshots: list[int], capture_now: bool, log
+    out: Path, entry: dict[str, Any], snapshots: list[int], capture_now: bool, log, group: str
 ) -> dict[str, Any]:
     """Capture the entry's trajectory (step checkpoints + final) into one trace file, if asked."""
     if not capture_now:
@@ -172,6 +174,7 @@ def _trajectory(
         )
         return entry
     trace = capture_trajectory([*paths, out / entry["file"]], TRAJECTORY, progress=False)
+    trace = trace.assign_coords(zoo_group=("model", np.array([group] * trace.sizes["model"], dtype=object)))
     target = save_trace(trace, out / zoo.TRAJECTORY_DIR / f"{entry['name']}.nc")
     log(f"zoo {entry['name']}: trajectory captured at steps {[*snapshots, entry['steps']]}")
     return {

@@ -33,7 +33,13 @@ from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
-from depthscope.probes.partial import load_partial, model_fingerprint, save_partial, windows_fingerprint
+from depthscope.probes.partial import (
+    check_state,
+    load_partial,
+    model_fingerprint,
+    save_partial,
+    windows_fingerprint,
+)
 from depthscope.probes.settings import CaptureSettings, Partial
 from depthscope.probes.shard import all_gather, shard
 from depthscope.progress import bar
@@ -64,7 +70,8 @@ def capture(
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
 
     Args:
-        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...).
+        model: any model an adapter knows (a depthscope model, a TransformerBridge, ...), or an
+            nnsight wrapper of one (``NNsight``, ``LanguageModel``: its module is captured).
         settings: what to compute (``CaptureSettings``); or give its fields as keyword
             ``options`` (``n_tokens=8192, rank=True``). ``partial`` may be a path, with
             ``save_every`` and ``resume`` beside it.
@@ -83,6 +90,7 @@ def capture(
         TraceError for a model whose inputs cannot be rebuilt from its sources.
     """
     settings = _settings(settings, options)
+    model, tokenizer = unwrap(model, tokenizer)
     ad = _adapter(model, adapter, tokenizer, forward)
     if settings.causal:  # before the slow work: a model without an LM head is refused at once
         require_head(ad, "--logits" if settings.logits else "--lens" if settings.lens else "--ablate")
@@ -98,7 +106,7 @@ def capture(
             "windows": windows_fingerprint(windows, corpus_name),
             "settings": settings.fingerprint(skip_positions=skip, world_size=world, shard=me),
         }
-    done = _resume(run, settings.partial, record)
+    done = _resume(run, settings.partial, record, mine, chunks)
     failure = _batches(model, run, chunks, mine, done, record, progress and me == 0)
     run = _gather(run, failure, world)
 
@@ -114,6 +122,25 @@ def capture(
             "world_size": world,
         }
     )
+
+
+def unwrap(model: Any, tokenizer: Any = None) -> tuple[Any, Any]:
+    """The module to capture and the tokenizer to read text with: an nnsight wrapper (``NNsight``,
+    ``LanguageModel``: an ``Envoy``) gives its underlying module, its weights loaded first if it was
+    built lazily, and its tokenizer unless one is given. Anything else is returned as it is. Found
+    by the wrapper's class, so nnsight is never imported here.
+    """
+    if not any(c.__module__.split(".")[0] == "nnsight" for c in type(model).__mro__):
+        return model, tokenizer
+    own = vars(model)
+    if own.get("dispatched") is False:  # a meta-device skeleton: nnsight's own first trace loads it
+        model.dispatch()
+    module = own.get("_module", own.get("_model"))  # the wrapped module (0.8: _module)
+    if not isinstance(module, torch.nn.Module):
+        raise DepthscopeError(f"cannot capture this {type(model).__name__}: it wraps no torch module")
+    if tokenizer is None and getattr(module, "tokenizer", None) is None:
+        tokenizer = own.get("tokenizer")
+    return module, tokenizer
 
 
 def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> CaptureSettings:
@@ -162,13 +189,28 @@ def _windows(ad: Adapter, data: Any, settings: CaptureSettings) -> tuple[Tensor,
     return windows, corpus_name, int(skip)
 
 
-def _resume(run: Run, partial: Partial, record: dict | None) -> int:
-    """Merge the partial state into ``run`` if resuming from one; the batches it had done."""
+def _resume(run: Run, partial: Partial, record: dict | None, batches: list[int], chunks: tuple) -> int:
+    """Merge the partial state into ``run`` if resuming from one; the batches it had done (of this
+    rank's ``batches``), checked against the state's own token count.
+    """
     if record is None or not partial.resume or not partial.path.is_file():
         return 0
     state, meta = load_partial(partial.path, record)
+    check_state(partial.path, state, run.state())
+    done = meta.get("batches_done")
+    if type(done) is not int or not 0 < done < len(batches):
+        raise DepthscopeError(
+            f"{partial.path}: this partial capture's batch count {done!r:.20} is not this run's"
+        )
+    tokens = sum(len(chunks[b]) for b in batches[:done]) * (run.window - run.skip)
+    held = int(state["acc.tokens"])
+    if held != tokens:
+        raise DepthscopeError(
+            f"{partial.path}: this partial capture holds {held} tokens, its {done} batches hold {tokens}; "
+            "delete it"
+        )
     run.merge(state)
-    return int(meta["batches_done"])
+    return done
 
 
 def _batches(
@@ -456,7 +498,10 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            got[key] = tuple(x[:, :, self.skip :] for x in t) if spec.terms and key == "w" else self._cut(t)
+            if spec.terms and key == "w":  # (terms, mixing[, rebuilt]): source-major, then [b, p, d]
+                got[key] = (*(x[:, :, self.skip :] for x in t[:2]), *(self._cut(x) for x in t[2:]))
+            else:
+                got[key] = self._cut(t)
             if key == "h" and self.probe is not None and self.probe.lens_on:
                 self.probe.lens(i, got["h"])
             if "h" in got and ("w" in got or spec.weights is None):
@@ -475,10 +520,11 @@ class Taps:
         h = got["h"].to(V.device, V.dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(V.device)
         w = got.get("w")
         if spec.terms:  # source-major: terms [n, batch, pos, d], mixing [n, batch, pos]
-            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w)
+            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w[:2])
             terms = terms.to(V.dtype)
+            rebuilt = self._flat(w[2].to(V.device, V.dtype)) if len(w) > 2 else None
             self._readout(spec, h, "terms", terms)
-            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T)
+            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T, rebuilt)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
             self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)

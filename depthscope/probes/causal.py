@@ -170,10 +170,14 @@ class LogitProbe(Sums):
         head = self.head
         dev = head.W_U.device
         nxt, top1, wrong = self._next.to(dev), top1.to(dev), wrong.to(dev)
-        W_U = head.W_U.to(dev, torch.float64)  # noqa: N806 (the usual name)
-        b_U = head.b_U.to(dev, torch.float64) if head.b_U is not None else W_U.new_zeros(W_U.shape[0])  # noqa: N806
-        u = torch.stack([W_U[nxt], W_U[top1], W_U[nxt] - W_U[wrong]], dim=2)
-        b = torch.stack([b_U[nxt], b_U[top1], b_U[nxt] - b_U[wrong]], dim=2)
+        W_U = head.W_U  # noqa: N806 (the usual name)
+        rows = lambda t: W_U[t].to(dev, torch.float64)  # noqa: E731  (the rows needed, not a float64 W_U)
+        u = torch.stack([rows(nxt), rows(top1), rows(nxt) - rows(wrong)], dim=2)
+        if head.b_U is None:
+            b = u.new_zeros(u.shape[:-1])
+        else:
+            bias = lambda t: head.b_U[t].to(dev, torch.float64)  # noqa: E731
+            b = torch.stack([bias(nxt), bias(top1), bias(nxt) - bias(wrong)], dim=2)
         return u, b
 
     def _attribute(self, top1: Tensor, wrong: Tensor, actual: Tensor) -> None:

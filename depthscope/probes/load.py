@@ -23,6 +23,7 @@ models apart for the commands that take either.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from depthscope.errors import CheckpointError, DepthscopeError
+from depthscope.resources import require_memory
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
 WEIGHT_FILES = (
@@ -290,11 +292,20 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     placement = placement or Placement()
     kwargs = placement.hf_kwargs()
     try:
-        model = cls.from_pretrained(str(path), trust_remote_code=False, **kwargs)
+        with _quiet_transformers():  # its multi-line load report: depthscope says it in one line
+            # mismatched shapes are reported in ``info`` (not raised) so the refusal can name them
+            model, info = cls.from_pretrained(
+                str(path),
+                trust_remote_code=False,
+                output_loading_info=True,
+                ignore_mismatched_sizes=True,
+                **kwargs,
+            )
     except Exception as err:  # transformers raises many types for broken or unsupported weights
         raise DepthscopeError(
             f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
         ) from None
+    _check_loading(path, type(model).__name__, info)
     model.tokenizer = _tokenizer(path)
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
@@ -329,6 +340,7 @@ def load_torch(path: Path) -> Any:
     package = getattr(module, "PACKAGE", family)
     if importlib.util.find_spec(package.replace("-", "_")) is None:
         raise DepthscopeError(f"{path}: a {family} model needs its package: pip install {package}")
+    _check_saved_size(path, module, args, state)
     try:
         model = module.from_saved(args)
         model.load_state_dict(state)
@@ -337,6 +349,31 @@ def load_torch(path: Path) -> Any:
             f"{path}: cannot build the {family} model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     return model.eval()
+
+
+def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
+    """Build the model its arguments describe on the meta device (no memory) and refuse, before the
+    real build, arguments that describe other tensors than the file holds (huge constructor arguments
+    beside a few kilobytes of weights) or a model the memory cannot hold.
+    """
+    import torch
+
+    try:
+        with torch.device("meta"):
+            skeleton = module.from_saved(args)
+        expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    except Exception as err:  # wrong arguments: the real build below says the same in one line
+        raise DepthscopeError(
+            f"{path}: cannot build the {module.FAMILY} model ({type(err).__name__}: {_first_line(err)})"
+        ) from None
+    held = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
+    if expected != held:
+        diff = sorted(set(expected) ^ set(held)) or [k for k in expected if expected[k] != held.get(k)]
+        raise DepthscopeError(
+            f"{path}: its arguments describe other tensors than it holds (first: {diff[0][:60]})"
+        )
+    need = sum(int(torch.Size(s).numel()) for s in expected.values()) * 4
+    require_memory(need, f"{path}: building the {module.FAMILY} model")
 
 
 def load_gguf(path: Path, placement: Placement | None = None) -> Any:
@@ -366,13 +403,63 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
+def _check_loading(path: Path, type_name: str, info: dict) -> None:
+    """Refuse weights that do not fit the model: transformers would initialise missing tensors
+    randomly (and drop unexpected ones), and the capture would measure a random layer. Tied weights
+    are not missing (transformers does not report them).
+    """
+    found = []
+    for kind in ("missing", "unexpected", "mismatched"):
+        keys = sorted(k[0] if isinstance(k, tuple) else str(k) for k in info.get(f"{kind}_keys") or ())
+        if keys:
+            more = f" and {len(keys) - 3} more" if len(keys) > 3 else ""
+            found.append(f"{len(keys)} {kind} ({', '.join(keys[:3])}{more})")
+    if found:
+        raise DepthscopeError(
+            f"{path}: the weights file does not fit {type_name}: {'; '.join(found)}; refused (transformers "
+            "would fill missing or misshapen weights with random values)"
+        )
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """Silence transformers' own warnings for the block (errors still show); its verbosity restored after."""
+    from transformers.utils import logging
+
+    before = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(before)
+
+
+# what a saved tokenizer leaves in a model directory (any one of them): without one, transformers
+# 5.24 builds a tokenizer from config.json alone (BERT's maps every word to [UNK]; GPT-2's, Qwen's
+# have an empty vocabulary), so a directory without these files has no tokenizer
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "*.model",  # sentencepiece: spiece.model, sentencepiece.bpe.model, tokenizer.model
+    "*.tiktoken",
+    "tekken.json",
+)
+
+
 def _tokenizer(directory: Path, **kwargs) -> Any:
-    """The model's tokenizer, or None (the capture then asks for token ids)."""
+    """The model's tokenizer: the one saved with it (in a .gguf file, the one inside), or None (the
+    capture then asks for token ids or a tokenizer). Never one built from config.json alone.
+    """
     from transformers import AutoTokenizer
 
+    if "gguf_file" not in kwargs and not any(any(directory.glob(p)) for p in TOKENIZER_FILES):
+        return None
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **kwargs)
-    except Exception:  # no tokenizer files: a model directory without one is still a model
+    except Exception:  # files it cannot read (or that need remote code): the model is still a model
         return None
 
 

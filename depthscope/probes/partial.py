@@ -24,7 +24,7 @@ from torch import Tensor
 from depthscope.atomic import atomic_path
 from depthscope.errors import DepthscopeError
 
-PARTIAL_FORMAT = 1
+PARTIAL_FORMAT = 2  # 2: a digest of the arrays and the record, checked on load
 SUFFIX = ".partial"
 
 
@@ -58,12 +58,58 @@ def windows_fingerprint(windows: Tensor, corpus: str) -> str:
     return h.hexdigest()
 
 
+def digest(state: dict[str, np.ndarray], meta: dict) -> str:
+    """A digest of every array (name, dtype, shape, bytes) and of the record that comes with them."""
+    h = hashlib.sha256(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode())
+    for key in sorted(state):
+        a = np.ascontiguousarray(state[key])
+        h.update(f"{key}:{a.dtype.str}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def save_partial(path: Path, state: dict[str, np.ndarray], meta: dict) -> None:
     """Write ``state`` and ``meta`` atomically: a kill during the write leaves the previous file."""
     arrays = {f"s/{k}": np.asarray(v) for k, v in state.items()}
-    arrays["meta"] = np.array(json.dumps({**meta, "partial_format": PARTIAL_FORMAT}))
+    meta = {**meta, "partial_format": PARTIAL_FORMAT}
+    arrays["meta"] = np.array(json.dumps({**meta, "digest": digest(arrays_of(arrays), meta)}))
     with atomic_path(path) as tmp, tmp.open("wb") as f:
         np.savez(f, **arrays)
+
+
+def arrays_of(saved: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The state arrays among a partial file's entries (``s/`` prefixed)."""
+    return {k[2:]: np.asarray(v) for k, v in saved.items() if k.startswith("s/")}
+
+
+def check_state(path: Path, state: dict[str, np.ndarray], template: dict[str, np.ndarray]) -> None:
+    """Refuse a state whose arrays are not those of this capture (``template``: a fresh run's
+    state): a key missing or extra, a shape of another layout, a NaN or inf in a sum.
+    """
+    fixed = {k: v for k, v in template.items() if ".native." not in k}
+    missing = sorted(set(fixed) - set(state))
+    extra = sorted(k for k in set(state) - set(fixed) if ".native." not in k)
+    if missing or extra:
+        which = f"lacks {missing[0]}" if missing else f"holds an unknown array {extra[0]}"
+        raise DepthscopeError(f"{path}: this partial capture {which}; delete it")
+    d = int(np.asarray(state["acc.d_model"]).reshape(-1)[0]) if "acc.d_model" in state else 0
+    n_layers = np.asarray(template["acc.sums.hh"]).shape[0]
+    for key, got in state.items():
+        got = np.asarray(got)
+        if key in fixed:
+            want = np.asarray(fixed[key])
+            shape = tuple(d if n == 0 and ".cov." in key else n for n in want.shape)
+            ok = got.shape == shape and got.dtype.kind == want.dtype.kind
+        else:  # a native quantity: one row per consumer
+            shape = (n_layers, "...")
+            ok = got.ndim >= 1 and got.shape[0] == n_layers and got.dtype.kind == "f"
+        if not ok:
+            raise DepthscopeError(
+                f"{path}: {key} of this partial capture has shape {got.shape}, this capture's is {shape}; "
+                "delete it"
+            )
+        if key in fixed and got.dtype.kind == "f" and not np.isfinite(got).all():
+            raise DepthscopeError(f"{path}: {key} of this partial capture holds NaN or inf; delete it")
 
 
 def load_partial(path: Path, fingerprint: dict) -> tuple[dict[str, np.ndarray], dict]:
@@ -80,6 +126,8 @@ def load_partial(path: Path, fingerprint: dict) -> tuple[dict[str, np.ndarray], 
         ) from None
     if not isinstance(meta, dict) or meta.get("partial_format") != PARTIAL_FORMAT:
         raise DepthscopeError(f"{path}: a partial capture of another format; delete it")
+    if meta.get("digest") != digest(state, meta):
+        raise DepthscopeError(f"{path}: this partial capture was changed after it was written; delete it")
     names = {
         "model": "another model",
         "windows": "another corpus, seed, window length or token count",

@@ -111,6 +111,41 @@ class DepthModel(HookedRootModule):
         return checkpoint.write(path, self.state_dict(), meta, dtype=dtype)
 
 
+FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")  # safetensors' names of floating-point tensors
+
+
+def _check_tensors(path: Path, cfg: ModelConfig, header: dict) -> None:
+    """The file holds exactly the tensors the config's model has, with their shapes, as floating-point
+    numbers; checked on a model built on the meta device (no memory), so that a small file whose
+    config claims a huge model is refused before that model is allocated.
+    """
+    try:
+        with torch.device("meta"):
+            expected = DepthModel(cfg).state_dict()
+    except (RuntimeError, MemoryError, ValueError) as err:
+        raise CheckpointError(
+            f"{path}: cannot build the model of its config ({type(err).__name__})"
+        ) from None
+    tensors = {k: v for k, v in header.items() if k != "__metadata__"}
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(
+            f"{path}: missing tensors: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
+        )
+    extra = sorted(set(tensors) - set(expected))
+    if extra:
+        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(extra[:5])}")
+    for key, ref in expected.items():
+        entry = tensors[key]
+        shape = entry.get("shape") if isinstance(entry, dict) else None
+        if not isinstance(shape, list) or tuple(shape) != tuple(ref.shape):
+            got = tuple(shape) if isinstance(shape, list) else shape
+            raise CheckpointError(f"{path}: tensor {key} has shape {got!r:.60}, expected {tuple(ref.shape)}")
+        if ref.is_floating_point() and entry.get("dtype") not in FLOAT_DTYPES:
+            kind = str(entry.get("dtype"))[:10]
+            raise CheckpointError(f"{path}: tensor {key} holds {kind} values, not floating-point weights")
+
+
 def load_checkpoint(path: str | Path) -> DepthModel:
     """Load a depthscope checkpoint; returns the model in eval mode (float32).
 
@@ -126,6 +161,7 @@ def load_checkpoint(path: str | Path) -> DepthModel:
         raise CheckpointError(f"{path}: {err}") from None
     except TypeError as err:
         raise CheckpointError(f"{path}: invalid model config ({err})") from None
+    _check_tensors(path, cfg, checkpoint.read_header(path))  # before anything the config claims is allocated
     try:
         tensors = load_file(str(path))
     except Exception as err:  # safetensors raises its own error types for corrupt data
@@ -136,23 +172,10 @@ def load_checkpoint(path: str | Path) -> DepthModel:
         raise CheckpointError(
             f"{path}: cannot build the model of its config ({type(err).__name__})"
         ) from None
-    expected = model.state_dict()
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise CheckpointError(
-            f"{path}: missing tensors: {', '.join(missing[:5])}" + (" ..." if len(missing) > 5 else "")
-        )
-    extra = sorted(set(tensors) - set(expected))
-    if extra:
-        raise CheckpointError(f"{path}: unexpected tensors: {', '.join(extra[:5])}")
-    for key, ref in expected.items():
-        t = tensors[key]
-        if tuple(t.shape) != tuple(ref.shape):
-            raise CheckpointError(
-                f"{path}: tensor {key} has shape {tuple(t.shape)}, expected {tuple(ref.shape)}"
-            )
+    for key, ref in model.state_dict().items():
+        t = tensors[key].to(ref.dtype)  # finiteness after the cast: 3e38 in float64 is inf in float32
         if t.is_floating_point() and not torch.isfinite(t).all():
-            raise CheckpointError(f"{path}: tensor {key} holds NaN or Inf values")
-        tensors[key] = t.to(ref.dtype)
+            raise CheckpointError(f"{path}: tensor {key} holds NaN or Inf values (as {str(ref.dtype)[6:]})")
+        tensors[key] = t
     model.load_state_dict(tensors)
     return model.eval()

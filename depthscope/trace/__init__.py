@@ -3,7 +3,8 @@
 Everything that reads or writes a trace: the variables and their dims, long names and units
 (``format``), the axes' ``Layout``, save/load/check and format-1 conversion, stacking along
 ``model`` (``stack``), and the label vocabulary and kinds (``labels``). Imports nothing from
-depthscope but ``errors`` and ``atomic``, so every room above reads traces the same way.
+depthscope but ``errors``, ``atomic`` and ``resources`` (memory bounds), so every room above reads
+traces the same way.
 """
 
 from depthscope.trace import labels

@@ -36,7 +36,8 @@ import numpy as np
 import xarray as xr
 
 from depthscope.atomic import atomic_path
-from depthscope.errors import TraceError
+from depthscope.errors import DepthscopeError, TraceError
+from depthscope.resources import require_memory
 from depthscope.trace.labels import block_of
 
 TRACE_FORMAT = 2
@@ -153,7 +154,10 @@ def load_trace(path: str | Path) -> xr.Dataset:
         raise TraceError(f"{path}: no such trace file")
     try:
         with xr.open_dataset(path, engine="netcdf4") as ds:
+            _check_claims(ds, path)
             trace = ds.load()
+    except DepthscopeError:
+        raise
     except Exception as err:  # netCDF4/HDF5 raise many types for a corrupt file
         raise TraceError(f"{path}: not a readable netCDF trace ({type(err).__name__})") from None
     version = trace.attrs.get("trace_format")
@@ -168,7 +172,31 @@ def load_trace(path: str | Path) -> xr.Dataset:
     elif version != TRACE_FORMAT:
         raise TraceError(f"{path}: trace format {version}, this depthscope reads {TRACE_FORMAT} (and 1)")
     check_trace(trace, str(path))
-    return with_blocks(trace)
+    return with_blocks(_in_contract_order(trace))
+
+
+def _in_contract_order(trace: xr.Dataset) -> xr.Dataset:
+    """Every variable with (layer, source) in that order, whatever order the file stores them in
+    (the other dims stay where they are).
+    """
+    for name, var in trace.data_vars.items():
+        dims = list(var.dims)
+        if "layer" in dims and "source" in dims and dims.index("layer") > dims.index("source"):
+            i, j = dims.index("source"), dims.index("layer")
+            dims[i], dims[j] = "layer", "source"
+            trace[name] = var.transpose(*dims)
+    return trace
+
+
+def _check_claims(ds: xr.Dataset, path: Path) -> None:
+    """Refuse, before loading, a file whose variables claim more memory than it can back (netCDF
+    stores never-written data as nothing: a 12 KB file may declare gigabytes) or than is available.
+    """
+    need = sum(v.size * v.dtype.itemsize for v in ds.variables.values())
+    size = path.stat().st_size
+    if need > 64 * 2**20 and need > 50 * size:
+        raise TraceError(f"{path}: its variables claim {need / 2**30:.2f} GB but the file holds {size} bytes")
+    require_memory(need, f"{path}: loading the trace")
 
 
 def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
@@ -184,6 +212,8 @@ def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
             raise TraceError(f"{name}: trace lacks the coordinate {coord!r}")
     if STACK in trace.dims and trace.sizes[STACK] == 0:
         raise TraceError(f"{name}: the stack holds no model")
+    _check_axes(trace, name)
+    _check_numbers(trace, name)
     for var, dims in DIMS.items():
         if var not in trace.variables:
             continue
@@ -195,6 +225,42 @@ def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
             )
         if not np.issubdtype(x.dtype, np.number):
             raise TraceError(f"{name}: {var} holds {x.dtype} values, not numbers")
+        if var in REQUIRED and np.isinf(x.values).any():
+            raise TraceError(f"{name}: {var} holds infinite values")
+        if var in REQUIRED and not np.isfinite(x.values).any():
+            raise TraceError(f"{name}: {var} holds no value (only NaN)")
+
+
+# attrs (or, in a stack, coordinates along ``model``) that readers use as numbers
+COUNTS = ("tokens", "seed", "ctx", "skip_positions", "step", "steps", "train_tokens", "world_size")
+REALS = ("val_loss", "loss")
+
+
+def _check_axes(trace: xr.Dataset, name: str) -> None:
+    """Both axes have labels, unique and non-empty, and integer depths."""
+    for dim, what in (("layer", "consumers"), ("source", "sources")):
+        if trace.sizes[dim] == 0:
+            raise TraceError(f"{name}: the trace holds no {what} (its {dim!r} dimension is empty)")
+        if dim not in trace.indexes:
+            raise TraceError(f"{name}: trace lacks the {dim!r} coordinate (the {what}' labels)")
+        if not trace.indexes[dim].is_unique:
+            raise TraceError(f"{name}: the {what}' labels repeat")
+        if not np.issubdtype(trace[f"{dim}_depth"].dtype, np.integer):
+            raise TraceError(f"{name}: {dim}_depth holds {trace[f'{dim}_depth'].dtype} values, not integers")
+
+
+def _check_numbers(trace: xr.Dataset, name: str) -> None:
+    """The attrs (or per-model coordinates) readers compute with are numbers."""
+    for key in (*COUNTS, *REALS):
+        value = trace.coords[key].values if key in trace.coords else trace.attrs.get(key)
+        if value is None:
+            continue
+        arr = np.asarray(value)
+        kind = np.integer if key in COUNTS else np.number
+        if arr.dtype == bool or not np.issubdtype(arr.dtype, kind):
+            raise TraceError(
+                f"{name}: {key} {str(value)[:40]!r} is not a {'count' if key in COUNTS else 'number'}"
+            )
 
 
 def from_format_1(trace: xr.Dataset) -> xr.Dataset:

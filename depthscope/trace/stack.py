@@ -11,7 +11,7 @@ import numpy as np
 import xarray as xr
 
 from depthscope.errors import TraceError
-from depthscope.trace.format import GLOBAL_ATTRS, STACK, TRACE_FORMAT, VARIABLES, with_blocks
+from depthscope.trace.format import GLOBAL_ATTRS, REQUIRED, STACK, TRACE_FORMAT, VARIABLES, with_blocks
 from depthscope.trace.labels import READOUT
 
 BLOCK_COORDS = ("layer_block", "source_block")  # derived from the labels: recomputed after a union
@@ -167,6 +167,8 @@ def select_model(stacked: xr.Dataset, label: str) -> xr.Dataset:
     own = attrs.pop(VARIABLES, None)
     if own is not None:  # the variables of other models in the stack: not this model's
         t = t.drop_vars([v for v in t.data_vars if v not in set(str(own).split(","))])
+    else:  # a stack that does not say (format 1): another model's variable is all NaN in this one's row
+        t = t.drop_vars([v for v in t.data_vars if v not in REQUIRED and not bool(t[v].notnull().any())])
     for d in _unindexed_sizes([t]):  # the padding of a narrower trace: trailing all-NaN entries
         data = [v for v in t.data_vars.values() if d in v.dims]
         present = np.zeros(t.sizes[d], dtype=bool)

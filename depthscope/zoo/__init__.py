@@ -37,6 +37,12 @@ class Entry:
     scheme: str
     options: dict[str, Any] = field(default_factory=dict)
     trajectory: bool = False
+    group: str | None = None  # the same scheme in another collection (default: its name)
+
+    @property
+    def key(self) -> str:
+        """Which models are one scheme across collections (depths): ``group``, else the name."""
+        return self.group or self.name
 
 
 @dataclass(frozen=True)
@@ -96,7 +102,7 @@ DEEP = Collection(
         Entry("denseformer", "denseformer", {}, True),
         Entry("dca", "dca", {}, True),
         Entry("attnres", "attnres", {}, True),
-        Entry("attnres-block8", "attnres", {"blocks": 8}, True),
+        Entry("attnres-block8", "attnres", {"blocks": 8}, True, group="attnres-block4"),
         Entry("hc", "hc", {}, True),
         Entry("mhc", "mhc", {}, True),
     ),
@@ -158,7 +164,18 @@ def _valid_entry(m: Any) -> bool:
     if not isinstance(m, dict) or not all(isinstance(m.get(k), t) for k, t in ENTRY_FIELDS.items()):
         return False
     c = m["config"]
-    return isinstance(c.get("options"), dict) and all(type(c.get(k)) is int for k in ("n_layers", "d_model"))
+    if not isinstance(c.get("options"), dict) or not all(
+        type(c.get(k)) is int for k in ("n_layers", "d_model")
+    ):
+        return False
+    t = m.get("trajectory")
+    return t is None or (
+        isinstance(t, dict)
+        and isinstance(t.get("file"), str)
+        and isinstance(t.get("steps"), list)
+        and all(type(x) is int for x in t["steps"])
+        and type(t.get("tokens", 0)) is int
+    )
 
 
 def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:

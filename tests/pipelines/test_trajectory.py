@@ -112,11 +112,17 @@ def test_zoo_build_skips_an_up_to_date_model_and_rebuilds_a_changed_one(tmp_path
     assert "zoo hc: trained" in capsys.readouterr().out and zoo.read_manifest(out)[0]["steps"] == 5
 
 
-@pytest.mark.parametrize(
-    "entry", [m for m in zoo.read_manifest() if m.get("trajectory")], ids=lambda m: m["name"]
-)
-def test_bundled_trajectories_match_the_manifest(entry):
-    path = zoo.ZOO_DIR / entry["trajectory"]["file"]
+BUNDLED = [
+    (coll, m)
+    for coll in (zoo.ZOO, zoo.DEEP)
+    for m in zoo.read_manifest(coll.directory)
+    if m.get("trajectory")
+]
+
+
+@pytest.mark.parametrize("coll, entry", BUNDLED, ids=lambda x: getattr(x, "name", None) or x["name"])
+def test_bundled_trajectories_match_the_manifest(coll, entry):
+    path = coll.directory / entry["trajectory"]["file"]
     assert zoo.sha256(path) == entry["trajectory"]["sha256"]
     traj = load_trace(path)
     assert (
@@ -125,19 +131,25 @@ def test_bundled_trajectories_match_the_manifest(entry):
     )
     assert np.all(np.diff(traj["train_tokens"].values) > 0) and np.all(np.isfinite(traj["val_loss"].values))
     assert float(traj["val_loss"].values[-1]) == pytest.approx(entry["val_loss"])
-    assert set(traj["variant"].values) == {entry["name"]}
+    assert set(traj["scheme"].values) == {entry["scheme"]}
+    if "zoo_group" in traj.coords:  # captured by zoo build since groups pair entries across depths
+        key = next(e.key for e in coll.entries if e.name == entry["name"])
+        assert set(traj["zoo_group"].values) == {key} and "source_spectrum" in traj
     np.testing.assert_allclose(
         traj["contribution_share"].sum("source").where(traj["mixing"].notnull().any("source")), 1.0, atol=1e-5
     )
 
 
 def test_the_zoo_bundles_a_trajectory_per_family():
-    """DenseFormer, AttnRes, Block AttnRes, DCA, HC and mHC keep captures at 250 ... 4000 steps."""
+    """The standard residual, DenseFormer, AttnRes, Block AttnRes, DCA, HC and mHC keep captures at
+    250 ... 4000 steps at 8 blocks and at 125 ... 2000 steps at 16 blocks (the same families)."""
     kept = {m["name"]: m["trajectory"]["steps"] for m in zoo.read_manifest() if m.get("trajectory")}
     assert kept == {
         name: [250, 500, 1000, 2000, 4000]
-        for name in ("denseformer", "dca", "attnres", "attnres-block4", "hc", "mhc")
+        for name in ("standard", "denseformer", "dca", "attnres", "attnres-block4", "hc", "mhc")
     }
+    deep = {m["name"]: m["trajectory"]["steps"] for m in zoo.read_manifest(zoo.DEEP.directory)}
+    assert deep == {e.name: [125, 250, 500, 1000, 2000] for e in zoo.DEEP.entries}
 
 
 def test_the_cross_run_trajectory_figure_draws_each_bundled_run_per_group():
@@ -148,7 +160,7 @@ def test_the_cross_run_trajectory_figure_draws_each_bundled_run_per_group():
     runs = [
         load_trace(zoo.ZOO_DIR / m["trajectory"]["file"]) for m in zoo.read_manifest() if m.get("trajectory")
     ]
-    assert len(runs) == 6
+    assert len(runs) == 7
     fig = plot_trajectories([summary(run) for run in runs])
     for ax, group in zip(fig.axes, TRAJECTORY_GROUPS):
         data = ax.lines[: len(runs)]  # data lines first, then the uniform row

@@ -27,12 +27,16 @@ def gpt2_like():
 
 
 def model_dir(d, make_model):
-    """Save a small word-piece tokenizer and ``make_model(vocab_size)`` as a local HF directory."""
+    """Save a small word-piece tokenizer (printable ASCII characters, each also as a word's
+    continuation ``##c``) and ``make_model(vocab_size)`` as a local HF directory.
+    """
     from transformers import BertTokenizerFast
 
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [chr(c) for c in range(33, 127)]
-    (d / "vocab.txt").write_text("\n".join(vocab))
-    BertTokenizerFast(vocab_file=str(d / "vocab.txt")).save_pretrained(d)
+    chars = [chr(c) for c in range(33, 127)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + chars + [f"##{c}" for c in chars]
+    # the vocabulary itself, not vocab_file=: transformers 5.24 ignores vocab_file and builds a
+    # five-token vocabulary that reads every word as [UNK]
+    BertTokenizerFast(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(d)
     torch.manual_seed(0)
     make_model(len(vocab)).save_pretrained(d)
     return d

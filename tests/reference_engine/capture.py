@@ -436,6 +436,8 @@ class Taps:
                 w = got.get("w")
                 if w is None:
                     w = h.new_ones(*h.shape[:-1], n)
+                    if spec.static:  # adapters now declare static weights: the same weights per token
+                        w = w * torch.tensor(spec.static, dtype=w.dtype, device=w.device)
                 elif spec.terms:
                     w = tuple(x.to(dev) for x in w)
                 else:  # weights unrolled in float64, or on another device, meet the sources

@@ -22,7 +22,8 @@ last one a column normalisation). The sublayer f reads the collapsed input sum_s
 The read-out (``hc_head``, ``DeepseekV4HyperHead``) collapses the streams with its own
 pre_head = sigmoid(hc_scale (hc_fn x) + hc_base) + eps before the final norm: sum_s pre_head_s h_s.
 
-How it maps to the delta basis (``streams.StreamUnroll``, exact per token): sources are the token
+How it maps to the delta basis (``streams.hyper_adapter``, shared with ``glm5_next`` and
+``hy_v4``; exact per token): sources are the token
 embedding (the N copies) and each attention and MoE output exactly as the hyper-connection
 receives it, before ``post`` is applied (``self_attn`` output, ``mlp`` output). Per token the
 coefficients C [stream, source] of the streams start at ones on the embedding; a sublayer's row
@@ -48,28 +49,15 @@ mixing neither amplifies nor attenuates).
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    Hook,
-    NativeSpec,
-    SourceSpec,
-    find_module,
-    forward_hooks,
-    router,
-)
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
-from depthscope.probes.adapters.streams import StreamUnroll
-from depthscope.schemes import names
+from depthscope.probes.adapters.base import Adapter, find_module
+from depthscope.probes.adapters.hf import pretrained
+from depthscope.probes.adapters.streams import HyperForm, hyper_adapter, unweighted_rms
 
 FAMILY = "deepseek_v4"
 PACKAGE = "transformers"
@@ -92,29 +80,31 @@ def detect(model: Any) -> bool:
     )
 
 
-def build(model: Any) -> Adapter:
-    """The adapter of a DeepSeek-V4 model: weights unrolled per token from the mHC streams, ``pre``,
-    ``post`` and ``comb`` kept as native quantities, the Sinkhorn and composite checks as attrs.
+def mhc_pre(hc: Any, streams: Tensor) -> Tensor:
+    """A ``DeepseekV4HyperConnection``'s pre weights [batch, pos, stream] from the streams it reads
+    (``glm5_next``'s subclass computes them alike).
     """
-    p = prefix_of(model, BASE_CLASS, FAMILY)
-    cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
-    n = cfg.num_hidden_layers
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
-    cons, native = [], []
-    for i in range(n):
-        for kind in (names.ATTN, names.MLP):
-            label, depth = names.label(i, kind), len(srcs)
-            cons.append(ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
-            native += [
-                NativeSpec("pre", f"{label}.pre", label, ("stream",)),
-                NativeSpec("post", f"{label}.post", label, ("stream",)),
-                NativeSpec("comb", f"{label}.comb", label, ("stream_from", "stream_to")),
-            ]
-            srcs.append(SourceSpec(label, label, kind, depth))
-    ro = names.READOUT
-    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
-    native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
-    keep = (
+    n = hc.hc_mult
+    x = unweighted_rms(streams.flatten(2), hc.input_norm.eps)
+    logits = F.linear(x, hc.fn.float())[..., :n]
+    return torch.sigmoid(logits * hc.scale[0].float() + hc.base[:n].float()) + hc.hc_eps
+
+
+def head_pre(head: Any, streams: Tensor) -> Tensor:
+    """``DeepseekV4HyperHead``'s read-out weights [batch, pos, stream] from the final streams."""
+    x = unweighted_rms(streams.flatten(2), head.input_norm.eps)
+    logits = F.linear(x, head.hc_fn.float())
+    return torch.sigmoid(logits * head.hc_scale.float() + head.hc_base.float()) + head.eps
+
+
+FORM = HyperForm(
+    family=FAMILY,
+    base_class=BASE_CLASS,
+    scheme="mhc",
+    pre=mhc_pre,
+    head_pre=head_pre,
+    unpack=lambda out: out,  # (post, comb, collapsed)
+    keep=(
         "model_type",
         "num_hidden_layers",
         "hidden_size",
@@ -127,116 +117,12 @@ def build(model: Any) -> Adapter:
         "mlp_layer_types",
         "vocab_size",
         "max_position_embeddings",
-    )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
-    tokenizer = getattr(model, "tokenizer", None)
-    attrs = {
-        "scheme": "mhc",
-        "variant": model_name(model),
-        "label": label_of(model, cfg.model_type),
-        "family": FAMILY,
-        "config": json.dumps(config, sort_keys=True, default=str),
-        "streams": int(cfg.hc_mult),
-    }
-    return Adapter(
-        family=FAMILY,
-        sources=srcs,
-        consumers=cons,
-        attrs=attrs,
-        ctx=int(cfg.max_position_embeddings),
-        vocab=int(cfg.vocab_size),
-        encode=None if tokenizer is None else encoder(tokenizer),
-        native=native,
-        attach=lambda m, taps: _attach(m, taps, p, n, attrs),
-        skip_positions=1,
-        hint="; the deepseek_v4 forward no longer matches the mHC equations this adapter unrolls",
-    )
+    ),
+)
 
 
-def _unweighted_rms(x: Tensor, eps: float) -> Tensor:
-    x = x.float()
-    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
-
-
-def mhc_pre(hc: Any, streams: Tensor) -> Tensor:
-    """A ``DeepseekV4HyperConnection``'s pre weights [batch, pos, stream] from the streams it reads."""
-    n = hc.hc_mult
-    x = _unweighted_rms(streams.flatten(2), hc.input_norm.eps)
-    logits = F.linear(x, hc.fn.float())[..., :n]
-    return torch.sigmoid(logits * hc.scale[0].float() + hc.base[:n].float()) + hc.hc_eps
-
-
-def head_pre(head: Any, streams: Tensor) -> Tensor:
-    """``DeepseekV4HyperHead``'s read-out weights [batch, pos, stream] from the final streams."""
-    x = _unweighted_rms(streams.flatten(2), head.input_norm.eps)
-    logits = F.linear(x, head.hc_fn.float())
-    return torch.sigmoid(logits * head.hc_scale.float() + head.hc_base.float()) + head.eps
-
-
-class _Streams:
-    """The per-token unrolling of one batch, fed by the model's hooks (a batch starts at the embedding)."""
-
-    def __init__(self, send: Callable[[str, Any], None], attrs: dict[str, Any], n_streams: int):
-        self.send, self.attrs, self.n = send, attrs, n_streams
-        self.unroll: StreamUnroll | None = None
-        self.composite: Tensor | None = None  # [batch, pos, stream, stream]: product of the combs so far
-
-    def embed(self, module, args, out: Tensor) -> None:
-        self.unroll = StreamUnroll.start(out.shape[:2], self.n, device=out.device)
-        eye = torch.eye(self.n, dtype=torch.float64, device=out.device)
-        self.composite = eye.expand(*out.shape[:2], self.n, self.n).clone()
-        self.send(names.EMBED, out)
-
-    def source(self, label: str) -> Hook:
-        def hook(module, args, out) -> None:
-            self.send(label, out[0] if isinstance(out, tuple) else out)
-
-        return hook
-
-    def hyper_connection(self, label: str) -> Hook:
-        def hook(module, args, out) -> None:
-            post, comb, collapsed = out
-            pre = mhc_pre(module, args[0])
-            self.send(f"{label}.w", self.unroll.read(pre).to(collapsed.dtype))
-            self.send(f"{label}.in", collapsed)
-            for key, value in (("pre", pre), ("post", post), ("comb", comb)):
-                self.send(f"{label}.{key}", value)
-            self.unroll.write(comb, post)
-            self._check(comb.double())
-
-        return hook
-
-    def head(self, module, args, out: Tensor) -> None:
-        pre = head_pre(module, args[0])
-        ro = names.READOUT
-        self.send(f"{ro}.w", self.unroll.read(pre).to(out.dtype))
-        self.send(f"{ro}.in", out)
-        self.send(f"{ro}.pre", pre)
-        sums = torch.cat([self.composite.sum(-1), self.composite.sum(-2)], dim=-1)
-        self._keep("composite_gain_max", float(sums.max()), max)
-        self._keep("composite_gain_min", float(sums.min()), min)
-
-    def _check(self, comb: Tensor) -> None:
-        """How doubly stochastic this comb is; fold it into the composite over depth."""
-        self._keep("comb_row_error_max", float((comb.sum(-1) - 1).abs().max()), max)
-        self._keep("comb_col_error_max", float((comb.sum(-2) - 1).abs().max()), max)
-        self.composite = self.composite @ comb.to(self.composite)  # source-row: stream s -> t through both
-
-    def _keep(self, key: str, value: float, pick: Callable[[float, float], float]) -> None:
-        self.attrs[key] = pick(self.attrs[key], value) if key in self.attrs else value
-
-
-def _attach(model: Any, taps: list[tuple[str, Callback]], p: str, n_layers: int, attrs: dict[str, Any]):
-    base = model.get_submodule(p.rstrip(".")) if p else model
-    state = _Streams(router(taps), attrs, int(base.config.hc_mult))
-    hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", state.embed)]
-    for i in range(n_layers):
-        layer = f"{p}layers.{i}"
-        hooks += [
-            (f"{layer}.attn_hc", state.hyper_connection(names.label(i, names.ATTN))),
-            (f"{layer}.self_attn", state.source(names.label(i, names.ATTN))),
-            (f"{layer}.ffn_hc", state.hyper_connection(names.label(i, names.MLP))),
-            (f"{layer}.mlp", state.source(names.label(i, names.MLP))),
-        ]
-    hooks.append((f"{p}hc_head", state.head))
-    return forward_hooks(model, hooks)
+def build(model: Any) -> Adapter:
+    """The adapter of a DeepSeek-V4 model: weights unrolled per token from the mHC streams, ``pre``,
+    ``post`` and ``comb`` kept as native quantities, the Sinkhorn and composite checks as attrs.
+    """
+    return hyper_adapter(model, FORM)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+from torch import Tensor
+
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, head_of
 from depthscope.schemes import DepthModel, consumers, sources
 from depthscope.schemes.base import VOCAB, variant_label
@@ -26,16 +29,51 @@ def detect(model: Any) -> bool:
     return isinstance(model, DepthModel)
 
 
+def static_weights(model: DepthModel) -> dict[str, tuple[float, ...]]:
+    """Each consumer's weights of a static scheme (``Scheme.is_static``: the same for every token),
+    read from one forward of two tokens; scalar weights only (per-feature ones stay per token).
+    The engine's rebuild check on every batch holds them to being the same for every token.
+    """
+    got: dict[str, tuple[float, ...]] = {}
+
+    def keep(label: str):
+        def hook(t: Tensor, hook) -> None:
+            if t.ndim == 3:  # [batch, pos, source]: scalars
+                got[label] = tuple(float(x) for x in t[0, 0].double())
+
+        return hook
+
+    hooks = [(c.hook_weights, keep(c.label)) for c in consumers(model.cfg)]
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), model.hooks(fwd_hooks=hooks):
+            model(torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device))
+    finally:
+        model.train(was)
+    return got
+
+
 def build(model: DepthModel) -> Adapter:
     """The adapter of a ``DepthModel``: its scheme's sources, consumers (weights from each mixer's
     ``hook_weights``) and native hooks; its checkpoint's step, tokens and loss as attrs when it has them.
     """
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
-    cons = [
-        ConsumerSpec(c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights)
-        for c in consumers(cfg)
-    ]
+    fixed = static_weights(model) if model.scheme.is_static(cfg.options) else {}
+    cons = []
+    for c in consumers(cfg):
+        w = fixed.get(c.label)
+        if w is None:  # per-token weights, from the mixer's hook
+            spec = ConsumerSpec(
+                c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights
+            )
+        else:  # unit (None) or static scalars: the engine's one Gram product per batch
+            unit = all(x == 1.0 for x in w)
+            spec = ConsumerSpec(
+                c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, static=None if unit else w
+            )
+        cons.append(spec)
     native = [NativeSpec(n.name, n.hook, n.layer, n.dims) for n in model.scheme.native_hooks(cfg)]
     label = variant_label(cfg)
     training = {

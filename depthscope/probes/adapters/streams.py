@@ -9,13 +9,35 @@ sum_s A_s C[s, :]; its write makes C <- R^T C and appends the column P for its o
 sums (or weighs) the streams. Per-channel read weights (Qwen4-Exp) A [.., stream, d_model] give
 per-feature weights [.., source, d_model]. Exact per token, in float64 unless told otherwise.
 
+``hyper_adapter`` is the one adapter of the transformers families built on DeepSeek-V4's
+hyper-connections (``deepseek_v4``, ``glm5_next``, ``hy_v4``): each declares its ``HyperForm``
+(how its modules compute pre, post and comb), the hooks and the unrolling are these.
+
 Legend: batch, pos, stream, source, d_model.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 from torch import Tensor
+
+from depthscope.probes.adapters.base import (
+    Adapter,
+    Callback,
+    ConsumerSpec,
+    Hook,
+    NativeSpec,
+    SourceSpec,
+    forward_hooks,
+    router,
+)
+from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of
+from depthscope.schemes import names
 
 
 class StreamUnroll:
@@ -68,3 +90,171 @@ class StreamUnroll:
     def readout(self, head: Tensor | None = None) -> Tensor:
         """The read-out's weights: the streams summed (``head`` None) or weighed by ``head``."""
         return self.coef.sum(-2) if head is None else self.read(head)
+
+
+# --- the DeepSeek-V4 form of hyper-connections in transformers (deepseek_v4, glm5_next, hy_v4) ---
+
+
+@dataclass(frozen=True)
+class HyperForm:
+    """What differs between the transformers families whose decoder layers wrap each attention and
+    MLP in a DeepSeek-V4-style hyper-connection (``layers.{i}.attn_hc`` / ``ffn_hc``, read-out
+    ``hc_head``): the adapter, the hooks and the unrolling are shared (``hyper_adapter``).
+
+    ``pre(hc, streams)`` and ``head_pre(head, streams)`` recompute the read weights [batch, pos,
+    stream] that the module consumes internally, from the streams it receives and its own
+    parameters; ``unpack(output)`` gives (post [batch, pos, stream], comb [batch, pos,
+    stream_from, stream_to] or None when the family does not mix its streams, collapsed input).
+    """
+
+    family: str
+    base_class: str  # the transformers class of the decoder stack (DeepseekV4Model ...)
+    scheme: str  # the trace's ``scheme`` attr
+    pre: Callable[[Any, Tensor], Tensor]
+    head_pre: Callable[[Any, Tensor], Tensor]
+    unpack: Callable[[Any], tuple[Tensor, Tensor | None, Tensor]]
+    keep: tuple[str, ...]  # config keys recorded in the trace's ``config`` attr
+    mixes_streams: bool = True  # a ``comb`` per sublayer (and its Sinkhorn checks)
+
+
+def unweighted_rms(x: Tensor, eps: float) -> Tensor:
+    """The input over sqrt(mean x^2 + eps), last axis, in float32 (the hyper-connections' input norm)."""
+    x = x.float()
+    return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
+
+
+def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
+    """The adapter of a model of ``form``: per-token weights unrolled from its streams, ``pre``,
+    ``post`` (and ``comb``) kept as native quantities, the Sinkhorn and composite checks as attrs
+    when the streams are mixed.
+    """
+    p = prefix_of(model, form.base_class, form.family)
+    cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
+    n = cfg.num_hidden_layers
+    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    cons, native = [], []
+    per_sublayer = (("pre", ("stream",)), ("post", ("stream",)))
+    if form.mixes_streams:
+        per_sublayer += (("comb", ("stream_from", "stream_to")),)
+    for i in range(n):
+        for kind in (names.ATTN, names.MLP):
+            label, depth = names.label(i, kind), len(srcs)
+            cons.append(ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
+            native += [NativeSpec(q, f"{label}.{q}", label, dims) for q, dims in per_sublayer]
+            srcs.append(SourceSpec(label, label, kind, depth))
+    ro = names.READOUT
+    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
+    native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
+    config = {k: getattr(cfg, k) for k in form.keep if getattr(cfg, k, None) is not None}
+    tokenizer = getattr(model, "tokenizer", None)
+    attrs = {
+        "scheme": form.scheme,
+        "variant": model_name(model),
+        "label": label_of(model, cfg.model_type),
+        "family": form.family,
+        "config": json.dumps(config, sort_keys=True, default=str),
+        "streams": int(cfg.hc_mult),
+    }
+    return Adapter(
+        family=form.family,
+        sources=srcs,
+        consumers=cons,
+        attrs=attrs,
+        ctx=int(cfg.max_position_embeddings),
+        vocab=int(cfg.vocab_size),
+        encode=None if tokenizer is None else encoder(tokenizer),
+        native=native,
+        attach=lambda m, taps: _attach_hyper(m, taps, p, n, attrs, form),
+        # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
+        # replacement back: they are not views a source's term could be removed from (ablation)
+        views=False,
+        skip_positions=1,
+        hint=f"; the {form.family} forward no longer matches the hyper-connection equations unrolled here",
+    )
+
+
+class HyperStreams:
+    """The per-token unrolling of one batch, fed by the model's hooks (a batch starts at the embedding)."""
+
+    def __init__(
+        self, send: Callable[[str, Any], None], attrs: dict[str, Any], n_streams: int, form: HyperForm
+    ):
+        self.send, self.attrs, self.n, self.form = send, attrs, n_streams, form
+        self.unroll: StreamUnroll | None = None
+        self.composite: Tensor | None = None  # [batch, pos, stream, stream]: product of the combs so far
+
+    def embed(self, module, args, out: Tensor) -> None:
+        """The token embedding: every stream starts as a copy of it."""
+        self.unroll = StreamUnroll.start(out.shape[:2], self.n, device=out.device)
+        eye = torch.eye(self.n, dtype=torch.float64, device=out.device)
+        self.composite = eye.expand(*out.shape[:2], self.n, self.n).clone()
+        self.send(names.EMBED, out)
+
+    def source(self, label: str) -> Hook:
+        """A sublayer's output, as the hyper-connection receives it (before ``post``)."""
+
+        def hook(module, args, out) -> None:
+            self.send(label, out[0] if isinstance(out, tuple) else out)
+
+        return hook
+
+    def hyper_connection(self, label: str) -> Hook:
+        """A sublayer's hyper-connection: its read (weights and collapsed input), then its write."""
+
+        def hook(module, args, out) -> None:
+            post, comb, collapsed = self.form.unpack(out)
+            pre = self.form.pre(module, args[0])
+            self.send(f"{label}.w", self.unroll.read(pre).to(collapsed.dtype))
+            self.send(f"{label}.in", collapsed)
+            self.send(f"{label}.pre", pre)
+            self.send(f"{label}.post", post)
+            if comb is not None:
+                self.send(f"{label}.comb", comb)
+                self._check(comb.double())
+            self.unroll.write(comb, post)
+
+        return hook
+
+    def head(self, module, args, out: Tensor) -> None:
+        """The read-out's collapse of the final streams."""
+        pre = self.form.head_pre(module, args[0])
+        ro = names.READOUT
+        self.send(f"{ro}.w", self.unroll.read(pre).to(out.dtype))
+        self.send(f"{ro}.in", out)
+        self.send(f"{ro}.pre", pre)
+        if self.form.mixes_streams:
+            sums = torch.cat([self.composite.sum(-1), self.composite.sum(-2)], dim=-1)
+            self._keep("composite_gain_max", float(sums.max()), max)
+            self._keep("composite_gain_min", float(sums.min()), min)
+
+    def _check(self, comb: Tensor) -> None:
+        """How doubly stochastic this comb is; fold it into the composite over depth."""
+        self._keep("comb_row_error_max", float((comb.sum(-1) - 1).abs().max()), max)
+        self._keep("comb_col_error_max", float((comb.sum(-2) - 1).abs().max()), max)
+        self.composite = self.composite @ comb.to(self.composite)  # source-row: stream s -> t through both
+
+    def _keep(self, key: str, value: float, pick: Callable[[float, float], float]) -> None:
+        self.attrs[key] = pick(self.attrs[key], value) if key in self.attrs else value
+
+
+def _attach_hyper(
+    model: Any,
+    taps: list[tuple[str, Callback]],
+    p: str,
+    n_layers: int,
+    attrs: dict[str, Any],
+    form: HyperForm,
+):
+    base = model.get_submodule(p.rstrip(".")) if p else model
+    state = HyperStreams(router(taps), attrs, int(base.config.hc_mult), form)
+    hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", state.embed)]
+    for i in range(n_layers):
+        layer = f"{p}layers.{i}"
+        hooks += [
+            (f"{layer}.attn_hc", state.hyper_connection(names.label(i, names.ATTN))),
+            (f"{layer}.self_attn", state.source(names.label(i, names.ATTN))),
+            (f"{layer}.ffn_hc", state.hyper_connection(names.label(i, names.MLP))),
+            (f"{layer}.mlp", state.source(names.label(i, names.MLP))),
+        ]
+    hooks.append((f"{p}hc_head", state.head))
+    return forward_hooks(model, hooks)

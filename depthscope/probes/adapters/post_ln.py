@@ -1,0 +1,428 @@
+"""Adapter for post-LN encoders (BERT, MiniLM, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT):
+an exact decomposition through every LayerNorm.
+
+A post-LN layer normalises the sum of its input and its sublayer's output, so the stream is not a
+sum of sublayer outputs (TransformerLens's ``decompose_resid`` is silently wrong here). But for
+each token a LayerNorm is affine given that token's mean and standard deviation:
+
+    LN(x) = gamma * (x - mean(x)) / sigma(x) + beta,   x = sum_s c_s
+          = sum_s gamma * (c_s - mean(c_s)) / sigma(x) + beta
+
+so every term propagates through each later LayerNorm as gamma * (c - mean(c)) / sigma, with the
+sigma of the whole sum (that token's), and each LayerNorm's bias becomes a source of its own
+(``embed.ln``, ``{i}.ln1``, ``{i}.ln2``; kind ``bias``). The embeddings (word, position, token
+type) are sources too. Each hidden state is then again exactly the sum of its terms, which the
+engine checks on every batch.
+
+What the trace's variables mean here: ``contribution_share`` and ``norm_share`` are computed from
+the propagated terms, exactly. ``mixing`` of source s at consumer l is the accumulated factor
+prod 1/sigma over the LayerNorms between them (per token, then the token mean): the scale the
+stream applied to the source's term, gamma and the centring being inside the terms; a bias
+enters with 1 at its own LayerNorm. Consumers: each layer's input (its attention's), the
+attention block's normalised output (the MLP's input), and the last layer's output (the
+read-out, what a pooling or head reads).
+
+The encoders differ in module names and two switches only, so each model type is a row of
+``LAYOUTS``. DistilBERT names its norms ``sa_layer_norm`` and ``output_layer_norm`` and has no
+token types. RoBERTa-like models number positions from ``pad_token_id + 1``, so their context is
+that much shorter than ``max_position_embeddings``. An ELECTRA whose ``embedding_size`` differs
+from ``hidden_size`` maps the normalised embeddings into the stream with ``embeddings_project``, a
+linear map: every term goes through its weight exactly and its bias is one more source
+(``embed.proj``); the embeddings' source values (what ``source_rms`` measures) are then their
+images under that weight, in the stream's width, since a trace's sources share one width.
+
+Feed-forward chunking (``chunk_size_feed_forward > 0``): transformers runs the feed-forward once
+per chunk of positions, so the modules inside it see one chunk at a time. The MLP's input is read
+from a module that sees the whole batch (the attention block's output, DistilBERT's ``ffn``), and
+the MLP's write and its LayerNorm's input are assembled from their chunks at the layer's output,
+before anything reads them. The window must then be a multiple of the chunk size (transformers'
+own requirement), refused in one line otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from depthscope.errors import DepthscopeError
+from depthscope.probes.accumulate import CHUNK_BYTES
+from depthscope.probes.adapters.base import (
+    Adapter,
+    Callback,
+    ConsumerSpec,
+    SourceSpec,
+    call_model,
+    module_attach,
+    router,
+)
+from depthscope.probes.adapters.hf import encoder, model_name, pretrained
+from depthscope.schemes import names
+
+FAMILY = "post-ln"
+PRIORITY = 20
+READS = (
+    "transformers post-LN encoders (bert, roberta, xlm-roberta, camembert, electra, distilbert): every term "
+    "propagated through each LayerNorm (and ELECTRA's embedding projection), LayerNorm biases as sources; "
+    "M = accumulated 1/sigma"
+)
+MIXING_MEANING = (
+    "post-LN: mixing is the token mean of prod 1/sigma over the LayerNorms between source and consumer; "
+    "gamma and the centring are inside the terms, and each LayerNorm bias is a source"
+)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where one post-LN encoder type keeps its parts: paths under the base model, per-layer paths
+    under ``{layers}.{i}``; a tap ends in ``:in`` or ``:out``.
+    """
+
+    embeddings: tuple[tuple[str, str], ...]  # (source label, module) in the order the model adds them
+    layers: str
+    attn_out: str  # the attention block's write, before its LayerNorm
+    ln1: str  # the LayerNorm after the attention block
+    mlp_in: str  # tap of the MLP's input seen once per batch (never inside a chunked feed-forward)
+    mlp_out: str  # the MLP's write (called once per chunk where the feed-forward is chunked)
+    ln2: str  # the LayerNorm after the MLP (likewise)
+    embed_ln: str = "embeddings.LayerNorm"
+    project: str | None = None  # a linear map after the embedding LayerNorm, where the model has one
+    padded_positions: bool = False  # positions start at pad_token_id + 1 (RoBERTa): a shorter context
+
+
+BERT = Layout(
+    embeddings=(
+        (names.EMBED, "embeddings.word_embeddings"),
+        ("token_type", "embeddings.token_type_embeddings"),
+        ("pos_embed", "embeddings.position_embeddings"),
+    ),
+    layers="encoder.layer",
+    attn_out="attention.output.dense",
+    ln1="attention.output.LayerNorm",
+    mlp_in="attention:out",
+    mlp_out="output.dense",
+    ln2="output.LayerNorm",
+)
+ROBERTA = replace(BERT, padded_positions=True)
+LAYOUTS = {
+    "bert": BERT,
+    "roberta": ROBERTA,
+    "xlm-roberta": ROBERTA,
+    "camembert": ROBERTA,
+    "electra": replace(BERT, project="embeddings_project"),
+    "distilbert": Layout(
+        embeddings=(
+            (names.EMBED, "embeddings.word_embeddings"),
+            ("pos_embed", "embeddings.position_embeddings"),
+        ),
+        layers="transformer.layer",
+        attn_out="attention.out_lin",
+        ln1="sa_layer_norm",
+        mlp_in="ffn:in",
+        mlp_out="ffn",
+        ln2="output_layer_norm",
+    ),
+}
+MODEL_TYPES = tuple(LAYOUTS)  # model_type of the post-LN encoders this adapter reads (the loader asks)
+
+
+def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers post-LN encoder (``model_type`` in ``MODEL_TYPES``)."""
+    return pretrained(model) and getattr(model.config, "model_type", None) in MODEL_TYPES
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One model's layout resolved: the base model's path prefix, the layer count, whether the
+    embeddings are projected, the feed-forward chunk size.
+    """
+
+    layout: Layout
+    prefix: str  # "bert." for a model with a head, "" for the base model
+    n_layers: int
+    project: str | None  # the projection's path under the base model, where this model has one
+    chunk: int  # chunk_size_feed_forward (0: the feed-forward sees the whole batch)
+
+    def paths(self) -> list[str]:
+        """Every module the hooks read, as full paths."""
+        lay, p = self.layout, self.prefix
+        out = [f"{p}{path}" for _, path in lay.embeddings] + [f"{p}{lay.embed_ln}"]
+        out += [f"{p}{self.project}"] if self.project else []
+        for i in range(self.n_layers):
+            at = f"{p}{lay.layers}.{i}"
+            out += [at] + [f"{at}.{m}" for m in (lay.attn_out, lay.ln1, lay.mlp_in.partition(":")[0])]
+            out += [f"{at}.{lay.mlp_out}", f"{at}.{lay.ln2}"]
+        return out
+
+
+def _plan(model: Any) -> _Plan:
+    cfg = model.config
+    layout = LAYOUTS[cfg.model_type]
+    prefix = model.base_model_prefix
+    base = getattr(model, prefix, None) if prefix else None
+    p = f"{prefix}." if isinstance(base, torch.nn.Module) else ""
+    base = base if p else model
+    project = layout.project if layout.project and hasattr(base, layout.project) else None
+    plan = _Plan(
+        layout, p, int(cfg.num_hidden_layers), project, int(getattr(cfg, "chunk_size_feed_forward", 0) or 0)
+    )
+    for path in plan.paths():  # a config the layout does not describe: one line, not a hook's traceback
+        try:
+            model.get_submodule(path)
+        except AttributeError:
+            raise DepthscopeError(
+                f"the post-LN adapter reads {cfg.model_type} models with a module {path!r}; this "
+                f"{type(model).__name__} has none"
+            ) from None
+    return plan
+
+
+def build(model: Any) -> Adapter:
+    """The adapter of a post-LN encoder: embeddings, sublayer outputs and LayerNorm biases as sources;
+    each consumer gets its terms propagated through the LayerNorms before it.
+    """
+    cfg = model.config
+    plan = _plan(model)
+    n = plan.n_layers
+    # in the order the model computes them (the terms are kept in that order)
+    srcs = [SourceSpec(label, label, names.EMBED, 0) for label, _ in plan.layout.embeddings]
+    srcs.append(SourceSpec("embed.ln", "embed.ln", names.BIAS, 0))
+    if plan.project:
+        srcs.append(SourceSpec("embed.proj", "embed.proj", names.BIAS, 0))
+    cons = []
+    for i in range(n):
+        for kind, depth, ln in ((names.ATTN, 2 * i + 1, "ln1"), (names.MLP, 2 * i + 2, "ln2")):
+            label = names.label(i, kind)
+            cons.append(
+                ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.terms", terms=True)
+            )
+            srcs += [
+                SourceSpec(label, label, kind, depth),
+                SourceSpec(f"{i}.{ln}", f"{i}.{ln}", names.BIAS, depth),
+            ]
+    cons.append(
+        ConsumerSpec(
+            names.READOUT, "readout.in", names.READOUT, 2 * n + 1, len(srcs), "readout.terms", terms=True
+        )
+    )
+    name = model_name(model)
+    tokenizer = getattr(model, "tokenizer", None)
+    keep = (
+        "model_type",
+        "num_hidden_layers",
+        "hidden_size",
+        "embedding_size",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_dim",
+        "vocab_size",
+        "max_position_embeddings",
+        "layer_norm_eps",
+        "chunk_size_feed_forward",
+    )
+    offset = (int(cfg.pad_token_id or 0) + 1) if plan.layout.padded_positions else 0
+    return Adapter(
+        family=FAMILY,
+        sources=srcs,
+        consumers=cons,
+        attrs={
+            "scheme": "post-ln",
+            "variant": name,
+            "label": name,
+            "family": FAMILY,
+            "config": json.dumps(
+                {k: getattr(cfg, k) for k in keep if hasattr(cfg, k)}, sort_keys=True, default=str
+            ),
+            "mixing_meaning": MIXING_MEANING,
+        },
+        ctx=int(cfg.max_position_embeddings) - offset,
+        vocab=int(cfg.vocab_size),
+        encode=_no_tokenizer(name) if tokenizer is None else encoder(tokenizer),
+        attach=lambda m, taps: _attach(m, taps, plan, len(srcs)),
+        forward=_chunked_forward(plan.chunk) if plan.chunk else call_model,
+        views=False,  # a post-LN layer's input is the stream itself
+    )
+
+
+def _no_tokenizer(name: str):
+    """Text -> ids for an encoder without a tokenizer: refused (its ids are word pieces, never bytes)."""
+
+    def encode(text: str) -> list[int]:
+        raise DepthscopeError(
+            f"{name} has no tokenizer and a post-LN encoder's token ids are word pieces, not bytes: "
+            "pass token ids (Python: capture(model, ids)) or a tokenizer (capture(..., tokenizer=...), "
+            "or its files saved in the model directory)"
+        )
+
+    return encode
+
+
+def _chunked_forward(chunk: int):
+    """``model(tokens)``, the window first checked against the feed-forward's chunk size."""
+
+    def forward(model: Any, tokens: Tensor) -> Any:
+        if tokens.shape[1] % chunk:
+            raise DepthscopeError(
+                f"the model runs its feed-forward in chunks of {chunk} positions (chunk_size_feed_forward), "
+                f"so the window must be a multiple of {chunk}; got {tokens.shape[1]} (set --ctx)"
+            )
+        return model(tokens)
+
+    return forward
+
+
+class _Terms:
+    """The terms of the current hidden state and their accumulated 1/sigma, batch by batch.
+
+    One buffer per batch, source-major: ``terms`` [source, batch, pos, d_model] (the first ``n``
+    live) and ``scale`` [source, batch, pos]; each LayerNorm updates the live terms in place, and a
+    consumer hands the engine a view of them (the engine folds it before the next LayerNorm). The
+    sum of the terms, ``rebuilt``, is carried alongside by the same linear maps (O(d) per token and
+    LayerNorm), so the engine need not sum the terms again at every consumer.
+    Where the embeddings are projected (``hold``), their terms start in a buffer of the embedding
+    width and their values reach the engine only once projected into the stream's width. The MLP's
+    write and its LayerNorm's input arrive in chunks of positions (``part``, ``norm_part``) and
+    reach the engine whole (``flush``).
+    """
+
+    def __init__(self, send, n_sources: int, hold: bool = False):
+        self.send, self.n_sources, self.hold = send, n_sources, hold
+        self.buffers: dict[str, tuple[Tensor, Tensor]] = {}  # "embed" (before a projection), "stream"
+        self.terms: Tensor | None = None
+        self.scale: Tensor | None = None
+        self.n = 0
+        self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
+        self.parts: list[Tensor] = []  # chunks of the MLP's write
+        self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
+
+    def _buffer(self, slot: str, shape: tuple[int, ...], like: Tensor) -> tuple[Tensor, Tensor]:
+        have = self.buffers.get(slot)
+        if (
+            have is None
+            or have[0].shape != shape
+            or have[0].dtype != like.dtype
+            or have[0].device != like.device
+        ):
+            have = self.buffers[slot] = (like.new_empty(shape), like.new_empty(shape[:-1]))
+        return have
+
+    def start(self, key: str, t: Tensor) -> None:
+        """A new batch, from its first source [batch, pos, d]."""
+        shape = (self.n_sources, *t.shape)
+        self.terms, self.scale = self._buffer("embed" if self.hold else "stream", shape, t)
+        self.n = 0
+        self.rebuilt = torch.zeros_like(t)
+        self.held = [] if self.hold else None
+        self.parts, self.xs = [], []
+        self.source(key, t)
+
+    def source(self, key: str, t: Tensor) -> None:
+        """A new term: sent to the engine as a source (or held for the projection), kept with scale 1."""
+        t = t.expand(self.terms.shape[1], -1, -1) if t.shape[0] != self.terms.shape[1] else t
+        if self.held is not None:
+            self.held.append((key, t))
+        else:
+            self.send(key, t)
+        self.terms[self.n] = t
+        self.scale[self.n] = 1.0
+        self.rebuilt += t
+        self.n += 1
+
+    def normalise(self, ln: torch.nn.LayerNorm, x: Tensor, bias_key: str) -> None:
+        """Propagate every term through ``ln`` applied to ``x`` (= their sum), then add its bias."""
+        inv = torch.rsqrt(x.var(-1, unbiased=False, keepdim=True) + ln.eps)  # that token's 1/sigma
+        gain = (inv * ln.weight if ln.weight is not None else inv).flatten(0, 1)  # [T, d]
+        live = self.terms[: self.n].flatten(1, 2)  # [n, T, d]
+        step = max(1, CHUNK_BYTES // (live.element_size() * live.shape[0] * live.shape[-1]))
+        for a in range(0, live.shape[1], step):  # token chunks that stay in cache: one pass over memory
+            c = live[:, a : a + step]
+            c -= c.mean(-1, keepdim=True)
+            c *= gain[a : a + step]
+        r = self.rebuilt
+        self.rebuilt = (r - r.mean(-1, keepdim=True)) * gain.view_as(r)
+        self.scale[: self.n] *= inv.squeeze(-1)
+        beta = ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1])
+        self.source(bias_key, beta.expand_as(x))
+
+    def project(self, linear: torch.nn.Linear, bias_key: str) -> None:
+        """Map every term through ``linear``'s weight into the stream's width (the map is linear, so
+        the sum of the mapped terms plus its bias is its output); its bias is a new source.
+        """
+        w = linear.weight  # [d_model, d_embed]
+        live = self.terms[: self.n]
+        terms, scale = self._buffer("stream", (self.n_sources, *live.shape[1:-1], w.shape[0]), live)
+        terms[: self.n] = live @ w.T
+        scale[: self.n] = self.scale[: self.n]
+        self.rebuilt = self.rebuilt @ w.T
+        self.terms, self.scale = terms, scale
+        held, self.held = self.held or [], None
+        for key, value in held:  # each source's value in the stream's width: its image under the weight
+            self.send(key, value @ w.T)
+        bias = linear.bias if linear.bias is not None else w.new_zeros(w.shape[0])
+        self.source(bias_key, bias.expand(*live.shape[1:-1], -1))
+
+    def part(self, t: Tensor) -> None:
+        """A chunk of positions of the MLP's write."""
+        self.parts.append(t)
+
+    def norm_part(self, x: Tensor) -> None:
+        """A chunk of positions of the input of the LayerNorm after the MLP."""
+        self.xs.append(x)
+
+    def flush(self, key: str, ln: torch.nn.LayerNorm, bias_key: str) -> None:
+        """The layer is done: its MLP's write, whole, is a source; its LayerNorm propagates the terms."""
+        if not self.parts or not self.xs:  # the engine reports the source that never fired
+            return
+        t = torch.cat(self.parts, 1) if len(self.parts) > 1 else self.parts[0]
+        x = torch.cat(self.xs, 1) if len(self.xs) > 1 else self.xs[0]
+        self.parts, self.xs = [], []
+        self.source(key, t)
+        self.normalise(ln, x, bias_key)
+
+    def consumer(self, key: str, h: Tensor) -> None:
+        """Consumer ``key``'s input and its terms (a view, folded by the engine at once)."""
+        self.send(f"{key}.in", h)
+        self.send(f"{key}.terms", (self.terms[: self.n], self.scale[: self.n], self.rebuilt))
+
+
+@contextlib.contextmanager
+def _attach(model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int):
+    state = _Terms(router(taps), n_sources, hold=plan.project is not None)
+    with module_attach(model, _hooks(model, plan, state)):
+        yield
+
+
+def _hooks(model: Any, plan: _Plan, state: _Terms) -> list[tuple[str, Callback]]:
+    """Every (tap, callback) of one model, in the order the forward reaches them."""
+    lay, p = plan.layout, plan.prefix
+
+    def layer_norm(path: str, bias_key: str):
+        ln = model.get_submodule(path)
+        return lambda x: state.normalise(ln, x, bias_key)
+
+    (first, first_path), *rest = lay.embeddings
+    hooks = [(f"{p}{first_path}:out", lambda t: state.start(first, t))]  # a new batch starts here
+    hooks += [(f"{p}{path}:out", lambda t, key=label: state.source(key, t)) for label, path in rest]
+    hooks.append((f"{p}{lay.embed_ln}:in", layer_norm(f"{p}{lay.embed_ln}", "embed.ln")))
+    if plan.project:
+        linear = model.get_submodule(f"{p}{plan.project}")
+        hooks.append((f"{p}{plan.project}:in", lambda x: state.project(linear, "embed.proj")))
+    for i in range(plan.n_layers):
+        at = f"{p}{lay.layers}.{i}"
+        ln2 = model.get_submodule(f"{at}.{lay.ln2}")
+        hooks += [
+            (f"{at}:in", lambda h, i=i: state.consumer(f"{i}.attn", h)),
+            (f"{at}.{lay.attn_out}:out", lambda t, i=i: state.source(f"{i}.attn", t)),
+            (f"{at}.{lay.ln1}:in", layer_norm(f"{at}.{lay.ln1}", f"{i}.ln1")),
+            (f"{at}.{lay.mlp_in}", lambda h, i=i: state.consumer(f"{i}.mlp", h)),
+            (f"{at}.{lay.mlp_out}:out", state.part),
+            (f"{at}.{lay.ln2}:in", state.norm_part),
+            (f"{at}:out", lambda h, i=i, ln=ln2: state.flush(f"{i}.mlp", ln, f"{i}.ln2")),
+        ]
+    # after the last layer's flush (hooks on one module run in the order they were registered)
+    hooks.append((f"{p}{lay.layers}.{plan.n_layers - 1}:out", lambda h: state.consumer("readout", h)))
+    return hooks
