@@ -505,3 +505,20 @@ def test_fuzzed_traces_are_read_or_refused_in_one_line(trace_file, tmp_path_fact
         if rc != 0:
             assert_one_error_line(rc, err)
             assert not (d / "rep").exists()
+
+
+@pytest.mark.parametrize("key, value", [("vocab_size", 20_000_000), ("hidden_size", 10**9)])
+def test_a_hugging_face_config_claiming_a_huge_model_is_refused_before_building(tmp_path, key, value):
+    """A few kilobytes of weights beside a config.json that claims billions of parameters: refused
+    in one line (the meta build counts them), not after transformers' report or a 5 GB allocation."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    small = LlamaConfig(
+        vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+    )
+    LlamaForCausalLM(small).save_pretrained(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, key: value}))
+    res = limited(["capture", tmp_path / "m", "--out", tmp_path / "t.nc", "--quiet"], 3.0)
+    assert_one_line(res, "parameters", "weights files hold")
+    assert not (tmp_path / "t.nc").exists()

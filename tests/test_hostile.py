@@ -506,6 +506,28 @@ def test_a_directory_without_tokenizer_files_asks_for_token_ids_or_a_tokenizer(t
     assert "no tokenizer" in err and "pass token ids (Python: capture(model, ids)) or a tokenizer" in err
 
 
+def test_a_decoder_without_tokenizer_files_reads_bytes_only_with_a_byte_level_vocabulary(tmp_path, capfd):
+    """No tokenizer saved and a vocabulary of 1000: its ids are a learned vocabulary's, not the
+    corpus's bytes, so text is refused in one line; with 300 ids (bytes and a few special ones) the
+    windows are the corpus's bytes."""
+    import transformers as T
+
+    from depthscope.trace import load_trace
+
+    def llama(vocab: int) -> Path:
+        cfg = T.LlamaConfig(
+            vocab_size=vocab, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32
+        )
+        T.LlamaForCausalLM(cfg).save_pretrained(tmp_path / f"v{vocab}")
+        return tmp_path / f"v{vocab}"
+
+    err = _capture_refused(llama(1000), tmp_path, capfd)
+    assert "no tokenizer and its vocabulary of 1000 ids is not bytes" in err
+    out = tmp_path / "t.nc"
+    assert main(["capture", str(llama(300)), "--out", str(out), "--ctx", "16", "--tokens", "64", "--quiet"]) == 0
+    assert load_trace(out).attrs["tokens"] == 4 * 15  # 4 windows of 16 bytes, the first position skipped
+
+
 def test_a_tokenizer_that_reads_the_corpus_as_one_id_or_as_nothing_is_refused(tmp_path, capfd):
     """Tokenizer files that hold no vocabulary (a BERT tokenizer made with transformers 5.24's ignored
     ``vocab_file=``; GPT-2's built from its config): all [UNK], or no ids at all, is the tokenizer's

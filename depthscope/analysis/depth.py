@@ -48,7 +48,7 @@ def n_layers(trace: xr.Dataset) -> int:
 
 
 def group_of(trace: xr.Dataset) -> str:
-    """Which models are one scheme across depths: the ``zoo_group`` attr (set by ``zoo build``), else the ``variant``."""
+    """Which models are one scheme across depths: the ``zoo_group`` attr (``zoo build``), else ``variant``."""
     return str(trace.attrs.get("zoo_group") or trace.attrs.get("variant") or trace.attrs.get("label", ""))
 
 

@@ -26,7 +26,9 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import math
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -280,7 +282,8 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     _check_architecture(path, config.get("model_type"))
     for key in SIZE_KEYS:  # a size transformers would accept and fail on later, mid-forward
         value = config.get(key)
-        if value is not None and (type(value) is not int or value < 1):
+        each = value if isinstance(value, list) and value else [value]  # gemma3n: one size per layer
+        if value is not None and any(type(v) is not int or v < 1 for v in each):
             raise DepthscopeError(f"{path}: config.json {key} must be a positive integer, got {value!r:.40}")
     import transformers
 
@@ -291,6 +294,7 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
         cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
     placement = placement or Placement()
     kwargs = placement.hf_kwargs()
+    _check_claims(path, cls, placement)
     try:
         with _quiet_transformers():  # its multi-line load report: depthscope says it in one line
             # mismatched shapes are reported in ``info`` (not raised) so the refusal can name them
@@ -308,6 +312,60 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     _check_loading(path, type(model).__name__, info)
     model.tokenizer = _tokenizer(path)
     return (model if "device_map" in kwargs else placement.place(model)).eval()
+
+
+def _held_elements(path: Path) -> int:
+    """How many numbers a model directory's weights files hold: the shapes in each safetensors
+    header (no tensor read); for a pickled ``pytorch_model.bin``, its bytes over 2 (a bound: no
+    floating weight takes fewer bytes).
+    """
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        return sum(f.stat().st_size for f in path.glob("pytorch_model*.bin")) // 2
+    total = 0
+    for shard in shards:
+        try:
+            with open(shard, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                header = json.loads(f.read(min(n, 100_000_000)))
+        except (OSError, ValueError) as err:
+            raise DepthscopeError(
+                f"{shard}: not a readable safetensors file ({type(err).__name__})"
+            ) from None
+        for name, info in header.items():
+            shape = info.get("shape") if isinstance(info, dict) and name != "__metadata__" else None
+            if isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape):
+                total += math.prod(shape)
+    return total
+
+
+def _check_claims(path: Path, cls: Any, placement: Placement) -> None:
+    """Build the model config.json describes on the meta device (no memory) and refuse, before
+    transformers allocates it, a config that claims more parameters than the weights files hold (a
+    vocabulary of 2e7 beside a few kilobytes of weights) or than the memory can hold. A config that
+    cannot even be built on the meta device is left to the real load, which says why in one line.
+    """
+    import torch
+    import transformers
+
+    try:
+        with _quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+            with torch.device("meta"):
+                auto = cls in (transformers.AutoModelForCausalLM, transformers.AutoModel)
+                skeleton = cls.from_config(config) if auto else cls._from_config(config)
+    except Exception:  # noqa: BLE001 - e.g. a forward-time size check: the real load reports it
+        return
+    claimed = sum(p.numel() for p in skeleton.parameters())  # tied weights counted once
+    held = _held_elements(path)
+    if claimed > 1.01 * held + 4096:
+        raise DepthscopeError(
+            f"{path}: config.json describes a model of {claimed:,} parameters and the weights files hold "
+            f"{held:,} numbers; refused before building it"
+        )
+    size = placement.torch_dtype.itemsize if placement.dtype else 4
+    require_memory(claimed * size, f"{path}: loading the model")
 
 
 def load_torch(path: Path) -> Any:

@@ -50,7 +50,7 @@ from depthscope.probes.adapters.base import (
     find_module,
     module_attach,
 )
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
 from depthscope.schemes import names
 
 FAMILY = "beam"
@@ -128,7 +128,6 @@ def build(model: Any) -> Adapter:
     )
     config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
     name = model_name(model)
-    tokenizer = getattr(model, "tokenizer", None)
     return Adapter(
         family=FAMILY,
         sources=srcs,
@@ -143,7 +142,7 @@ def build(model: Any) -> Adapter:
         },
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         static_native=lambda: static_scales(indices, labels),
         attach=lambda m, taps: _attach(m, taps, weights),
         skip_positions=1,

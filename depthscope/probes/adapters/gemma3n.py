@@ -74,7 +74,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
 from depthscope.schemes import names
 
 FAMILY = "gemma3n"
@@ -149,7 +149,6 @@ def build(model: Any) -> Adapter:
         "max_position_embeddings",
     )
     config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
-    tokenizer = getattr(model, "tokenizer", None)
     return Adapter(
         family=FAMILY,
         sources=srcs,
@@ -164,7 +163,7 @@ def build(model: Any) -> Adapter:
         },
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, n, streams, int(cfg.altup_active_idx)),
         skip_positions=1,

@@ -33,6 +33,36 @@ def encoder(tokenizer: Any):
     return encode
 
 
+# the largest vocabulary read as bytes when a model has no tokenizer: 256 bytes and a few special
+# ids (ByT5 has 259, depthscope's own models 256); a larger one is a learned vocabulary whose ids
+# the corpus's bytes are not (a directory saved without its tokenizer files)
+BYTE_VOCAB = 384
+
+
+def text_encoder(model: Any, why: str = ""):
+    """How the corpus becomes a transformers model's token ids: its tokenizer (``model.tokenizer``,
+    which the loader sets from the files saved with it); without one, the bytes themselves (None)
+    for a byte-level vocabulary (at most ``BYTE_VOCAB``), else an encoder that refuses in one line
+    (``why``: what makes the ids not bytes; default the vocabulary's size).
+    """
+    tokenizer = getattr(model, "tokenizer", None)
+    if tokenizer is not None:
+        return encoder(tokenizer)
+    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
+    if not why and vocab <= BYTE_VOCAB:
+        return None
+    why = why or f"its vocabulary of {vocab} ids is not bytes (byte-level: at most {BYTE_VOCAB})"
+    name = model_name(model)
+
+    def refuse(text: str) -> list[int]:
+        raise DepthscopeError(
+            f"{name} has no tokenizer and {why}: pass token ids (Python: capture(model, ids)) or a "
+            "tokenizer (capture(..., tokenizer=...), or its files saved in the model directory)"
+        )
+
+    return refuse
+
+
 def prefix_of(model: Any, class_name: str, family: str) -> str:
     """``"model."`` for a *ForCausalLM, ``""`` for the base model; DepthscopeError for another model."""
     path = find_module(model, class_name) if pretrained(model) else None

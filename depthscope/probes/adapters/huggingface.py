@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, Head, SourceSpec, head_of, module_attach
-from depthscope.probes.adapters.hf import encoder, model_name, pretrained
+from depthscope.probes.adapters.hf import model_name, pretrained, text_encoder
 from depthscope.probes.adapters.structure import (
     Embed,
     Plan,
@@ -348,7 +348,6 @@ def build(model: Any) -> Adapter:
         raise Refused(f"cannot read this {model_type} model as a sum of its writes ({how}): {err}") from None
     sources, consumers = specs(plan, probe)
     name = model_name(model)
-    tokenizer = getattr(model, "tokenizer", None)
     keep = (
         "model_type",
         "num_hidden_layers",
@@ -378,7 +377,7 @@ def build(model: Any) -> Adapter:
         },
         ctx=_context(cfg),
         vocab=vocab,
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         attach=module_attach,
         skip_positions=1,
         head=verified_head(model, plan, probe),

@@ -71,7 +71,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
 from depthscope.schemes import names
 
 FAMILY = "inkling2"
@@ -179,7 +179,6 @@ def build(model: Any) -> Adapter:
         "max_position_embeddings",
     )
     config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
-    tokenizer = getattr(model, "tokenizer", None)
     slots = n_slots(cfg.num_hidden_layers, block)
     return Adapter(
         family=FAMILY,
@@ -195,7 +194,7 @@ def build(model: Any) -> Adapter:
         },
         ctx=int(cfg.max_position_embeddings),
         vocab=int(min(cfg.vocab_size, getattr(cfg, "unpadded_vocab_size", None) or cfg.vocab_size)),
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, cfg.layer_types, reads, slots),
         skip_positions=1,

@@ -60,7 +60,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import encoder, model_name, pretrained
+from depthscope.probes.adapters.hf import model_name, pretrained, text_encoder
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
@@ -210,7 +210,6 @@ def build(model: Any) -> Adapter:
         )
     )
     name = model_name(model)
-    tokenizer = getattr(model, "tokenizer", None)
     keep = (
         "model_type",
         "num_hidden_layers",
@@ -241,24 +240,11 @@ def build(model: Any) -> Adapter:
         },
         ctx=int(cfg.max_position_embeddings) - offset,
         vocab=int(cfg.vocab_size),
-        encode=_no_tokenizer(name) if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model, "a post-LN encoder's token ids are word pieces, not bytes"),
         attach=lambda m, taps: _attach(m, taps, plan, len(srcs)),
         forward=_chunked_forward(plan.chunk) if plan.chunk else call_model,
         views=False,  # a post-LN layer's input is the stream itself
     )
-
-
-def _no_tokenizer(name: str):
-    """Text -> ids for an encoder without a tokenizer: refused (its ids are word pieces, never bytes)."""
-
-    def encode(text: str) -> list[int]:
-        raise DepthscopeError(
-            f"{name} has no tokenizer and a post-LN encoder's token ids are word pieces, not bytes: "
-            "pass token ids (Python: capture(model, ids)) or a tokenizer (capture(..., tokenizer=...), "
-            "or its files saved in the model directory)"
-        )
-
-    return encode
 
 
 def _chunked_forward(chunk: int):

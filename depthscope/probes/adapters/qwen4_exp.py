@@ -69,7 +69,7 @@ from depthscope.probes.adapters.base import (
     forward_hooks,
     router,
 )
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of, pretrained
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -145,7 +145,6 @@ def build(model: Any) -> Adapter:
     )
     config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
     name = model_name(model)
-    tokenizer = getattr(model, "tokenizer", None)
     return Adapter(
         family=FAMILY,
         sources=srcs,
@@ -161,7 +160,7 @@ def build(model: Any) -> Adapter:
         },
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, n, with_ple, streams),
         skip_positions=1,

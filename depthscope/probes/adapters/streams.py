@@ -36,7 +36,7 @@ from depthscope.probes.adapters.base import (
     forward_hooks,
     router,
 )
-from depthscope.probes.adapters.hf import encoder, label_of, model_name, prefix_of
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
 from depthscope.schemes import names
 
 
@@ -146,7 +146,6 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
     cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
     config = {k: getattr(cfg, k) for k in form.keep if getattr(cfg, k, None) is not None}
-    tokenizer = getattr(model, "tokenizer", None)
     attrs = {
         "scheme": form.scheme,
         "variant": model_name(model),
@@ -162,7 +161,7 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
         attrs=attrs,
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
-        encode=None if tokenizer is None else encoder(tokenizer),
+        encode=text_encoder(model),
         native=native,
         attach=lambda m, taps: _attach_hyper(m, taps, p, n, attrs, form),
         # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
