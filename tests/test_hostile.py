@@ -524,7 +524,9 @@ def test_a_decoder_without_tokenizer_files_reads_bytes_only_with_a_byte_level_vo
     err = _capture_refused(llama(1000), tmp_path, capfd)
     assert "no tokenizer and its vocabulary of 1000 ids is not bytes" in err
     out = tmp_path / "t.nc"
-    assert main(["capture", str(llama(300)), "--out", str(out), "--ctx", "16", "--tokens", "64", "--quiet"]) == 0
+    assert (
+        main(["capture", str(llama(300)), "--out", str(out), "--ctx", "16", "--tokens", "64", "--quiet"]) == 0
+    )
     assert load_trace(out).attrs["tokens"] == 4 * 15  # 4 windows of 16 bytes, the first position skipped
 
 
