@@ -82,6 +82,26 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba2": dict(layers_block_type=["linear_attention", "hybrid"] * 2),
     "gemma4_assistant": dict(text_config=dict(hidden_size_per_layer_input=0, vocab_size_per_layer_input=0)),
     "reformer": dict(axial_pos_embds_dim=[32, 32], axial_pos_shape=[8, 16]),
+    # the depth-mixing families: the sizes their own tests use (tests/families.py, test_inkling2.py)
+    "inkling2_text": dict(
+        unpadded_vocab_size=VOCAB,
+        layer_types=["hybrid", "hybrid_sliding"] * 2,
+        n_layers_per_attn_res_block=2,
+        swa_head_dim=16,
+        moe_intermediate_size=16,
+        eos_token_id=None,
+    ),
+    "inkling2_loop_text": dict(
+        unpadded_vocab_size=VOCAB, swa_head_dim=16, moe_intermediate_size=16, eos_token_id=None
+    ),
+    "gemma3n_text": dict(
+        num_kv_shared_layers=0,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        activation_sparsity_pattern=[0.0] * 4,
+        laurel_rank=4,
+        intermediate_size=128,
+        num_key_value_heads=1,
+    ),
 }
 
 
