@@ -1,6 +1,6 @@
 """Dilution versus depth: the same schemes at several depths, compared where they saw the same tokens.
 
-Each trace given is one model (a checkpoint, or one step of a trajectory) with, as attrs: ``group``
+Each trace given is one model (a checkpoint, or one step of a trajectory) with, as attrs: ``zoo_group``
 (which models are "the same scheme" across depths: a zoo entry's group, else its variant),
 ``config`` (JSON with ``n_layers``), ``step`` and ``val_loss`` when known. ``depth_table`` picks,
 per group and depth, the model at the largest step that every depth of the group reached (equal
