@@ -2,8 +2,9 @@
 d49192e (tests/fixtures/reference/make.py), to float32 rounding since the batched engine (its
 products are formed in another order; in float64 it equals that engine to 1e-10:
 tests/probes/test_engine_reference.py). The coordinates, attrs and variables are the same, apart
-from the version attribute, the block coordinates added since, and the logit lens, now asked for on
-its own (``lens=True``)."""
+from the version attribute, the block coordinates added since, the attrs the generic transformers
+reader records (which layout read the model, its static weights), and the logit lens, now asked for
+on its own (``lens=True``)."""
 
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from tests.fixtures.reference.models import CASES
 
 HERE = Path(__file__).parent / "fixtures" / "reference"
 ADDED_COORDS = ("layer_block", "source_block")
+ADDED_ATTRS = ("layout", "static_weights")
 ERRORS = ("residual_error", "logit_error")  # rounding errors themselves: compared in absolute terms
 
 
 def comparable(trace: xr.Dataset) -> xr.Dataset:
     trace = trace.drop_vars([c for c in ADDED_COORDS if c in trace.coords])
-    return trace.assign_attrs(depthscope_version="")
+    attrs = {k: v for k, v in trace.attrs.items() if k not in ADDED_ATTRS}
+    return trace.drop_attrs(deep=False).assign_attrs({**attrs, "depthscope_version": ""})
 
 
 def assert_same_numbers(now: xr.Dataset, ref: xr.Dataset) -> None:
