@@ -170,15 +170,23 @@ class GRN:
         return (coef * stack).sum(0), coef
 
 
-def delta_weights(coef: Tensor, index: Tensor, like: Tensor) -> Tensor:
-    """Per-entry coefficients -> delta-basis weights [batch, pos, source(, d_model)]."""
+def delta_weights(coef: Tensor, index: Tensor, like: Tensor, extra: int = 0) -> Tensor:
+    """Per-entry coefficients -> delta-basis weights [batch, pos, source(, d_model)], with ``extra``
+    more sources of weight 1 at the end (the MLP's own block attention).
+
+    v3's weights are gathered source-major (each source's [batch, pos, d_model] contiguous, as the
+    capture engine holds the sources) and returned as a [batch, pos, source, d_model] view of that.
+    """
     batch_pos = like.shape[:-1]
-    if coef.ndim == 1:  # v1
-        return coef[index].expand(*batch_pos, -1)
-    if coef.ndim == 2:  # v2
-        return coef[index].expand(*batch_pos, -1, -1)
-    # v3: [batch, pos, source, d_model], contiguous (the index gathers a copy)
-    return rearrange(coef, "entry batch pos d_model -> batch pos entry d_model")[:, :, index]
+    if coef.ndim == 3 + 1:  # v3: [entry, batch, pos, d_model]
+        w = coef.index_select(0, index)
+        if extra:
+            w = torch.cat([w, w.new_ones(extra, *w.shape[1:])])
+        return w.permute(1, 2, 0, 3)
+    w = coef[index]  # v1 [source], v2 [source, d_model]
+    if extra:
+        w = torch.cat([w, w.new_ones(extra, *w.shape[1:])])
+    return w.expand(*batch_pos, *w.shape)
 
 
 class GRNMixer(GRN, Mixer):
@@ -259,8 +267,7 @@ class SkipMixer(Mixer):
         return self.hook_in(state.h), state
 
     def _weights(self, state: DCAState) -> Tensor:
-        w = delta_weights(state.coef, self.index, state.h)
-        return torch.cat([w, torch.ones_like(w[:, :, :1])], dim=2)  # + 1 on this block's attn output
+        return delta_weights(state.coef, self.index, state.h, extra=1)  # + 1 on this block's attn output
 
     def write(self, state: DCAState, out: Tensor) -> DCAState:
         """Push f_t = attn_out + mlp_out on the stack; in k-DCA the oldest kept output may join the sum."""
