@@ -8,6 +8,7 @@ own constraints (``min=``, ``Literal`` choices, repeatable options), reported th
 from __future__ import annotations
 
 import enum
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -824,8 +825,17 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """Console-script entry point."""
-    sys.exit(main())
+    """Console-script entry point. An interrupt that reaches here (a second Ctrl-C while the first
+    was being handled) is still exit 130, and once the command is over Ctrl-C is ignored, so the
+    interpreter's shutdown cannot turn the exit status into a death by SIGINT.
+    """
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        status = 130
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

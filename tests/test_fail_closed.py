@@ -522,3 +522,22 @@ def test_a_hugging_face_config_claiming_a_huge_model_is_refused_before_building(
     res = limited(["capture", tmp_path / "m", "--out", tmp_path / "t.nc", "--quiet"], 3.0)
     assert_one_line(res, "parameters", "weights files hold")
     assert not (tmp_path / "t.nc").exists()
+
+
+def test_the_entry_point_exits_130_when_an_interrupt_escapes_main(monkeypatch, capsys):
+    """A second Ctrl-C while the first is handled reaches ``run``: still exit 130 and one line."""
+    import signal as sig
+
+    import depthscope.cli as cli
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    before = sig.getsignal(sig.SIGINT)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            cli.run()
+    finally:
+        sig.signal(sig.SIGINT, before)  # run() ignores Ctrl-C once the command is over
+    assert exit_.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
