@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from depthscope.probes.adapters import deepseek_v4
 from depthscope.probes.adapters.base import Adapter, find_module
 from depthscope.probes.adapters.deepseek_v4 import mhc_pre
 from depthscope.probes.adapters.hf import pretrained
@@ -75,20 +76,7 @@ FORM = HyperForm(
     pre=mhc_pre,
     head_pre=mean_head,
     unpack=lambda out: out,  # (post, comb, collapsed)
-    keep=(
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
-        "hc_mult",
-        "hc_sinkhorn_iters",
-        "hc_eps",
-        "n_routed_experts",
-        "num_experts_per_tok",
-        "layer_types",
-        "mlp_layer_types",
-        "vocab_size",
-        "max_position_embeddings",
-    ),
+    keep=deepseek_v4.FORM.keep,  # the same config keys as DeepSeek-V4 (its subclass in transformers)
 )
 
 
