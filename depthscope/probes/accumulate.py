@@ -33,6 +33,8 @@ source's covariance, merge with Chan et al.'s parallel update, so shards of a ca
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import xarray as xr
@@ -47,14 +49,65 @@ MATRICES = ("mix", "mix_abs", "mix_sq", "dot", "cnorm")  # (layer, source) sums
 ROWS = ("hh", "ctotal", "err", "in_sq", "first_sq", "full_sq")  # (layer,) sums
 
 
+@dataclass(frozen=True)
+class Terms:
+    """A consumer's terms c[l, s] for its n sources, source-major, in two forms.
+
+    ``dense`` [m, batch, pos, d]: the terms held whole (sources ``dense_at`` [m]). ``vecs``: groups
+    (vec [k, b, p, d], at [k]) of terms that are one vector per position scaled per token,
+    c_s[t] = scale_s[t] * vec_s, where (b, p) broadcasts against (batch, pos): (1, 1) for a vector
+    the same at every token, (1, pos) for one the same in every window (a position embedding). A
+    LayerNorm acts on a token as a fixed linear map, gamma * (x - mean(x)), times that token's scalar
+    1/sigma_t, so such a term keeps its form through every later LayerNorm and is carried as b p d
+    numbers, not batch pos d. ``scale`` [n, batch, pos]: every term's accumulated per-token factor
+    (what ``mixing`` reports; inside the dense terms already, applied to the vector terms).
+    ``rebuilt`` [batch, pos, d]: the sum of the terms, carried by the same linear maps as they.
+    ``cut`` drops the first positions of every window without copying.
+    """
+
+    dense: Tensor
+    dense_at: Tensor
+    vecs: tuple[tuple[Tensor, Tensor], ...]
+    scale: Tensor
+    rebuilt: Tensor
+
+    def cut(self, skip: int) -> Terms:
+        """The same terms without the first ``skip`` positions of every window (views)."""
+        if not skip:
+            return self
+        vecs = tuple((v[:, :, skip:] if v.shape[2] > 1 else v, at) for v, at in self.vecs)
+        return Terms(
+            self.dense[:, :, skip:], self.dense_at, vecs, self.scale[:, :, skip:], self.rebuilt[:, skip:]
+        )
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Terms:
+        """On ``device``, the terms in ``dtype`` (the factors keep theirs)."""
+        vecs = tuple((v.to(device, dtype), at.to(device)) for v, at in self.vecs)
+        return Terms(
+            self.dense.to(device, dtype), self.dense_at.to(device), vecs, self.scale.to(device),
+            self.rebuilt.to(device, dtype),
+        )  # fmt: skip
+
+    def full(self) -> Tensor:
+        """Every term whole: [n, batch, pos, d] (for the read-out's logit attribution, once a batch)."""
+        out = self.dense.new_empty((*self.scale.shape, self.rebuilt.shape[-1]))
+        out[self.dense_at] = self.dense
+        for v, at in self.vecs:
+            out[at] = self.scale[at].unsqueeze(-1) * v
+        return out
+
+
 class Accumulator:
     """Sums over tokens of every trace statistic (see the module docstring), mergeable."""
 
     MEANS = ("mix", "mix_abs")  # running means over ``seen`` tokens; ``mix_sq`` is their M2
 
-    def __init__(self, layout: Layout, covariance: bool = False):
+    def __init__(self, layout: Layout, covariance: bool = False, values: bool = True):
         self.layout = layout
         self.covariance = covariance  # also each source's covariance over tokens (d x d per source)
+        # whether the batch's source outputs are kept in V: a model whose every consumer hands its
+        # terms directly (post-LN) never reads them, so V is then a stride-0 stand-in of V's shape
+        self.values = values
         self.tokens = 0
         self.d_model = 0
         self.device = torch.device("cpu")
@@ -74,7 +127,8 @@ class Accumulator:
     # ---- one batch ----
 
     def _reset_batch(self) -> None:
-        self.R: Tensor | None = None  # running sum of the sources fired so far, in order
+        self.started = False  # whether this batch's first source has come
+        self.R: Tensor | None = None  # running sum of the first sources, built when a unit consumer asks
         self._in_r = 0  # how many sources R holds
         self._unit: list[int] = []  # consumers with unit weights, dots from G at the end
         self._static: list[tuple[int, Tensor]] = []  # (consumer, w [n])
@@ -95,7 +149,10 @@ class Accumulator:
         if v.device != self.device:
             self._to(v.device)
         shape = (len(self.layout.source), *v.shape)
-        if self.V is None or self.V.shape != shape or self.V.dtype != v.dtype or self.V.device != v.device:
+        if not self.values:
+            self.V = v.new_zeros(()).expand(shape)
+            self.norms = v.new_empty(shape[:2])
+        elif self.V is None or self.V.shape != shape or self.V.dtype != v.dtype or self.V.device != v.device:
             if v.device.type == "cpu":
                 self.V = None  # the old buffer goes first
                 need = (shape[0] + 1) * shape[1] * (shape[2] + 1) * v.element_size()
@@ -103,7 +160,7 @@ class Accumulator:
                 require_memory(need, what, "; lower --batch-size or --ctx")
             self.V = v.new_empty(shape)
             self.norms = v.new_empty(shape[:2])
-        self.R = torch.zeros_like(v)
+        self.started = True
         self._marks = (self.sums["err"].clone(), self.sums["in_sq"].clone())
         self.d_model = v.shape[-1]
 
@@ -132,15 +189,13 @@ class Accumulator:
     @torch.no_grad()
     def source(self, j: int, v: Tensor) -> None:
         """Source j's output for this batch, [T, d] (the skipped positions cut)."""
-        if self.R is None:
+        if not self.started:
             self._begin(v)
-        self.V[j] = v
+        if self.values:
+            self.V[j] = v
         norms = torch.linalg.vector_norm(v, dim=-1)
         self.norms[j] = norms
         self.sums["src_sq"][j] += self._sum(norms.pow(2))
-        if j == self._in_r:  # sources fire in order: the running sum grows by one
-            self.R += v
-            self._in_r += 1
         if self.covariance:
             self._fold_cov(j, v)
 
@@ -161,10 +216,17 @@ class Accumulator:
         self.cov[j] = part if j not in self.cov else _chan(self.cov[j], part)
 
     def _rebuilt_of_sources(self, n: int) -> Tensor:
-        """sum_{s < n} v_s: the running sum when it holds exactly n sources."""
-        if self._in_r == n:
-            return self.R
-        return self.V[:n].sum(0)
+        """sum_{s < n} v_s: the running sum, grown to n sources (consumers come in order, so each
+        source is added once; nothing is summed for a model without unit consumers).
+        """
+        if self.R is None:
+            self.R = torch.zeros_like(self.V[0])
+        if self._in_r > n:
+            return self.V[:n].sum(0)
+        for j in range(self._in_r, n):
+            self.R += self.V[j]
+        self._in_r = n
+        return self.R
 
     def _fold_error(self, i: int, h: Tensor, rebuilt: Tensor) -> None:
         self.sums["err"][i] += self._sq(h - rebuilt)
@@ -206,15 +268,46 @@ class Accumulator:
             self._fold_weights(i, m[0], m[1])
 
     @torch.no_grad()
-    def consumer_terms(
-        self, i: int, h: Tensor, terms: Tensor, mixing: Tensor, rebuilt: Tensor | None = None
-    ) -> None:
-        """Consumer i from its terms c[l, s] directly: input h [T, d], terms [n, T, d] with
-        h = sum_s terms[s] (to rounding), and per-token mixing coefficients [T, n] (what ``mixing``
-        reports: for a post-LN model, the accumulated 1/sigma of each term). ``rebuilt`` [T, d], if
-        the adapter carries it, is the sum of the terms (computed by the same linear maps as they).
+    def consumer_terms(self, i: int, h: Tensor, terms: Terms) -> None:
+        """Consumer i from its terms c[l, s] directly (``Terms``: a post-LN adapter's, its skipped
+        positions cut), input h [T, d] with h = sum_s c_s (to rounding), T = batch x pos.
+
+        The dense terms are already in memory, so each statistic is one whole-tensor pass over them:
+        the dots with the rebuilt input as matrix-vector products (one per window where the windows
+        are views with a gap of skipped positions), the norms as one reduction; nothing of their size
+        is allocated (token chunks measured slower here: per-chunk calls dominate). A vector term
+        c_s[t] = a_s[t] v_s costs no pass over T x d per term: dots_s = sum <v_s, sum_t a_s[t] r_t>
+        (one product of the factors with the rebuilt input for the whole group), norms_s =
+        sum_t |a_s[t]| |v_s|.
         """
-        self._chunked(i, h, lambda a, b: terms[:, a:b], rebuilt)
+        n = terms.scale.shape[0]
+        dense, r = terms.dense, terms.rebuilt
+        dots = h.new_zeros(n, dtype=self.dtype)
+        cn = h.new_zeros(n, dtype=self.dtype)
+        m = dense.shape[0]
+        if m:
+            flat = dense[0].is_contiguous()
+            blocks = [(dense, r)] if flat else list(zip(dense.unbind(1), r.unbind(0)))
+            dd = h.new_zeros(m, dtype=self.dtype)
+            for c, rb in blocks:  # one matrix-vector product per contiguous block
+                dd += (c.reshape(m, -1) @ rb.reshape(-1)).to(self.dtype)
+            dots[terms.dense_at] = dd
+            cn[terms.dense_at] = self._sum(torch.linalg.vector_norm(dense, dim=-1).reshape(m, -1), 1)
+        for v, at in terms.vecs:
+            a = terms.scale[at].to(r.dtype)  # [k, batch, pos]
+            if v.shape[2] == 1:  # the same at every token: <v_s, sum_t a_s[t] r_t>, one product
+                y = a.reshape(a.shape[0], -1) @ r.reshape(-1, r.shape[-1])  # [k, d]
+                dots[at] = self._sum(y * v.reshape(y.shape), 1)
+            else:  # the same in every window: <v_s[p], r[b, p]> per token, then weighted by a_s
+                dots[at] = self._sum((torch.einsum("bpd,spd->sbp", r, v[:, 0]) * a).flatten(1), 1)
+            cn[at] = self._sum((a.abs() * torch.linalg.vector_norm(v, dim=-1)).flatten(1), 1)
+        r = r.reshape(-1, r.shape[-1])
+        s = self.sums
+        s["dot"][i, :n] += dots
+        s["hh"][i] += self._sq(r)
+        self._fold_norms(i, cn)
+        self._fold_error(i, h, r.to(h.dtype))
+        mixing = terms.scale.reshape(n, -1).T
         self._fold_weights(i, mixing, mixing.abs())
 
     def _chunked(self, i: int, h: Tensor, contributions, rebuilt_all: Tensor | None = None) -> None:
@@ -274,7 +367,7 @@ class Accumulator:
         """Fold what waits for the whole batch (the Gram products), then the batch's checks in one
         transfer: (relative rebuild error per consumer, every statistic finite, consumers folded).
         """
-        if self.V is not None and self.R is not None:
+        if self.started:
             self._gram_consumers()
             self._token_consumers()
         s = self.sums

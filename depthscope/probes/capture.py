@@ -274,7 +274,9 @@ class Run:
         # ablated batches: the first ones, by their global index, so sharding does not change them
         tokens = settings.ablate_tokens
         self.ablate_windows = None if tokens is None else math.ceil(tokens / window)  # None: all
-        self.acc = Accumulator(ad.layout(), covariance=settings.rank)
+        # a model whose consumers all hand their terms (post-LN) needs no copy of the source outputs
+        values = not all(c.terms for c in ad.consumers)
+        self.acc = Accumulator(ad.layout(), covariance=settings.rank, values=values)
         self.probe = LogitProbe(ad, skip, lens=settings.lens) if settings.causal else None
         ablate = settings.ablate
         self.ablation = Ablation(ad, skip, ablate, settings.ablate_mean) if ablate else None
@@ -498,8 +500,8 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            if spec.terms and key == "w":  # (terms, mixing[, rebuilt]): source-major, then [b, p, d]
-                got[key] = (*(x[:, :, self.skip :] for x in t[:2]), *(self._cut(x) for x in t[2:]))
+            if spec.terms and key == "w":  # a Terms: source-major, positions in its dims 1 and 2
+                got[key] = t.cut(self.skip)
             else:
                 got[key] = self._cut(t)
             if key == "h" and self.probe is not None and self.probe.lens_on:
@@ -519,12 +521,11 @@ class Taps:
         V = self.acc.V  # noqa: N806
         h = got["h"].to(V.device, V.dtype) if got["h"].dtype in LOW_PRECISION else got["h"].to(V.device)
         w = got.get("w")
-        if spec.terms:  # source-major: terms [n, batch, pos, d], mixing [n, batch, pos]
-            terms, mixing = (x.to(V.device).flatten(1, 2) for x in w[:2])
-            terms = terms.to(V.dtype)
-            rebuilt = self._flat(w[2].to(V.device, V.dtype)) if len(w) > 2 else None
-            self._readout(spec, h, "terms", terms)
-            self.acc.consumer_terms(i, self._flat(h), terms, mixing.T, rebuilt)
+        if spec.terms:  # kept [n, batch, pos, d]: the skipped positions cut without a copy
+            terms = w.to(V.device, V.dtype)
+            if self.probe is not None and spec.kind == READOUT:
+                self._readout(spec, h, "terms", terms.full().flatten(1, 2))
+            self.acc.consumer_terms(i, self._flat(h), terms)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
             self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)

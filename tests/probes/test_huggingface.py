@@ -145,7 +145,9 @@ def collect_term_sums(model, toks) -> dict[str, torch.Tensor]:
     """Sum of the terms the post-LN adapter hands the engine at each consumer (one batch; source-major)."""
     ad = resolve(model)
     sums = {}
-    taps = [(c.weights, lambda tm, key=c.label: sums.__setitem__(key, tm[0].sum(0))) for c in ad.consumers]
+    taps = [
+        (c.weights, lambda tm, key=c.label: sums.__setitem__(key, tm.full().sum(0))) for c in ad.consumers
+    ]
     with torch.no_grad(), ad.attach(model, taps):
         model(toks)
     return sums

@@ -417,8 +417,8 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            if spec.terms and key == "w":  # adapters now hand terms source-major: back to [b, p, n, ...]
-                t = (t[0].permute(1, 2, 0, 3), t[1].permute(1, 2, 0))
+            if spec.terms and key == "w":  # adapters now hand a Terms, source-major: whole, [b, p, n, ...]
+                t = (t.full().permute(1, 2, 0, 3), t.scale.permute(1, 2, 0))
             got[key] = tuple(self._cut(x) for x in t) if spec.terms and key == "w" else self._cut(t)
             if key == "h" and self.probe is not None:
                 self.probe.lens(i, got["h"])
