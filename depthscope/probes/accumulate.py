@@ -9,12 +9,15 @@ One batch:
 * ``V`` [S, T, d]: the batch's source outputs, source-major, in the model's compute dtype (float32
   for half-precision models): the one big allocation, reused from batch to batch (its size is set
   by the batch: ``--batch-size`` windows of ``--ctx`` tokens); ``norms`` [S, T] their per-token
-  norms; ``R`` [T, d] the running sum of the sources fired so far.
+  norms; ``R`` [T, d] the running sum of the first sources, grown when a unit consumer asks.
 * Each consumer l with n sources and input h [T, d] is rebuilt at once, when its input arrives:
   unit weights (standard residuals, every Hugging Face decoder): ``R`` itself, O(T d); static
   weights w [n]: sum_s w_s v_s; per-token weights W [T, n] (AttnRes, unrolled HC/mHC streams): one
-  batched product; per-feature weights W [T, n, d] (DCA's GRN-v2/v3) and carried terms (post-LN
-  encoders): token chunks sized to the cache. The rebuild error |h - rebuilt|^2 is summed directly
+  batched product; per-feature weights W [T, n, d] (DCA's GRN-v2/v3): token chunks sized to the
+  cache. Carried terms (post-LN encoders, ``Terms``) are already in memory: whole-tensor passes over
+  the dense ones, O(T d) for a group of vector terms; the source outputs are then not copied at all
+  (``values=False``), and the per-token mixing of every such consumer is folded at the batch's end
+  in one set of products. The rebuild error |h - rebuilt|^2 is summed directly
   (never as a difference of large sums, which would hide a 1e-4 error under float32 rounding).
 * The dots <c[l, s], rebuilt_l> come at the end of the batch from Gram matrices: for unit and
   static weights G = sum_t V_t V_t^T (one [S, T d] x [T d, S] product) gives
@@ -122,6 +125,7 @@ class Accumulator:
         self.native: dict[str, tuple[tuple[str, ...], dict[int, Tensor]]] = {}
         self.V: Tensor | None = None
         self.norms: Tensor | None = None
+        self._mixing: Tensor | None = None  # [consumer, source, T]: deferred per-token mixing
         self._reset_batch()
 
     # ---- one batch ----
@@ -134,6 +138,7 @@ class Accumulator:
         self._static: list[tuple[int, Tensor]] = []  # (consumer, w [n])
         self._token: list[tuple[int, Tensor]] = []  # (consumer, W [T, n])
         self._folded: set[int] = set()
+        self._deferred: list[int] = []  # consumers whose mixing waits in _mixing for the batch's end
         self._marks: tuple[Tensor, Tensor] | None = None
 
     def add_tokens(self, n: int) -> None:
@@ -307,8 +312,29 @@ class Accumulator:
         s["hh"][i] += self._sq(r)
         self._fold_norms(i, cn)
         self._fold_error(i, h, r.to(h.dtype))
-        mixing = terms.scale.reshape(n, -1).T
-        self._fold_weights(i, mixing, mixing.abs())
+        self._defer_mixing(i, terms.scale.reshape(n, -1))
+
+    def _defer_mixing(self, i: int, mixing: Tensor) -> None:
+        """Keep consumer i's per-token mixing [n, T] (a copy: the adapter updates its own in place)
+        for ``_mixing_consumers`` at the end of the batch, which folds every such consumer at once.
+        """
+        S, T = len(self.layout.source), mixing.shape[1]  # noqa: N806
+        buf = self._mixing
+        want = (len(self.layout.layer), S, T)
+        if buf is None or buf.shape != want or buf.device != mixing.device or buf.dtype != mixing.dtype:
+            buf = self._mixing = mixing.new_zeros(want)  # a consumer's columns past its n stay 0
+        buf[i, : mixing.shape[0]] = mixing
+        self._deferred.append(i)
+
+    def _mixing_consumers(self) -> None:
+        """Fold the deferred consumers' per-token mixing: means and spreads of all rows at once."""
+        if not self._deferred:
+            return
+        idx = torch.tensor(self._deferred, device=self._mixing.device)
+        w = self._mixing.index_select(0, idx).to(self.dtype)  # [R, S, T]
+        m_b = w.mean(2)
+        m2_b = (w - m_b[..., None]).pow(2).sum(2)
+        self._merge_rows(idx.to(self.device), m_b, m2_b, w.abs().mean(2), w.shape[2])
 
     def _chunked(self, i: int, h: Tensor, contributions, rebuilt_all: Tensor | None = None) -> None:
         """A consumer whose contributions c [n, t, d] are built per token chunk: rebuild, dots with
@@ -362,12 +388,27 @@ class Accumulator:
         s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * frac
         self.seen[i] += n_b
 
+    def _merge_rows(self, idx: Tensor, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
+        """``_merge_means`` for several consumers ``idx`` [R] (each once) at once, whole rows [R, S]:
+        a source a consumer does not read has weight 0 in this batch and mean 0 before, so its
+        columns stay 0.
+        """
+        s = self.sums
+        n_a = self.seen[idx][:, None]
+        frac = n_b / (n_a + n_b)
+        delta = m_b - s["mix"][idx]
+        s["mix"][idx] += delta * frac
+        s["mix_sq"][idx] += m2_b + delta.pow(2) * n_a * frac
+        s["mix_abs"][idx] += (abs_b - s["mix_abs"][idx]) * frac
+        self.seen[idx] += n_b
+
     @torch.no_grad()
     def end_batch(self) -> tuple[np.ndarray, bool, set[int]]:
         """Fold what waits for the whole batch (the Gram products), then the batch's checks in one
         transfer: (relative rebuild error per consumer, every statistic finite, consumers folded).
         """
         if self.started:
+            self._mixing_consumers()
             self._gram_consumers()
             self._token_consumers()
         s = self.sums
@@ -412,10 +453,7 @@ class Accumulator:
         cn = W.abs() * N
         s["cnorm"].index_add_(0, idx, cn)
         s["ctotal"].index_add_(0, idx, cn.sum(1))
-        for r, (i, _) in enumerate(rows):
-            n = int(self.n_sources[i])
-            w = W[r, :n]
-            self._merge_means(i, n, w, torch.zeros_like(w), w.abs(), T)
+        self._merge_rows(idx, W, torch.zeros_like(W), W.abs(), T)
 
     def _token_consumers(self) -> None:
         """Per-token consumers: dots and |rebuilt|^2 from the per-token Grams G_t, in token chunks."""
