@@ -84,7 +84,9 @@ class Terms:
         )
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Terms:
-        """On ``device``, the terms in ``dtype`` (the factors keep theirs)."""
+        """On ``device``, the terms in ``dtype`` (the factors keep theirs); itself where they are."""
+        if self.rebuilt.device == device and self.rebuilt.dtype == dtype and self.dense.dtype == dtype:
+            return self
         vecs = tuple((v.to(device, dtype), at.to(device)) for v, at in self.vecs)
         return Terms(
             self.dense.to(device, dtype), self.dense_at.to(device), vecs, self.scale.to(device),
@@ -198,7 +200,10 @@ class Accumulator:
             self._begin(v)
         if self.values:
             self.V[j] = v
-        norms = torch.linalg.vector_norm(v, dim=-1)
+        if v.stride(0) == 0:  # one vector at every token (a bias): its norm, once
+            norms = torch.linalg.vector_norm(v[0]).expand(v.shape[0])
+        else:
+            norms = torch.linalg.vector_norm(v, dim=-1)
         self.norms[j] = norms
         self.sums["src_sq"][j] += self._sum(norms.pow(2))
         if self.covariance:

@@ -294,6 +294,7 @@ class _Terms:
         self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
         self.parts: list[Tensor] = []  # chunks of the MLP's write
         self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
+        self._indices: dict[tuple, Tensor] = {}
 
     def _buffers(self, slot: str, lead: tuple[int, int], d: int, like: Tensor) -> dict[str, Tensor]:
         shapes = {
@@ -374,8 +375,8 @@ class _Terms:
             vec.sub_(vec.mean(-1, keepdim=True))
             if ln.weight is not None:
                 vec.mul_(ln.weight)
-        r = self.rebuilt
-        self.rebuilt = (r - r.mean(-1, keepdim=True)) * gain.view_as(r)
+        r = self.rebuilt  # this batch's own buffer (the engine has folded every view of it)
+        r.sub_(r.mean(-1, keepdim=True)).mul_(gain.view_as(r))
         self.buf["scale"][: self.n] *= inv.squeeze(-1)
         self.bias(bias_key, ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1]))
 
@@ -413,10 +414,18 @@ class _Terms:
         self.source(key, t)
         self.normalise(ln, x, bias_key)
 
+    def _index(self, group: str, device: torch.device) -> Tensor:
+        """The source indices of a group's live terms, as a tensor (the same in every batch: cached)."""
+        key = (group, tuple(self.at[group]), device)
+        have = self._indices.get(key)
+        if have is None:
+            have = self._indices[key] = torch.tensor(key[1], dtype=torch.long, device=device)
+        return have
+
     def consumer(self, key: str, h: Tensor) -> None:
         """Consumer ``key``'s input and its terms (views, folded by the engine at once)."""
         self.send(f"{key}.in", h)
-        at = lambda group: torch.tensor(self.at[group], dtype=torch.long, device=h.device)  # noqa: E731
+        at = lambda group: self._index(group, h.device)  # noqa: E731
         live = lambda group: self.buf[group][: self.count[group]]  # noqa: E731
         vecs = tuple((live(g), at(g)) for g in self.GROUPS if self.count[g])
         self.send(
