@@ -210,3 +210,31 @@ def test_an_encoder_without_a_tokenizer_asks_for_ids_or_a_tokenizer(saved):
         capture(model, None, n_tokens=64, ctx=32)
     tok = T.AutoTokenizer.from_pretrained(saved("bert"))
     assert capture(model, None, n_tokens=64, ctx=32, tokenizer=tok).attrs["tokens"] == 64
+
+
+def test_biases_and_shared_embeddings_are_carried_as_vectors_with_the_dense_terms_statistics(saved):
+    """The LayerNorm biases and the token type (one vector at every token) and the position embedding
+    (one per position) are carried as vectors times their accumulated 1/sigma, the rest whole; with
+    positions skipped, the read-out's shares and norm shares from those equal the same statistics
+    computed from the whole terms, and every input is rebuilt."""
+    model = load_model(saved("bert")).double()
+    ad, got = resolve(model), {}
+    taps = [(c.weights, lambda tm, key=c.label: got.__setitem__(key, tm)) for c in ad.consumers]
+    with torch.no_grad(), ad.attach(model, taps):
+        model(tokens())
+    n_layers = model.config.num_hidden_layers
+    readout = got["readout"]
+    sizes = {g: v.shape for g, (v, _) in zip(("const", "window"), readout.vecs)}
+    assert readout.dense.shape[0] == 1 + 2 * n_layers  # the word embedding and the sublayer writes
+    assert sizes["const"][:3] == (1 + 2 * n_layers + 1, 1, 1)  # token type, every LayerNorm bias
+    assert sizes["window"][:3] == (1, 1, tokens().shape[1])  # the position embedding
+    skip = 2
+    whole = readout.full()[:, :, skip:]  # [source, batch, pos, d], the skipped positions cut
+    h = whole.sum(0)
+    norms = torch.linalg.vector_norm(whole, dim=-1).sum((1, 2))
+    share = (whole * h).sum((1, 2, 3)) / h.pow(2).sum()
+    trace = capture(model, tokens(), batch_size=3, skip_positions=skip)
+    row = trace.sel(layer="readout")
+    assert float(trace["residual_error"].max()) < 1e-12
+    np.testing.assert_allclose(row["norm_share"].values, (norms / norms.sum()).numpy(), rtol=1e-10)
+    np.testing.assert_allclose(row["contribution_share"].values, share.numpy(), atol=1e-12)
