@@ -45,7 +45,7 @@ from torch import Tensor
 
 from depthscope.errors import TraceError
 from depthscope.resources import require_memory
-from depthscope.trace import TRACE_FORMAT, VARIABLE_ATTRS, Layout, with_blocks
+from depthscope.trace import TRACE_FORMAT, VARIABLE_ATTRS, Layout, block_coords
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-feature and per-token work: about 1 MB, cache-sized
 MATRICES = ("mix", "mix_abs", "mix_sq", "dot", "cnorm")  # (layer, source) sums
@@ -602,6 +602,7 @@ class Accumulator:
             "layer_kind": ("layer", np.array(lay.layer_kind, dtype=object)),
             "source_depth": ("source", np.array(lay.source_depth, dtype=np.int64)),
             "source_kind": ("source", np.array(lay.source_kind, dtype=object)),
+            **block_coords(lay.layer, lay.source),  # here, not assigned after: that copies the Dataset
         }
         ds = xr.Dataset(
             data, coords=coords, attrs={**attrs, "trace_format": TRACE_FORMAT, "tokens": int(self.tokens)}
@@ -618,7 +619,7 @@ class Accumulator:
                 name, dims = key[7:].rsplit(".", 1)
                 ds[name] = (("layer", *(tuple(dims.split(",")) if dims else ())), arr / n)
                 ds[name].attrs.update(long_name=f"{name} (token mean, native)", units="1")
-        return with_blocks(ds)
+        return ds
 
 
 def _chan(a: list, b: list) -> list:

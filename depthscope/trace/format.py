@@ -127,12 +127,17 @@ class Layout:
         return np.arange(len(self.source))[None, :] < np.asarray(self.layer_sources)[:, None]
 
 
+def block_coords(layers, sources) -> dict[str, tuple[str, np.ndarray]]:
+    """The ``layer_block`` and ``source_block`` coordinates of these labels (for a Dataset's coords)."""
+    return {
+        "layer_block": ("layer", np.array([block_of(x) for x in layers], dtype=object)),
+        "source_block": ("source", np.array([block_of(x) for x in sources], dtype=object)),
+    }
+
+
 def with_blocks(trace: xr.Dataset) -> xr.Dataset:
     """``trace`` with its ``layer_block`` and ``source_block`` coordinates (from the labels)."""
-    return trace.assign_coords(
-        layer_block=("layer", np.array([block_of(x) for x in trace["layer"].values], dtype=object)),
-        source_block=("source", np.array([block_of(x) for x in trace["source"].values], dtype=object)),
-    )
+    return trace.assign_coords(block_coords(trace["layer"].values, trace["source"].values))
 
 
 def save_trace(trace: xr.Dataset, path: str | Path) -> Path:

@@ -343,12 +343,13 @@ class _Terms:
 
     def embedding(self, key: str, t: Tensor) -> None:
         """An embedding after the first: kept as a vector where it is one per position in every
-        window ([1, pos, d]: the position embedding) or one for every token (compared exactly).
+        window ([1, pos, d]: the position embedding) or, on a CPU, one for every token (compared
+        exactly; on an accelerator the comparison would wait for the device, so it stays whole).
         """
         batch = self.rebuilt.shape[0]
         if t.shape[0] == 1 and batch > 1:
             self._add("window", key, t, t.expand(batch, -1, -1))
-        elif torch.equal(t, t[:1, :1].expand_as(t)):
+        elif t.device.type == "cpu" and torch.equal(t, t[:1, :1].expand_as(t)):
             self._add("const", key, t[:1, :1], t)
         else:
             self._add("dense", key, t.expand(batch, -1, -1), t.expand(batch, -1, -1))
