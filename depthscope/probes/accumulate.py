@@ -187,7 +187,7 @@ class Accumulator:
         pow-then-sum on a CPU; its float32 rounding is about 1e-7 relative), in the sums' precision.
         """
         flat = x.reshape(-1)
-        return torch.dot(flat, flat).to(self.dtype)
+        return torch.dot(flat, flat)  # added in place into a float64 sum: promoted there
 
     def _sum(self, x: Tensor, dims=None) -> Tensor:
         """A sum over tokens in the sums' precision (products formed in the data's own)."""
@@ -205,7 +205,7 @@ class Accumulator:
         else:
             norms = torch.linalg.vector_norm(v, dim=-1)
         self.norms[j] = norms
-        self.sums["src_sq"][j] += self._sum(norms.pow(2))
+        self.sums["src_sq"][j].add_(torch.dot(norms, norms))
         if self.covariance:
             self._fold_cov(j, v)
 
@@ -214,8 +214,8 @@ class Accumulator:
         """Consumer i's whole input [batch, pos, d] (skipped positions included): how much of its
         squared norm sits at the first position of the windows (an attention sink shows here).
         """
-        self.sums["first_sq"][i] += self._sq(h[:, 0])
-        self.sums["full_sq"][i] += self._sq(h)
+        self.sums["first_sq"][i].add_(self._sq(h[:, 0]))
+        self.sums["full_sq"][i].add_(self._sq(h))
 
     def _fold_cov(self, j: int, x: Tensor) -> None:
         """Merge a batch [T, d] into source j's running mean and scatter matrix (Chan et al.)."""
@@ -239,8 +239,8 @@ class Accumulator:
         return self.R
 
     def _fold_error(self, i: int, h: Tensor, rebuilt: Tensor) -> None:
-        self.sums["err"][i] += self._sq(h - rebuilt)
-        self.sums["in_sq"][i] += self._sq(h)
+        self.sums["err"][i].add_(self._sq(h - rebuilt))
+        self.sums["in_sq"][i].add_(self._sq(h))
         self._folded.add(i)
 
     @torch.no_grad()
@@ -292,31 +292,32 @@ class Accumulator:
         """
         n = terms.scale.shape[0]
         dense, r = terms.dense, terms.rebuilt
-        dots = h.new_zeros(n, dtype=self.dtype)
-        cn = h.new_zeros(n, dtype=self.dtype)
+        s = self.sums
+        dot, cnorm = s["dot"][i], s["cnorm"][i]  # this consumer's rows, added into in place
+        total = []  # its norm sums per group, for ctotal
         m = dense.shape[0]
         if m:
-            flat = dense[0].is_contiguous()
-            blocks = [(dense, r)] if flat else list(zip(dense.unbind(1), r.unbind(0)))
-            dd = h.new_zeros(m, dtype=self.dtype)
-            for c, rb in blocks:  # one matrix-vector product per contiguous block
-                dd += (c.reshape(m, -1) @ rb.reshape(-1)).to(self.dtype)
-            dots[terms.dense_at] = dd
-            cn[terms.dense_at] = self._sum(torch.linalg.vector_norm(dense, dim=-1).reshape(m, -1), 1)
+            if dense[0].is_contiguous():  # one matrix-vector product
+                dd = dense.reshape(m, -1) @ r.reshape(-1)
+            else:  # one per window: the windows are views with a gap of skipped positions
+                dd = sum(c.reshape(m, -1) @ rb.reshape(-1) for c, rb in zip(dense.unbind(1), r.unbind(0)))
+            dot.index_add_(0, terms.dense_at, dd.to(self.dtype))
+            total.append(self._sum(torch.linalg.vector_norm(dense, dim=-1).reshape(m, -1), 1))
+            cnorm.index_add_(0, terms.dense_at, total[-1])
         for v, at in terms.vecs:
-            a = terms.scale[at].to(r.dtype)  # [k, batch, pos]
+            a = terms.scale[at]  # [k, batch, pos]
             if v.shape[2] == 1:  # the same at every token: <v_s, sum_t a_s[t] r_t>, one product
                 y = a.reshape(a.shape[0], -1) @ r.reshape(-1, r.shape[-1])  # [k, d]
-                dots[at] = self._sum(y * v.reshape(y.shape), 1)
+                dot.index_add_(0, at, self._sum(y * v.reshape(y.shape), 1))
             else:  # the same in every window: <v_s[p], r[b, p]> per token, then weighted by a_s
-                dots[at] = self._sum((torch.einsum("bpd,spd->sbp", r, v[:, 0]) * a).flatten(1), 1)
-            cn[at] = self._sum((a.abs() * torch.linalg.vector_norm(v, dim=-1)).flatten(1), 1)
+                dot.index_add_(0, at, self._sum((torch.einsum("bpd,spd->sbp", r, v[:, 0]) * a).flatten(1), 1))
+            total.append(self._sum((a.abs() * torch.linalg.vector_norm(v, dim=-1)).flatten(1), 1))
+            cnorm.index_add_(0, at, total[-1])
         r = r.reshape(-1, r.shape[-1])
-        s = self.sums
-        s["dot"][i, :n] += dots
-        s["hh"][i] += self._sq(r)
-        self._fold_norms(i, cn)
-        self._fold_error(i, h, r.to(h.dtype))
+        if total:
+            s["ctotal"][i].add_(torch.cat(total).sum())
+        s["hh"][i].add_(self._sq(r))
+        self._fold_error(i, h, r)
         self._defer_mixing(i, terms.scale.reshape(n, -1))
 
     def _defer_mixing(self, i: int, mixing: Tensor) -> None:
