@@ -225,6 +225,7 @@ def build(model: Any) -> Adapter:
     )
     offset = (int(cfg.pad_token_id or 0) + 1) if plan.layout.padded_positions else 0
     n_dense = sum(s.kind != names.BIAS for s in srcs)  # the biases are carried as vectors
+    keep: dict = {}  # the terms' buffers, from batch to batch
     return Adapter(
         family=FAMILY,
         sources=srcs,
@@ -242,7 +243,7 @@ def build(model: Any) -> Adapter:
         ctx=int(cfg.max_position_embeddings) - offset,
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model, "a post-LN encoder's token ids are word pieces, not bytes"),
-        attach=lambda m, taps: _attach(m, taps, plan, len(srcs), n_dense),
+        attach=lambda m, taps: _attach(m, taps, plan, len(srcs), n_dense, keep),
         forward=_chunked_forward(plan.chunk) if plan.chunk else call_model,
         views=False,  # a post-LN layer's input is the stream itself
     )
@@ -283,10 +284,12 @@ class _Terms:
 
     GROUPS = ("const", "window")
 
-    def __init__(self, send, n_sources: int, n_dense: int, n_embed: int, hold: bool = False):
+    def __init__(self, send, n_sources: int, n_dense: int, n_embed: int, hold: bool, keep: dict):
         self.send, self.hold = send, hold
         self.sizes = {"dense": n_dense, "const": n_sources, "window": n_embed, "scale": n_sources}
-        self.buffers: dict[str, dict[str, Tensor]] = {}  # "embed" (before a projection), "stream"
+        # kept by the adapter from batch to batch (each batch attaches anew; one at a time): the
+        # buffers ("embed" before a projection, "stream") and the index tensors
+        self.buffers: dict[str, dict[str, Tensor]] = keep.setdefault("buffers", {})
         self.buf: dict[str, Tensor] = {}
         self.count: dict[str, int] = {}  # live terms per group ("dense", "const", "window")
         self.at: dict[str, list[int]] = {}  # the source index of each live term, per group
@@ -294,7 +297,7 @@ class _Terms:
         self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
         self.parts: list[Tensor] = []  # chunks of the MLP's write
         self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
-        self._indices: dict[tuple, Tensor] = {}
+        self._indices: dict[tuple, Tensor] = keep.setdefault("indices", {})
 
     def _buffers(self, slot: str, lead: tuple[int, int], d: int, like: Tensor) -> dict[str, Tensor]:
         shapes = {
@@ -435,9 +438,11 @@ class _Terms:
 
 
 @contextlib.contextmanager
-def _attach(model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int, n_dense: int):
+def _attach(
+    model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int, n_dense: int, keep: dict
+):
     state = _Terms(
-        router(taps), n_sources, n_dense, len(plan.layout.embeddings), hold=plan.project is not None
+        router(taps), n_sources, n_dense, len(plan.layout.embeddings), plan.project is not None, keep
     )
     with module_attach(model, _hooks(model, plan, state)):
         yield
