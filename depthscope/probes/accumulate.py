@@ -342,7 +342,7 @@ class Accumulator:
         m2_b = (w - m_b[..., None]).pow(2).sum(2)
         self._merge_rows(idx.to(self.device), m_b, m2_b, w.abs().mean(2), w.shape[2])
 
-    def _chunked(self, i: int, h: Tensor, contributions, rebuilt_all: Tensor | None = None) -> None:
+    def _chunked(self, i: int, h: Tensor, contributions) -> None:
         """A consumer whose contributions c [n, t, d] are built per token chunk: rebuild, dots with
         its own rebuild, contribution norms and the error, without holding [n, T, d] at once.
         """
@@ -355,7 +355,7 @@ class Accumulator:
         for a in range(0, T, step):
             b = min(T, a + step)
             c = contributions(a, b)  # [n, t, d]
-            rebuilt = c.sum(0) if rebuilt_all is None else rebuilt_all[a:b]
+            rebuilt = c.sum(0)
             dots = dots + (c.flatten(1) @ rebuilt.flatten()).to(self.dtype)  # one matrix-vector product
             cn = cn + self._sum(torch.linalg.vector_norm(c, dim=-1), 1)
             hh = hh + self._sq(rebuilt)
@@ -378,34 +378,25 @@ class Accumulator:
         spread (Chan et al.), so the spread has no E[w^2] - E[w]^2 cancellation.
         """
         w = per_token.to(self.dtype)
-        n, n_b = w.shape[-1], w.shape[0]
+        n_b = w.shape[0]
         m_b = w.mean(0)
         m2_b = (w - m_b).pow(2).sum(0)
         abs_b = per_token_abs.to(self.dtype).mean(0)
-        self._merge_means(i, n, m_b, m2_b, abs_b, n_b)
+        self._merge_rows(i, m_b, m2_b, abs_b, n_b)
 
-    def _merge_means(self, i: int, n: int, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
-        s = self.sums
-        n_a = self.seen[i]
-        frac = n_b / (n_a + n_b)
-        delta = m_b - s["mix"][i, :n]
-        s["mix"][i, :n] += delta * frac
-        s["mix_sq"][i, :n] += m2_b + delta.pow(2) * n_a * frac
-        s["mix_abs"][i, :n] += (abs_b - s["mix_abs"][i, :n]) * frac
-        self.seen[i] += n_b
-
-    def _merge_rows(self, idx: Tensor, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
-        """``_merge_means`` for several consumers ``idx`` [R] (each once) at once, whole rows [R, S]:
-        a source a consumer does not read has weight 0 in this batch and mean 0 before, so its
-        columns stay 0.
+    def _merge_rows(self, idx, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
+        """Merge a batch's weight means ``m_b``, their M2 and mean magnitudes (each [n] for one
+        consumer ``idx``, or [R, n] for consumers ``idx`` [R], each once) over the batch's ``n_b``
+        tokens into the running means and spreads of the first n sources (Chan et al.). Whole rows
+        (n = S) are exact too: a source a consumer does not read has weight 0 in every batch.
         """
-        s = self.sums
-        n_a = self.seen[idx][:, None]
+        s, n = self.sums, m_b.shape[-1]
+        n_a = self.seen[idx].unsqueeze(-1)
         frac = n_b / (n_a + n_b)
-        delta = m_b - s["mix"][idx]
-        s["mix"][idx] += delta * frac
-        s["mix_sq"][idx] += m2_b + delta.pow(2) * n_a * frac
-        s["mix_abs"][idx] += (abs_b - s["mix_abs"][idx]) * frac
+        delta = m_b - s["mix"][idx, :n]
+        s["mix"][idx, :n] += delta * frac
+        s["mix_sq"][idx, :n] += m2_b + delta.pow(2) * n_a * frac
+        s["mix_abs"][idx, :n] += (abs_b - s["mix_abs"][idx, :n]) * frac
         self.seen[idx] += n_b
 
     @torch.no_grad()
