@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from depthscope import interrupt
 from depthscope.errors import DepthscopeError
+
+TEMPORARY_EXTRA = 32  # what a temporary name adds to a file name: ".", ".PID.RANDOM.part"
 
 
 def _disk_full(directory: Path) -> bool:
@@ -30,7 +33,7 @@ def check_output(path: Path, *inputs: str | Path) -> None:
     """
     if not path.name:
         raise DepthscopeError(f"cannot write {path}: no file name")
-    if len(os.fsencode(path.name)) + len(".part") + 16 > 255:  # the temporary name must fit too
+    if len(os.fsencode(path.name)) + TEMPORARY_EXTRA > 255:  # the temporary name must fit too
         raise DepthscopeError(
             f"cannot write {str(path)[:80]}...: the file name is too long (255 bytes at most)"
         )
@@ -51,27 +54,68 @@ def check_output(path: Path, *inputs: str | Path) -> None:
             raise DepthscopeError(f"cannot write {path}: it is the input; name another output file")
 
 
+# Temporary names made and not yet renamed or removed, registered before they exist: an interrupt
+# landing anywhere (even between a file's creation and the line that keeps its name) leaves a name
+# that ``remove_pending`` (called by the entry point on every exit) can delete.
+_PENDING: set[Path] = set()
+
+
+def _temporary_name(path: Path) -> Path:
+    """A fresh hidden name beside ``path``: ``.NAME.PID.RANDOM.part``."""
+    return path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.part"
+
+
+def temporary_dir(path: Path) -> Path:
+    """Make and register a hidden temporary directory beside ``path`` (to be renamed onto it or
+    removed by the caller; ``remove_pending`` removes it otherwise).
+    """
+    tmp = _temporary_name(path)
+    _PENDING.add(tmp)
+    tmp.mkdir(mode=0o700)
+    return tmp
+
+
+def settle(tmp: Path) -> None:
+    """``tmp`` was renamed into place or removed by its owner: nothing left to clean."""
+    _PENDING.discard(tmp)
+
+
+def remove_pending() -> None:
+    """Delete every registered temporary file or directory that is still there."""
+    for tmp in list(_PENDING):
+        with contextlib.suppress(OSError):
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                tmp.unlink(missing_ok=True)
+        _PENDING.discard(tmp)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path; rename it onto ``path`` if the block succeeds, else delete it.
 
-    An interrupted or failed write never leaves a half-written file under the final name.
+    An interrupted or failed write never leaves a half-written file under the final name, and once
+    a Ctrl-C was received (even one a library swallowed) nothing more is renamed into place.
     """
     path = Path(path)
     check_output(path)
     parent = path.parent if str(path.parent) else Path(".")
+    tmp_path = _temporary_name(parent / path.name)
+    _PENDING.add(tmp_path)
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=parent)
+        os.close(os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except OSError as err:
+        _PENDING.discard(tmp_path)
         raise DepthscopeError(f"cannot write {path}: {err.strerror or err}") from None
-    os.close(fd)
-    tmp_path = Path(tmp)
     try:
         yield tmp_path
+        if interrupt.hit():
+            raise KeyboardInterrupt
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp_path, 0o666 & ~umask)  # mkstemp makes 0600; a finished file gets normal permissions
+        os.chmod(tmp_path, 0o666 & ~umask)  # made 0600; a finished file gets normal permissions
         os.replace(tmp_path, path)
     except BaseException as err:
         full = not isinstance(err, (KeyboardInterrupt, DepthscopeError)) and _disk_full(parent)
@@ -81,3 +125,5 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         if isinstance(err, OSError):  # lost permission, a directory made meanwhile ...
             raise DepthscopeError(f"cannot write {path}: {err.strerror or err}") from None
         raise
+    finally:
+        _PENDING.discard(tmp_path)

@@ -25,12 +25,14 @@ import xarray as xr
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
-from depthscope.probes.load import Placement, load_model
+from depthscope.probes.load import Placement, declared_context, load_model
 from depthscope.probes.partial import partial_path
-from depthscope.probes.settings import CaptureSettings
+from depthscope.probes.settings import CaptureSettings, check_window
 from depthscope.probes.shard import all_gather, shard
 from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
+
+STOP_GRACE = 10.0  # seconds a worker has to leave after SIGTERM before it is killed
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,9 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if asked.resume and me == 0 and not partial.exists() and job.progress:
         print(f"no partial capture at {partial}: starting from the beginning")
     settings = job.settings.replace(partial=replace(asked, path=partial if keep else None))
+    context = declared_context(job.model)
+    if settings.ctx is not None and context is not None:  # before the load, which takes a while
+        check_window(settings.ctx, context)
     model = load_model(job.model, _local(settings.placement))
     trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model))
     failed = None
@@ -168,16 +173,19 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
         ctx.Process(target=_worker, args=(r, job.workers, port, job, reports), daemon=False)
         for r in range(job.workers)
     ]
-    for p in procs:
-        p.start()
+    # the workers start with Ctrl-C blocked (the mask is inherited) and ignore it before unblocking,
+    # so a Ctrl-C during their start-up reaches only the parent, which stops them
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         for p in procs:
             p.join()
-    except KeyboardInterrupt:  # Ctrl-C: the workers ignore it; the parent stops them, then says so
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.join()
+    except KeyboardInterrupt:  # Ctrl-C: the parent stops the workers, then says so
+        _stop(procs, job.out, job.workers)
         raise
     done: dict[int, str | None] = {}
     while not reports.empty():
@@ -199,6 +207,28 @@ def _spawn(job: CaptureJob) -> xr.Dataset:
     return load_trace(job.out)
 
 
+def _stop(procs: list, out: Path, world: int) -> None:
+    """Stop the workers (SIGTERM: each removes its temporary files; SIGKILL after a grace period, for
+    one blocked in a collective) and remove any temporary partial file a killed one left.
+    """
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(STOP_GRACE)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    for r in range(world):
+        name = partial_path(out, r, world).name
+        for left in out.parent.glob(f".{glob.escape(name)}.*.part"):
+            left.unlink(missing_ok=True)
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise SystemExit(143)  # unwinds: atomic writes remove their temporary files on the way out
+
+
 def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> None:
     """One local rank: a gloo group over TCP on this machine, threads shared out between ranks.
 
@@ -210,6 +240,8 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
 
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle, in one line
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the parent while starting
+    signal.signal(signal.SIGTERM, _on_sigterm)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     report: str | None = f"capture worker {rank} stopped before finishing"
