@@ -1,9 +1,40 @@
-"""depthscope: measure how transformers mix earlier layers' outputs across depth."""
+"""depthscope: measure how transformers mix earlier layers' outputs across depth.
 
-from depthscope import zoo  # the bundled checkpoints: depthscope.zoo.ZOO_DIR
+The names below are imported when first used, so that ``import depthscope`` (and the command
+line's ``--help``) does not pay for torch, transformers and xarray.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from depthscope._version import __version__
 from depthscope.errors import DepthscopeError
-from depthscope.probes.load import load_model as load
-from depthscope.schemes import DepthModel, ModelConfig
+
+if TYPE_CHECKING:
+    from depthscope import zoo
+    from depthscope.probes.load import load_model as load
+    from depthscope.schemes import DepthModel, ModelConfig
+
+# public name -> (module, attribute; None for the module itself)
+_LAZY = {
+    "zoo": ("depthscope.zoo", None),  # the bundled checkpoints: depthscope.zoo.ZOO_DIR
+    "load": ("depthscope.probes.load", "load_model"),
+    "DepthModel": ("depthscope.schemes", "DepthModel"),
+    "ModelConfig": ("depthscope.schemes", "ModelConfig"),
+}
 
 __all__ = ["DepthModel", "DepthscopeError", "ModelConfig", "load", "zoo", "__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'depthscope' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    value = importlib.import_module(module)
+    return value if attr is None else getattr(value, attr)
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

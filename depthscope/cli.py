@@ -8,7 +8,6 @@ own constraints (``min=``, ``Literal`` choices, repeatable options), reported th
 from __future__ import annotations
 
 import enum
-import signal
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -18,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from depthscope import interrupt
 from depthscope.errors import ConfigError, DepthscopeError
 
 app = typer.Typer(
@@ -32,6 +32,24 @@ out = Console(markup=False, highlight=False, **({} if sys.stdout.isatty() else {
 BIG = 2**62  # the most any count may be: torch and numpy count in int64
 SEED_MAX = 2**63 - 1  # what both torch.manual_seed and numpy's generators accept (and not negative)
 D_MAX = 10_000  # the theory's width: exact risks over every r* < d (the paper: d = 100)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        from depthscope._version import __version__
+
+        out.print(f"depthscope {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", is_eager=True, callback=_show_version, help="Print the version and exit."),
+    ] = False,
+) -> None:
+    """Measure how transformers mix earlier layers' outputs across depth."""
 
 
 def _unit(text: str) -> float:
@@ -61,9 +79,11 @@ def _float(text: str) -> float:
     return value
 
 
-def _path(text: str) -> Path:
-    """A file or directory name; an empty one is refused (Path("") would mean the current directory)."""
-    if not text.strip():
+def _path(text: str | Path) -> Path:
+    """A file or directory name; an empty one is refused (Path("") would mean the current directory).
+    Typer hands an option's default through the parser too, as a Path.
+    """
+    if not str(text).strip():
         raise ValueError("an empty path")
     return Path(text)
 
@@ -80,6 +100,19 @@ def _output_file(path: Path, *inputs: Path) -> None:
     except OSError:  # a name the file system refuses: check_output says which
         pass
     check_output(path, *inputs)
+
+
+def _inputs(models: list[Path] | tuple[Path, ...] = (), corpus: Path | None = None) -> None:
+    """Refuse a model, checkpoint or trace argument that names nothing, and a corpus that does not
+    exist, before anything heavy is imported (the loaders say the same, later).
+    """
+    from depthscope.errors import CorpusError
+    from depthscope.inputs import input_kind
+
+    for path in models:
+        input_kind(path)
+    if corpus is not None and not corpus.exists():
+        raise CorpusError(f"corpus {corpus} does not exist")
 
 
 class Variant(str, enum.Enum):
@@ -185,6 +218,8 @@ def train(
     quiet: QuietOpt = False,
 ) -> None:
     """Train a byte-level model with one residual scheme and save it as a checkpoint."""
+    _output_file(out_path, *([corpus] if corpus else []))
+    _inputs(corpus=corpus)
     import torch
 
     from depthscope.corpus import load_corpus
@@ -193,7 +228,6 @@ def train(
     from depthscope.train import TrainConfig
     from depthscope.train import train as run_train
 
-    _output_file(out_path, *([corpus] if corpus else []))
     cfg = ModelConfig(
         scheme=scheme, n_layers=layers, d_model=d_model, n_heads=heads, ctx=ctx, options=parse_sets(set_)
     )
@@ -274,6 +308,7 @@ def report(
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
+    _inputs(inputs or [], corpus)
     from depthscope.pipelines.report import ReportSettings, build_report
     from depthscope.probes.settings import CaptureSettings
 
@@ -356,11 +391,12 @@ def capture(
     ] = None,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
+    _output_file(out_path, checkpoint, *([corpus] if corpus else []))
+    _inputs([checkpoint], corpus)
     from depthscope.pipelines.capture import CaptureJob, run_capture
     from depthscope.probes.load import Placement
     from depthscope.probes.settings import CaptureSettings, Partial
 
-    _output_file(out_path, checkpoint, *([corpus] if corpus else []))
     settings = CaptureSettings(
         n_tokens=tokens,
         batch_size=batch_size,
@@ -396,6 +432,10 @@ def dilution(
     k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
 ) -> None:
     """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
+    if not trace_path.exists():
+        from depthscope.errors import TraceError
+
+        raise TraceError(f"{trace_path}: no such trace file")
     from depthscope.analysis.dilution import consumer_table, summary
     from depthscope.trace import load_trace, split_models
 
@@ -592,9 +632,11 @@ def rank_measure(
     quiet: QuietOpt = False,
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
+    _inputs([path], corpus)
     from depthscope.analysis.rank import rank_summary
+    from depthscope.inputs import input_kind
     from depthscope.probes import capture as run_capture
-    from depthscope.probes.load import input_kind, load_model
+    from depthscope.probes.load import load_model
     from depthscope.trace import load_trace, split_models
 
     if input_kind(path) == "trace":
@@ -803,7 +845,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Exit as e:  # --help, or an explicit exit
         return e.exit_code
     except (typer.Abort, KeyboardInterrupt):
-        err.print("interrupted")
+        interrupt.say()
         return 130
     except OSError as e:  # the system refused: a full disk, a lost permission, a name too long
         where = f" writing {e.filename}" if getattr(e, "filename", None) else ""
@@ -819,24 +861,6 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     if status == 130:  # typer turns Ctrl-C inside a command into a returned 130
-        err.print("interrupted")
+        interrupt.say()
         return 130
     return status if isinstance(status, int) else 0
-
-
-def run() -> None:
-    """Console-script entry point. An interrupt that reaches here (a second Ctrl-C while the first
-    was being handled) is still exit 130, and once the command is over Ctrl-C is ignored, so the
-    interpreter's shutdown cannot turn the exit status into a death by SIGINT.
-    """
-    try:
-        status = main()
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        status = 130
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    sys.exit(status)
-
-
-if __name__ == "__main__":
-    run()

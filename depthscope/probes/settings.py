@@ -128,6 +128,14 @@ class CaptureSettings:
         return {**out, **resolved}
 
 
+def check_window(window: int, context: int) -> None:
+    """Refuse a window (``--ctx``) longer than the model's context."""
+    if not 1 <= window <= context:
+        raise DepthscopeError(
+            f"window length (--ctx) must be between 1 and the model's context {context}, got {window}"
+        )
+
+
 def _count(name: str, value: Any, *, low: int, high: int = BIG) -> None:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise DepthscopeError(f"{name} must be an integer, got {value!r}")
