@@ -127,8 +127,10 @@ def rank_profile(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
         raise ValueError("the trace has no source_spectrum: capture it with rank=True (CLI: --rank)")
 
     def one(t: xr.Dataset) -> xr.Dataset:
-        if "source_spectrum" not in t:
-            return xr.Dataset({"d_model": np.nan})
+        if "source_spectrum" not in t:  # NaN ranks of each of its sources: the stack aligns by source
+            kinds = xr.DataArray(np.array(KINDS, dtype=object), dims="rank_kind", name="rank_kind")
+            nan = xr.full_like(t["source"], np.nan, dtype=float).expand_dims(rank_kind=kinds)
+            return xr.Dataset({"effective_rank": nan.transpose("rank_kind", "source"), "d_model": np.nan})
         ranks = effective_ranks(t["source_spectrum"], energy)
         return xr.Dataset({"effective_rank": ranks, "d_model": t.sizes["component"]})
 

@@ -362,13 +362,14 @@ def plot_loss_over_training(table: xr.Dataset, ax=None):
 
 
 @styled
-def plot_trajectory(table: xr.Dataset):
+def plot_trajectory(table: xr.Dataset, title: str | None = None):
     """How a run's mixing pattern forms: three panels against the training tokens seen.
 
     ``table``: ``analysis.summary(trajectory, k)`` of one run's checkpoints stacked along
     ``model`` in step order (``step`` and ``train_tokens``, and ``val_loss``, coordinates along
     ``model``). Left: ``plot_pattern_over_training``; middle: ``plot_shares_over_training``;
-    right: ``plot_loss_over_training``. Log-scaled token axis.
+    right: ``plot_loss_over_training``. Log-scaled token axis. ``title`` names the run (default:
+    its ``variant``), followed by its steps.
 
     Returns:
         The Figure.
@@ -377,16 +378,18 @@ def plot_trajectory(table: xr.Dataset):
     plot_pattern_over_training(table, axes[0])
     plot_shares_over_training(table, axes[1])
     plot_loss_over_training(table, axes[2])
-    fig.suptitle(f"{run_label(table)}: steps " + ", ".join(str(int(v)) for v in table["step"].values))
+    steps = ", ".join(str(int(v)) for v in table["step"].values)
+    fig.suptitle(f"{title or run_label(table)}: steps {steps}")
     return fig
 
 
 @styled
-def plot_group_over_training(tables, ax=None, *, group: str = "sublayers", colours=None):
+def plot_group_over_training(tables, ax=None, *, group: str = "sublayers", colours=None, labels=None):
     """Several runs' pattern score of one consumer group against their training tokens (log axis).
 
     ``tables``: ``analysis.summary`` of each run's trajectory (as for ``plot_trajectory``); one
-    line per run that has the group, labelled by the run (``variant``), coloured by scheme
+    line per run that has the group, labelled by the run (``labels``, default each ``variant``:
+    give labels where two runs share a variant, e.g. at two depths), coloured by scheme
     (``colours``: label -> colour, default ``style.model_colors`` of these runs); then the
     uniform row at 1.
 
@@ -394,11 +397,11 @@ def plot_group_over_training(tables, ax=None, *, group: str = "sublayers", colou
         The Axes.
     """
     ax = _axes(ax, (4.4, 3.6))
-    colours = colours or _run_colors(tables)
-    for table in tables:
+    labels = _run_labels(tables, labels)
+    colours = colours or _run_colors(tables, labels)
+    for table, label in zip(tables, labels):
         y = table["pattern_score"].sel(group=group).values
         if np.isfinite(y).any():
-            label = run_label(table)
             ax.plot(_training_x(table), y, color=colours[label], marker="o", label=label)
     ax.axhline(1.0, **BASELINE_STYLE)
     tokens = all("train_tokens" in t.coords for t in tables)
@@ -407,18 +410,26 @@ def plot_group_over_training(tables, ax=None, *, group: str = "sublayers", colou
     return ax
 
 
-def _run_colors(tables) -> dict[str, str]:
+def _run_labels(tables, labels=None) -> list[str]:
+    labels = [run_label(t) for t in tables] if labels is None else [str(x) for x in labels]
+    if len(labels) != len(tables):
+        raise ValueError(f"{len(labels)} labels for {len(tables)} trajectories")
+    return labels
+
+
+def _run_colors(tables, labels=None) -> dict[str, str]:
     schemes = [str(t["scheme"].values[0]) if "scheme" in t.coords else "" for t in tables]
-    return model_colors((run_label(t), s) for t, s in zip(tables, schemes))
+    return model_colors(zip(_run_labels(tables, labels), schemes))
 
 
 @styled
-def plot_trajectories(tables):
+def plot_trajectories(tables, labels=None):
     """Several runs' pattern over training on one figure: a panel per consumer group.
 
     ``tables``: a list of ``analysis.summary`` tables of trajectories (as for
-    ``plot_trajectory``), one per run. Each panel is ``plot_group_over_training`` of one group of
-    ``TRAJECTORY_GROUPS`` (all sublayer inputs, attention inputs, MLP inputs, read-out): every
+    ``plot_trajectory``), one per run, named by ``labels`` (default: each run's ``variant``).
+    Each panel is ``plot_group_over_training`` of one group of ``TRAJECTORY_GROUPS`` (all
+    sublayer inputs, attention inputs, MLP inputs, read-out): every
     run's pattern score, one colour per scheme, the uniform row at 1. A run without a group (no
     attention inputs) leaves that panel without its line.
 
@@ -428,10 +439,11 @@ def plot_trajectories(tables):
     tables = list(tables)
     if not tables:
         raise ValueError("plot_trajectories needs at least one trajectory")
-    colours = _run_colors(tables)
+    labels = _run_labels(tables, labels)
+    colours = _run_colors(tables, labels)
     fig, axes = subplots(1, len(TRAJECTORY_GROUPS), figsize=(14.0, 3.6), sharey=True)
     for ax, group in zip(axes, TRAJECTORY_GROUPS):
-        plot_group_over_training(tables, ax, group=group, colours=colours)
+        plot_group_over_training(tables, ax, group=group, colours=colours, labels=labels)
     axes[0].set_ylabel(f"pattern score (k = {tables[0].attrs.get('k', 'k')})")
     handles = [Line2D([], [], color=c, marker="o", label=label) for label, c in colours.items()]
     handles.append(Line2D([], [], label="uniform row (1.0)", **BASELINE_STYLE))

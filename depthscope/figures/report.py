@@ -13,10 +13,11 @@ settings is escaped by the template. Orchestration (capturing, writing files) li
 from __future__ import annotations
 
 import base64
+import json
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from markupsafe import Markup
 
 from depthscope._version import __version__
 from depthscope.analysis.causal import views, weight_effect_correlation
+from depthscope.analysis.depth import n_layers
 from depthscope.analysis.dilution import (
     block_view,
     consumer_table,
@@ -38,6 +40,7 @@ from depthscope.analysis.dilution import (
     summary,
 )
 from depthscope.analysis.rank import rank_profile
+from depthscope.errors import DepthscopeError
 from depthscope.figures.causal import has_native, native_figure, read_depth_figure, weight_effect_figure
 from depthscope.figures.curves import (
     plot_dilution_panels,
@@ -51,7 +54,7 @@ from depthscope.figures.depth import depth_figure
 from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
 from depthscope.figures.style import styled, subplots
-from depthscope.trace import STACK
+from depthscope.trace import STACK, select_model
 
 DEEP = 40  # more consumers than this: the model's section adds a block-level view
 
@@ -170,10 +173,11 @@ CAPTIONS = {
 }
 
 
-def spec(kind: str, label: str = "", **fill) -> FigureSpec:
-    """The FigureSpec of a figure kind (named ``kind`` or ``kind-{slug(label)}``)."""
+def spec(kind: str, label: str = "", *, key: str | None = None, **fill) -> FigureSpec:
+    """The FigureSpec of a figure kind (named ``kind``, ``kind-{key}`` or ``kind-{slug(label)}``)."""
     title, caption = CAPTIONS[kind]
-    name = f"{kind}-{slug(label)}" if label else kind
+    key = key if key is not None else slug(label) if label else None
+    name = f"{kind}-{key}" if key else kind
     return FigureSpec(name, title.format(label=label, **fill), caption.format(label=label, **fill))
 
 
@@ -213,17 +217,7 @@ def planned_figures(
     for t in traces:
         if views(t).sizes.get("view", 0):
             out.append((spec("read-depth", trace_label(t)), lambda t=t: read_depth_figure(t)))
-    if len(trajectories) > 1:
-        out.append((spec("trajectories"), lambda: plot_trajectories([summary(tr, k) for tr in trajectories])))
-    for tr in trajectories:
-        label = trajectory_label(tr)
-        out.append((spec("trajectory", label), lambda tr=tr: plot_trajectory(summary(tr, k))))
-        out.append(
-            (
-                spec("trajectory-weights", label),
-                lambda tr=tr: plot_heatmap_grid(row_normalized(tr), ncols=tr.sizes[STACK]),
-            )
-        )
+    out += _trajectory_figures(trajectories, k)
     if depth is not None:
         out.append((spec("versus-depth"), lambda: depth_figure(depth)))
     if "source_spectrum" in stacked:
@@ -239,6 +233,34 @@ def planned_figures(
         )
         if has_native(t):
             out.append((spec("native", trace_label(t)), lambda t=t: native_figure(t)))
+    return out
+
+
+def _trajectory_figures(trajectories: list[xr.Dataset], k: int) -> list[tuple[FigureSpec, Callable[[], Any]]]:
+    """The trajectory section's figures, each named after its run (``trajectory_runs``)."""
+    runs = trajectory_runs(trajectories)
+    out: list[tuple[FigureSpec, Callable[[], Any]]] = []
+    if len(trajectories) > 1:
+        legends = [r.legend for r in runs]
+        out.append(
+            (
+                spec("trajectories"),
+                lambda: plot_trajectories([summary(tr, k) for tr in trajectories], labels=legends),
+            )
+        )
+    for tr, run in zip(trajectories, runs):
+        out.append(
+            (
+                spec("trajectory", run.heading, key=run.name),
+                lambda tr=tr, title=run.heading: plot_trajectory(summary(tr, k), title=title),
+            )
+        )
+        out.append(
+            (
+                spec("trajectory-weights", run.heading, key=run.name),
+                lambda tr=tr: plot_heatmap_grid(row_normalized(tr), ncols=tr.sizes[STACK]),
+            )
+        )
     return out
 
 
@@ -269,6 +291,77 @@ def trajectory_label(trajectory: xr.Dataset) -> str:
     return run_label(trajectory)
 
 
+@dataclass(frozen=True)
+class Run:
+    """A trajectory's run as the report names it: its variant, number of blocks and step range,
+    then whatever else tells it from a run that shares those (``extra``: width, directory).
+
+    ``heading`` titles its section ("standard, 8 blocks, steps 250-4000"); ``name`` is its file and
+    anchor name (``standard-8blocks-steps250-4000``); ``legend`` labels it among all runs.
+    """
+
+    variant: str
+    blocks: int
+    first: int
+    last: int
+    extra: tuple[tuple[str, str], ...] = ()
+    legend: str = ""
+
+    @property
+    def heading(self) -> str:
+        """Variant, blocks, steps and the extras, in words."""
+        parts = [self.variant, f"{self.blocks} blocks", f"steps {self.first}-{self.last}"]
+        return ", ".join([*parts, *(f"{key} {value}" for key, value in self.extra)])
+
+    @property
+    def name(self) -> str:
+        """The heading as a file name: each part slugged on its own, so distinct runs never share it."""
+        parts = [slug(self.variant), f"{self.blocks}blocks", f"steps{self.first}-{self.last}"]
+        return "-".join([*parts, *(f"{key}{slug(value)}" for key, value in self.extra)])
+
+
+def _run_identity(trajectory: xr.Dataset) -> tuple[tuple[str, int, int, int], tuple[tuple[str, str], ...]]:
+    """(variant, blocks, first step, last step) of a trajectory, and what else may tell it apart."""
+    last = select_model(trajectory, str(trajectory[STACK].values[-1]))
+    steps = [int(s) for s in trajectory["step"].values]
+    try:
+        width = str(json.loads(str(last.attrs.get("config", "")))["d_model"])
+    except (KeyError, TypeError, ValueError):
+        width = str(last.sizes.get("component", "?"))
+    where = str(Path(str(last.attrs.get("checkpoint", ""))).parent)
+    base = (trajectory_label(trajectory), n_layers(last), min(steps), max(steps))
+    return base, (("width", width), ("in", where))
+
+
+def trajectory_runs(trajectories: list[xr.Dataset]) -> list[Run]:
+    """The run of each trajectory, named from what distinguishes it (``Run``): variant, blocks and
+    steps always; the width and the checkpoints' directory where runs share the rest. Two
+    trajectories that share all of it are the same run given twice: refused.
+    """
+    ids = [_run_identity(tr) for tr in trajectories]
+    runs = []
+    for base, tells in ids:
+        alike = [t for b, t in ids if b == base]
+        extra = tuple(kv for i, kv in enumerate(tells) if len({t[i] for t in alike}) > 1)
+        runs.append(Run(*base, extra=extra))
+    by_name: dict[str, Run] = {}
+    for run in runs:
+        if run.name in by_name:
+            raise DepthscopeError(f"the same run is given twice ({run.heading}): give each trajectory once")
+        by_name[run.name] = run
+    return _with_legends(runs)
+
+
+def _with_legends(runs: list[Run]) -> list[Run]:
+    """Each run's legend: its variant where no other run has it, else with its blocks, else its heading."""
+    levels = [(r.variant, f"{r.variant}, {r.blocks} blocks", r.heading) for r in runs]
+    out = []
+    for run, mine in zip(runs, levels):
+        unique = [text for i, text in enumerate(mine) if sum(other[i] == text for other in levels) == 1]
+        out.append(replace(run, legend=(unique or [run.heading])[0]))
+    return out
+
+
 def figure_html(spec: FigureSpec, png: bytes) -> Markup:
     """One figure: the PNG embedded, its caption, links to the PNG and SVG files."""
     data = base64.b64encode(png).decode("ascii")
@@ -290,6 +383,7 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
     table = consumer_table(t, k)
     return {
         "label": label,
+        "heading": model_heading(t),
         "slug": slug(label),
         "figure": f"model-{slug(label)}",
         "native": f"native-{slug(label)}",
@@ -330,6 +424,12 @@ def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
     }
 
 
+def model_heading(t: xr.Dataset) -> str:
+    """A model section's heading: its label, blocks and, where known, training step."""
+    step = f", step {int(t.attrs['step'])}" if "step" in t.attrs else ""
+    return f"{t.attrs.get('label', '')}: {n_layers(t)} blocks{step}"
+
+
 def _causal_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
     """Per model with cell ablations: the rank correlations, the loss, the largest effects."""
     rows = []
@@ -353,9 +453,8 @@ def _causal_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
     return rows
 
 
-def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
+def _trajectory_rows(tr: xr.Dataset, run: Run, k: int) -> dict[str, Any]:
     s = summary(tr, k)
-    label = trajectory_label(tr)
     rows = []
     for i, m in enumerate(tr[STACK].values):
         g = s.sel({STACK: m}).sel
@@ -374,11 +473,11 @@ def _trajectory_rows(tr: xr.Dataset, k: int) -> dict[str, Any]:
             }
         )
     return {
-        "label": label,
-        "slug": slug(label),
+        "label": run.heading,
+        "slug": run.name,
         "rows": rows,
-        "figure": f"trajectory-{slug(label)}",
-        "heatmaps": f"trajectory-weights-{slug(label)}",
+        "figure": f"trajectory-{run.name}",
+        "heatmaps": f"trajectory-weights-{run.name}",
     }
 
 
@@ -449,7 +548,9 @@ def render_page(
     )
     return env.get_template("report.html").render(
         models=[_model_row(t, k) for t in traces],
-        trajectories=[_trajectory_rows(tr, k) for tr in trajectories],
+        trajectories=[
+            _trajectory_rows(tr, run, k) for tr, run in zip(trajectories, trajectory_runs(trajectories))
+        ],
         ranks=_rank_rows(traces),
         causal=_causal_rows(traces),
         read_depth=[

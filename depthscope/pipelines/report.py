@@ -12,7 +12,20 @@ Trajectories: several checkpoints of one run (same model config and training set
 different steps, from their metadata; Hugging Face directories named ``checkpoint-N``; or steps
 given explicitly) get a trajectory section, and so does a trace file whose models are the steps
 of one run (the zoo's bundled trajectories: with no inputs the report shows the whole zoo and
-its trajectories without training anything).
+its trajectories without training anything). Each run is named by what distinguishes it from the
+others (``figures.report.trajectory_runs``: variant, blocks, steps; width or directory where
+needed), and its section, figures and ``trajectory-{name}.nc`` carry that name, so the 8- and
+16-block runs of one scheme never share a file.
+
+A report of trajectories alone (``depthscope report zoo/trajectories/*.nc zoo/deep/trajectories/*.nc``)
+takes the last step of each run as that run's model: the overview, scores, rank and model sections
+then show the trained models (for a bundled trajectory, the last step is the zoo checkpoint
+itself), labelled ``variant@step``, beside the trajectory and versus-depth sections. A researcher
+who gives runs expects their end points compared; a page without its overview would hide them.
+
+The page's Settings table says what the shown traces were captured with, read from their attrs
+(tokens, window, skipped positions, seed, corpus, dtype, causal views), per model where they
+differ, and the report's own choices (k, energy, the trajectories shown).
 
 Everything is first written to a temporary directory beside the output and moved into place at
 the end, so a failed run leaves nothing behind.
@@ -25,24 +38,26 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import xarray as xr
 
-from depthscope import zoo
+from depthscope import interrupt, zoo
 from depthscope.analysis.depth import depth_table, several_depths
 from depthscope.analysis.rank import add_ranks
+from depthscope.atomic import settle, temporary_dir
 from depthscope.errors import DepthscopeError
+from depthscope.inputs import input_kind
 from depthscope.probes import capture
-from depthscope.probes.load import input_kind, load_model
+from depthscope.probes.load import load_model
 from depthscope.probes.settings import CaptureSettings
 from depthscope.progress import bar
 from depthscope.schemes import DepthModel
-from depthscope.trace import STACK, load_trace, save_trace, split_models, stack_traces
+from depthscope.trace import STACK, load_trace, save_trace, select_model, split_models, stack_traces
 
 RUN_KEYS = ("batch_size", "lr", "seed", "steps", "warmup", "weight_decay", "corpus")  # one run: same settings
 
@@ -77,14 +92,58 @@ class ReportSettings:
             rank=True, logits=logits or ablate is not None, lens=logits, ablate=ablate
         )
 
-    def table(self) -> dict[str, Any]:
-        """The settings as one flat table (the report page's "Settings")."""
-        c = self.capture
-        shown = ("n_tokens", "batch_size", "seed", "ctx", "skip_positions", "ablate_tokens")
-        return {
-            **{("tokens" if k == "n_tokens" else k): getattr(c, k) for k in shown},
-            **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "capture"},
-        }
+    def table(self, traces: list[xr.Dataset], trajectories: list[xr.Dataset] = ()) -> dict[str, Any]:
+        """The report page's "Settings": what the shown traces were captured with (from their
+        attrs; ``used``), then the report's own choices (k, energy) and the trajectories shown.
+        """
+        from depthscope.figures.report import trajectory_runs
+
+        runs = trajectory_runs(list(trajectories))
+        shown = [(str(t.attrs.get("label", "")), t) for t in traces]
+        shown += [(run.heading, m) for tr, run in zip(trajectories, runs) for m in split_models(tr)]
+        listed = f"{len(runs)}: " + "; ".join(r.heading for r in runs) if runs else "none"
+        given = " (--trajectory: the checkpoints given are one run)" if self.trajectory else ""
+        return {**used(shown), "k": self.k, "energy": self.energy, "trajectories": listed + given}
+
+
+# (row of the Settings table, how one trace says it): what a trace was captured with
+TRACE_SETTINGS: tuple[tuple[str, Callable[[xr.Dataset], Any]], ...] = (
+    ("tokens", lambda t: t.attrs.get("tokens")),
+    ("ctx", lambda t: t.attrs.get("ctx")),
+    ("skip_positions", lambda t: t.attrs.get("skip_positions")),
+    ("seed", lambda t: t.attrs.get("seed")),
+    ("corpus", lambda t: t.attrs.get("corpus")),
+    ("dtype", lambda t: t.attrs.get("dtype")),
+    ("logits", lambda t: "on" if "logit_attribution" in t else "off"),
+    ("lens", lambda t: "on" if "lens_loss" in t else "off"),
+    ("ablate", lambda t: t.attrs.get("ablation", "off")),
+    ("ablate_tokens", lambda t: t.attrs.get("ablation_tokens", "-")),
+)
+
+
+def _plain(value: Any) -> Any:
+    """An attr as the table shows it: numpy scalars as Python ones, a missing value as "-"."""
+    if value is None:
+        return "-"
+    return value.item() if hasattr(value, "item") else value
+
+
+def used(shown: list[tuple[str, xr.Dataset]]) -> dict[str, Any]:
+    """Each of ``TRACE_SETTINGS`` over the (name, trace) pairs shown: one value where all agree,
+    else ``value: names; value: names`` (a run's steps named once, by the run).
+    """
+    table = {}
+    for row, read in TRACE_SETTINGS:
+        by_value: dict[Any, list[str]] = {}
+        for name, t in shown:
+            names = by_value.setdefault(_plain(read(t)), [])
+            if name not in names:
+                names.append(name)
+        if len(by_value) == 1:
+            table[row] = next(iter(by_value))
+        else:
+            table[row] = "; ".join(f"{v}: {', '.join(names)}" for v, names in by_value.items())
+    return table
 
 
 def _run_info(model, path: Path) -> dict:
@@ -144,7 +203,7 @@ def collect(
                 traces[i].attrs["label"] = f"{traces[i].attrs['variant']}@{traces[i].attrs['step']}"
             ordered = sorted(members, key=lambda i: traces[i].attrs["step"])
             trajectories.append(stack_traces([traces[i] for i in ordered]))
-    return [add_ranks(t, settings.energy) if "source_spectrum" in t else t for t in traces], trajectories
+    return [_ranked(t, settings.energy) for t in traces], trajectories
 
 
 def is_trajectory(trace: xr.Dataset) -> bool:
@@ -177,7 +236,7 @@ def build_report(
     """
     import matplotlib.pyplot as plt
 
-    from depthscope.figures.report import figure_html, planned_figures, render_page
+    from depthscope.figures.report import figure_html, planned_figures, render_page, trajectory_runs
     from depthscope.figures.style import save
 
     start = time.perf_counter()
@@ -189,17 +248,20 @@ def build_report(
     done = False
     try:
         out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+        tmp = temporary_dir(out_dir)
     except OSError as err:
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     try:
         traces, trajectories = collect(paths, settings, steps, progress=progress)
-        if not traces:
-            raise DepthscopeError("no model to report on (only trajectories were given)")
+        runs = trajectory_runs(trajectories)  # refuses a run given twice before any drawing
+        members = [m for tr in trajectories for m in split_models(tr)]
+        if traces:
+            members = [*traces, *members]
+        else:  # trajectories alone: each run's last step is its model (see the module's docstring)
+            traces = [_ranked(last_step(tr), settings.energy) for tr in trajectories]
         stacked = stack_traces(traces)
         traces = split_models(stacked)  # unique labels
         figures = {}
-        members = [*traces, *(m for tr in trajectories for m in split_models(tr))]
         depth = depth_table(members, settings.k) if several_depths(members) else None
         planned = planned_figures(stacked, traces, settings.k, trajectories, depth)
         with bar("report: figures", len(planned), enabled=progress) as pb:
@@ -211,18 +273,20 @@ def build_report(
                 plt.close(fig)
                 pb.advance(1)
         save_trace(stacked, tmp / "traces.nc")
-        for tr in trajectories:
-            save_trace(tr, tmp / f"trajectory-{_first_label(tr)}.nc")
+        for tr, run in zip(trajectories, runs):
+            save_trace(tr, tmp / f"trajectory-{run.name}.nc")
         page = render_page(
             traces,
             figures,
-            settings.table(),
+            settings.table(traces, trajectories),
             k=settings.k,
             elapsed=time.perf_counter() - start,
             trajectories=trajectories,
             depth=depth,
         )
         (tmp / "index.html").write_text(page, encoding="utf-8")
+        if interrupt.hit():  # a Ctrl-C that a library swallowed: nothing is moved into place
+            raise KeyboardInterrupt
         out_dir.mkdir(exist_ok=True)
         for f in sorted(tmp.iterdir()):  # index.html last: a complete page appears only at the end
             if f.name != "index.html":
@@ -233,6 +297,7 @@ def build_report(
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        settle(tmp)
         plt.close("all")
         for d in [] if done else made_dirs:  # a failed report leaves no directory made for it
             with contextlib.suppress(OSError):
@@ -240,7 +305,12 @@ def build_report(
     return out_dir / "index.html"
 
 
-def _first_label(trajectory: xr.Dataset) -> str:
-    from depthscope.figures.report import slug, trajectory_label
+def last_step(trajectory: xr.Dataset) -> xr.Dataset:
+    """The model at a trajectory's largest step (a trace of its own, as ``split_models`` gives)."""
+    steps = [int(v) for v in trajectory["step"].values]
+    return select_model(trajectory, str(trajectory[STACK].values[steps.index(max(steps))]))
 
-    return slug(trajectory_label(trajectory))
+
+def _ranked(trace: xr.Dataset, energy: float) -> xr.Dataset:
+    """A trace with its effective ranks, where it holds the spectra to compute them."""
+    return add_ranks(trace, energy) if "source_spectrum" in trace else trace

@@ -114,8 +114,7 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
         t = t.pad({d: (0, n - t.sizes[d]) for d, n in padded.items() if d in t.dims and t.sizes[d] < n})
         for name, var in variables.items():
             if name not in t:
-                shape = [t.sizes.get(d, var.sizes[d]) for d in var.dims]
-                t[name] = (var.dims, np.full(shape, np.nan))
+                t[name] = _missing(t, var, padded)
         aligned.append(t.drop_attrs())
     out = xr.concat(
         aligned, dim=STACK, join="outer", combine_attrs="drop", coords="minimal", compat="override"
@@ -130,6 +129,18 @@ def stack_traces(traces: list[xr.Dataset]) -> xr.Dataset:
     return with_blocks(out).assign_attrs(
         trace_format=TRACE_FORMAT, depthscope_version=traces[0].attrs.get("depthscope_version", "")
     )
+
+
+def _missing(t: xr.Dataset, var: xr.DataArray, padded: dict[str, int]) -> xr.DataArray:
+    """``var`` all NaN, for a model that lacks it: on this model's dims where it has them; a dim it
+    lacks keeps the holder's labels (the concat's outer join unites them with other depths'), or
+    without labels takes the stack's padded size.
+    """
+    labelled = {d: var[d].values for d in var.dims if d not in t.dims and d in var.indexes}
+    shape = [
+        t.sizes.get(d, len(labelled[d]) if d in labelled else padded.get(d, var.sizes[d])) for d in var.dims
+    ]
+    return xr.DataArray(np.full(shape, np.nan), dims=var.dims, coords=labelled)
 
 
 def _unindexed_sizes(traces: list[xr.Dataset]) -> dict[str, int]:

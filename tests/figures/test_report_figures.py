@@ -80,10 +80,10 @@ def test_the_report_plans_the_same_figures(stacked, trajectories):
         "weight-effect",
         "read-depth-dca",
         "trajectories",
-        "trajectory-hc",
-        "trajectory-weights-hc",
-        "trajectory-mhc",
-        "trajectory-weights-mhc",
+        "trajectory-hc-8blocks-steps250-4000",
+        "trajectory-weights-hc-8blocks-steps250-4000",
+        "trajectory-mhc-8blocks-steps250-4000",
+        "trajectory-weights-mhc-8blocks-steps250-4000",
         "rank",
         "model-attnres",
         "model-dca",
@@ -101,7 +101,7 @@ def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajector
         "retention": lambda: plot_retention(mean_retention(stacked)).figure,
         "rank": lambda: plot_rank_profile(rank_profile(stacked)).figure,
         "trajectories": lambda: plot_trajectories([summary(tr, k) for tr in trajectories]),
-        "trajectory-hc": lambda: plot_trajectory(summary(trajectories[0], k)),
+        "trajectory-hc-8blocks-steps250-4000": lambda: plot_trajectory(summary(trajectories[0], k)),
     }
     for name, primitive in expected.items():
         assert_same_drawing(planned[name](), primitive())

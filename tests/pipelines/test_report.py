@@ -23,9 +23,15 @@ def test_causal_views_follow_the_model_kind():
     assert own.n_tokens == foreign.n_tokens == 8192  # the report's capture defaults
 
 
-def test_the_settings_table_is_flat():
-    table = ReportSettings(capture=CaptureSettings(n_tokens=100, ctx=16), k=3).table()
-    assert table["tokens"] == 100 and table["ctx"] == 16 and table["k"] == 3
+def test_the_settings_table_shows_what_the_traces_were_captured_with():
+    """Not the report's defaults: each trace's own attrs, one value where all agree, else per model."""
+    import xarray as xr
+
+    a = xr.Dataset(attrs={"label": "a", "tokens": 2046, "ctx": 16, "seed": 0})
+    b = xr.Dataset(attrs={"label": "b", "tokens": 512, "ctx": 16, "seed": 0})
+    table = ReportSettings(capture=CaptureSettings(n_tokens=8192), k=3).table([a, b])
+    assert table["tokens"] == "2046: a; 512: b" and table["ctx"] == 16 and table["seed"] == 0
+    assert table["k"] == 3 and table["trajectories"] == "none" and table["logits"] == "off"
     assert all(not isinstance(v, (dict, CaptureSettings)) for v in table.values())
 
 
@@ -62,3 +68,40 @@ def test_a_stack_of_other_models_is_not_a_trajectory(tmp_path):
     assert not is_trajectory(stacked) and not is_trajectory(a)
     traces, trajectories = collect([save_trace(stacked, tmp_path / "s.nc")], ReportSettings(), progress=False)
     assert [t.attrs["label"] for t in traces] == ["standard", "attnres"] and trajectories == []
+
+
+def test_runs_of_one_scheme_at_two_depths_get_their_own_figures_and_headings(tmp_path):
+    """The bundled 8- and 16-block trajectories of two schemes, given alone: a report whose runs are
+    named by depth and steps, each figure drawn from its own run (the 8-block one stopped
+    overwriting the 16-block one), each section headed by its run, and the last steps as models."""
+    import hashlib
+    import re
+
+    from depthscope import zoo
+    from depthscope.cli import main
+    from depthscope.trace import load_trace
+
+    inputs = [zoo.ZOO_DIR / d / "trajectories" / f"{n}.nc" for d in ("", "deep") for n in ("standard", "hc")]
+    out = tmp_path / "rep"
+    assert main(["report", *map(str, inputs), "--out", str(out), "--quiet"]) == 0
+    html = (out / "index.html").read_text()
+    runs = {
+        "standard-8blocks-steps250-4000": "standard, 8 blocks, steps 250-4000",
+        "hc-8blocks-steps250-4000": "hc, 8 blocks, steps 250-4000",
+        "standard-16blocks-steps125-2000": "standard, 16 blocks, steps 125-2000",
+        "hc-16blocks-steps125-2000": "hc, 16 blocks, steps 125-2000",
+    }
+    digests = set()
+    for name, heading in runs.items():
+        section = re.search(rf'<section id="run-{name}"><h3>(.*?)</h3>(.*?)</section>', html, re.S)
+        assert section and section.group(1) == heading, name
+        assert f"trajectory-{name}.png" in section.group(2)  # the figure beside its own table
+        for kind in ("trajectory", "trajectory-weights"):
+            digests.add(hashlib.sha256((out / f"{kind}-{name}.png").read_bytes()).hexdigest())
+        steps = list(load_trace(out / f"trajectory-{name}.nc")["step"].values)
+        assert steps == ([250, 500, 1000, 2000, 4000] if "8blocks" in name else [125, 250, 500, 1000, 2000])
+    assert len(digests) == 8  # eight different drawings
+    # trajectories alone: each run's last step is its model, in the overview and a section each
+    models = list(load_trace(out / "traces.nc")["model"].values)
+    assert len(models) == 4 and all(m.endswith(("@4000", "@2000")) for m in models), models
+    assert "versus-depth" in html

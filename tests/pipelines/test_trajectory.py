@@ -43,12 +43,14 @@ def test_report_on_three_checkpoints_of_a_run_has_a_trajectory(run, tmp_path):
     out = tmp_path / "rep"
     assert main(["report", *map(str, paths), "--out", str(out), "--tokens", "128", "--quiet"]) == 0
     html = (out / "index.html").read_text()
-    assert 'id="trajectory"' in html and (out / "trajectory-attnres.png").is_file()
+    run_name = f"attnres-{SMALL[SMALL.index('--layers') + 1]}blocks-steps3-9"  # variant, depth, steps
+    assert 'id="trajectory"' in html and (out / f"trajectory-{run_name}.png").is_file()
+    assert f"<h3>attnres, {SMALL[SMALL.index('--layers') + 1]} blocks, steps 3-9</h3>" in html
     steps = [int(s) for s in re.findall(r'<tr data-step="(\d+)">', html)]
     assert steps == [3, 6, 9]  # in step order, whatever the order given
     stacked = load_trace(out / "traces.nc")
     assert list(stacked["model"].values) == ["attnres@9", "attnres@3", "attnres@6"]
-    traj = load_trace(out / "trajectory-attnres.nc")
+    traj = load_trace(out / f"trajectory-{run_name}.nc")
     assert list(traj["step"].values) == [3, 6, 9] and list(traj["train_tokens"].values) == [384, 768, 1152]
     for step in steps:
         row = re.search(rf'<tr data-step="{step}">(.*?)</tr>', html, re.S).group(1)
