@@ -17,6 +17,8 @@ from tests.families import FAMILIES, sizes
 from tests.helpers import build, perturb, random_tokens, tiny
 from tests.reference_engine import reference_capture
 
+pytestmark = pytest.mark.golden  # run again under ATEN_CPU_CAPABILITY=default by make test
+
 RTOL = 1e-10
 FOREIGN = [f for f in FAMILIES if not f[0].startswith("depthscope") and f[1]()]
 
