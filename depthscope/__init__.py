@@ -13,7 +13,8 @@ from depthscope._version import __version__
 from depthscope.errors import DepthscopeError
 
 if TYPE_CHECKING:
-    from depthscope import zoo
+    from depthscope import probes, zoo
+    from depthscope.probes.adapters.spec import ModelSpec
     from depthscope.probes.load import load_model as load
     from depthscope.schemes import DepthModel, ModelConfig
 
@@ -23,9 +24,20 @@ _LAZY = {
     "load": ("depthscope.probes.load", "load_model"),
     "DepthModel": ("depthscope.schemes", "DepthModel"),
     "ModelConfig": ("depthscope.schemes", "ModelConfig"),
+    "ModelSpec": ("depthscope.probes.adapters.spec", "ModelSpec"),  # read any module: where it writes, reads
+    "probes": ("depthscope.probes", None),
 }
 
-__all__ = ["DepthModel", "DepthscopeError", "ModelConfig", "load", "zoo", "__version__"]
+__all__ = [
+    "DepthModel",
+    "DepthscopeError",
+    "ModelConfig",
+    "ModelSpec",
+    "load",
+    "probes",
+    "zoo",
+    "__version__",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -64,7 +64,7 @@ def test_readme_is_a_guide():
     text = README.read_text()
     assert len(text.splitlines()) <= 170
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
-    assert "Adding a scheme" in headings and "Adding a model family" in headings
+    assert "Adding a scheme" in headings and "Reading your own model" in headings
 
 
 def test_every_relative_link_in_the_readme_exists():
@@ -74,3 +74,20 @@ def test_every_relative_link_in_the_readme_exists():
     assert relative, "the README links nothing"
     missing = [t for t in relative if not (README.parent / t).exists()]
     assert not missing, f"README links to missing files: {missing}"
+
+
+def test_the_readme_spec_reads_a_nanogpt():
+    """The README's ModelSpec, as written, reads a nanoGPT written from scratch, in under 10 lines."""
+    import torch
+
+    import depthscope
+    from tests.probes.adapters.spec_models import CTX, VOCAB, seeded
+
+    block = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)[1]
+    assert "ModelSpec" in block and len(block.strip().splitlines()) <= 10
+    tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(0))
+    space = {"depthscope": depthscope, "model": seeded("nanogpt"), "data": tokens}
+    exec(compile(block.replace("spec=spec)", "spec=spec, ctx=16, n_tokens=32)"), "README.md", "exec"), space)
+    trace = space["trace"]
+    assert float(trace["residual_error"].max()) < 1e-5
+    assert list(trace.source.values[:3]) == ["embed", "embed.wpe", "0.attn"]

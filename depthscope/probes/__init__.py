@@ -3,6 +3,7 @@
 Reading, writing and stacking traces is the trace room's (``depthscope.trace``).
 """
 
+from depthscope.probes.adapters.spec import ModelSpec
 from depthscope.probes.capture import capture
 
-__all__ = ["capture"]
+__all__ = ["ModelSpec", "capture"]

@@ -32,6 +32,7 @@ from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
+from depthscope.probes.adapters.spec import ModelSpec, build_spec
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.partial import (
     check_state,
@@ -65,6 +66,7 @@ def capture(
     adapter: str | Adapter | None = None,
     tokenizer: Any = None,
     forward: Callable[[Tensor], Any] | None = None,
+    spec: ModelSpec | None = None,
     **options: Any,
 ) -> xr.Dataset:
     """Capture a trace of ``model`` on ``data`` (token ids, a corpus or a path; None = default corpus).
@@ -81,6 +83,8 @@ def capture(
             it carries one as ``model.tokenizer``).
         forward: how to run the model on a batch of token ids [batch, pos], for models called
             another way than ``model(tokens)``.
+        spec: a ``ModelSpec`` naming where a model no family knows writes and reads (its
+            consumers' weights are found from the activations: ``probes.adapters.spec``).
 
     In a torch.distributed process group (torchrun), each rank captures its share of the batches
     and every rank returns the merged trace (``probes.shard``); the trace records ``world_size``.
@@ -91,7 +95,9 @@ def capture(
     """
     settings = _settings(settings, options)
     model, tokenizer = unwrap(model, tokenizer)
-    ad = _adapter(model, adapter, tokenizer, forward)
+    if spec is not None and adapter is not None:
+        raise DepthscopeError("give an adapter or a spec, not both")
+    ad = _adapter(model, spec if spec is not None else adapter, tokenizer, forward)
     if settings.causal:  # before the slow work: a model without an LM head is refused at once
         require_head(ad, "--logits" if settings.logits else "--lens" if settings.lens else "--ablate")
     windows, corpus_name, skip = _windows(ad, data, settings)
@@ -160,9 +166,9 @@ def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> Capt
     return CaptureSettings(**options, partial=partial)
 
 
-def _adapter(model: Any, adapter: str | Adapter | None, tokenizer: Any, forward: Any) -> Adapter:
+def _adapter(model: Any, adapter: str | Adapter | ModelSpec | None, tokenizer: Any, forward: Any) -> Adapter:
     """The model's adapter, with the tokenizer or forward the caller gives (a copy: never mutated)."""
-    ad = resolve(model, adapter)
+    ad = build_spec(model, adapter) if isinstance(adapter, ModelSpec) else resolve(model, adapter)
     if tokenizer is not None:
         ad = dataclasses.replace(ad, encode=encoder(tokenizer))
     if forward is not None:

@@ -72,9 +72,23 @@ def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
     for family in FAMILIES.values():
         if family.detect(model):
             return _built(family, model)
+    from depthscope.probes.adapters.spec import build_spec, guess_spec
+
+    guessed = guess_spec(model)
+    why = ""
+    if guessed is not None:  # a plain module shaped like a pre-norm decoder: read as its spec says
+        try:
+            ad = build_spec(model, guessed)
+            ad.attrs["spec_origin"] = "discovered"
+            return ad
+        except DepthscopeError as err:
+            why = f" (read as {guessed.describe()['writes']}: {str(err).removeprefix('ModelSpec: ')})"
     raise DepthscopeError(
         f"cannot capture a {type(model).__name__}: no adapter knows it "
-        f"(known families: {', '.join(FAMILIES)})"
+        f"(known families: {', '.join(FAMILIES)}){why}; name where it writes and reads: "
+        "capture(model, data, spec=depthscope.ModelSpec(embed=['wte'], "
+        "writes={'attn': 'blocks.*.attn', 'mlp': 'blocks.*.mlp'}, reads={'attn': 'blocks.*.ln_1', "
+        "'mlp': 'blocks.*.ln_2', 'readout': 'ln_f'})), see README.md#reading-your-own-model"
     )
 
 
