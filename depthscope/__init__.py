@@ -14,6 +14,7 @@ from depthscope.errors import DepthscopeError
 
 if TYPE_CHECKING:
     from depthscope import probes, zoo
+    from depthscope.probes.adapters.registry import Family, register_family
     from depthscope.probes.adapters.spec import ModelSpec
     from depthscope.probes.load import load_model as load
     from depthscope.schemes import DepthModel, ModelConfig
@@ -26,15 +27,19 @@ _LAZY = {
     "ModelConfig": ("depthscope.schemes", "ModelConfig"),
     "ModelSpec": ("depthscope.probes.adapters.spec", "ModelSpec"),  # read any module: where it writes, reads
     "probes": ("depthscope.probes", None),
+    "Family": ("depthscope.probes.adapters.registry", "Family"),  # a model family, as a value
+    "register_family": ("depthscope.probes.adapters.registry", "register_family"),
 }
 
 __all__ = [
     "DepthModel",
     "DepthscopeError",
+    "Family",
     "ModelConfig",
     "ModelSpec",
     "load",
     "probes",
+    "register_family",
     "zoo",
     "__version__",
 ]

@@ -371,8 +371,8 @@ def load_torch(path: Path) -> Any:
     if not isinstance(saved, dict) or not {"family", "args", "state_dict"} <= set(saved):
         raise DepthscopeError(f'{path}: expected a dict with "family", "args" and "state_dict"')
     family, args, state = saved["family"], saved["args"], saved["state_dict"]
-    makers = sorted(name for name, m in FAMILIES.items() if hasattr(m, "from_saved"))
-    if not isinstance(family, str) or not hasattr(FAMILIES.get(family), "from_saved"):
+    makers = sorted(name for name, f in FAMILIES.items() if f.from_saved is not None)
+    if not isinstance(family, str) or getattr(FAMILIES.get(family), "from_saved", None) is None:
         raise DepthscopeError(
             f"{path}: family {family!r:.60} cannot be built from a file; these can: {', '.join(makers)}"
         )
@@ -406,7 +406,7 @@ def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
         expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     except Exception as err:  # wrong arguments: the real build below says the same in one line
         raise DepthscopeError(
-            f"{path}: cannot build the {module.FAMILY} model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot build the {module.name} model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     held = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     if expected != held:
@@ -415,7 +415,7 @@ def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
             f"{path}: its arguments describe other tensors than it holds (first: {diff[0][:60]})"
         )
     need = sum(int(torch.Size(s).numel()) for s in expected.values()) * 4
-    require_memory(need, f"{path}: building the {module.FAMILY} model")
+    require_memory(need, f"{path}: building the {module.name} model")
 
 
 def load_gguf(path: Path, placement: Placement | None = None) -> Any:

@@ -47,10 +47,10 @@ from depthscope.probes.adapters.base import (
     Callback,
     ConsumerSpec,
     SourceSpec,
-    find_module,
     module_attach,
 )
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
 FAMILY = "beam"
@@ -65,13 +65,7 @@ READS = (
 BASE_CLASS = "BeamModel"
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers Beam model (``model_type`` beam, with a ``BeamModel`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def add_indices(base: Any) -> list[int]:

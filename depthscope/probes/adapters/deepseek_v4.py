@@ -55,8 +55,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from depthscope.probes.adapters.base import Adapter, find_module
-from depthscope.probes.adapters.hf import pretrained
+from depthscope.probes.adapters.base import Adapter
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.probes.adapters.streams import HyperForm, hyper_adapter, unweighted_rms
 
 FAMILY = "deepseek_v4"
@@ -71,13 +71,7 @@ READS = (
 BASE_CLASS = "DeepseekV4Model"
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers DeepSeek-V4 model (with a ``DeepseekV4Model`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def mhc_pre(hc: Any, streams: Tensor) -> Tensor:

@@ -69,12 +69,12 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    find_module,
     forward_hooks,
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
 FAMILY = "gemma3n"
@@ -91,13 +91,7 @@ PER_LAYER = ("laurel", names.ATTN, names.MLP, "ple")  # the sources of a layer, 
 MIN_RMS = 1e-5  # the read-out clamps each projected stream's mean square to at least this
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers Gemma 3n model (with a ``Gemma3nTextModel`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def layout(n_layers: int, streams: int) -> tuple[list[SourceSpec], list[ConsumerSpec]]:

@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 
 from depthscope.probes.adapters import deepseek_v4
-from depthscope.probes.adapters.base import Adapter, find_module
+from depthscope.probes.adapters.base import Adapter
 from depthscope.probes.adapters.deepseek_v4 import mhc_pre
-from depthscope.probes.adapters.hf import pretrained
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.probes.adapters.streams import HyperForm, hyper_adapter
 
 FAMILY = "glm5_next"
@@ -54,13 +54,7 @@ READS = (
 BASE_CLASS = "Glm5NextTextModel"
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers GLM-5-Next model (with a ``Glm5NextTextModel`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def mean_head(head: Any, streams: Tensor) -> Tensor:

@@ -18,6 +18,16 @@ def pretrained(model: Any) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
+def model_type(model: Any) -> Any:
+    """``model.config.model_type``, or None where the model has no config or its config will not say
+    (transformers' per-layer configs refuse some attributes).
+    """
+    try:
+        return getattr(getattr(model, "config", None), "model_type", None)
+    except Exception:  # noqa: BLE001 - a config property that raises says nothing about the type
+        return None
+
+
 def model_name(model: Any) -> str:
     """The model's name: its directory's or file's (``_name_or_path``), else its model type."""
     path = str(getattr(model.config, "_name_or_path", "") or "")

@@ -262,11 +262,12 @@ LAYOUTS: dict[str, DecoderLayout] = {
 }
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers model of a type no other family claims (``MODEL_TYPES``)."""
-    from depthscope.probes.adapters import claimed
+GENERIC = True  # the registry tries it only for model types no other family claims
 
-    return pretrained(model) and claimed(getattr(model.config, "model_type", None)) is None
+
+def detect(model: Any) -> bool:
+    """Whether ``model`` is a transformers model (the registry leaves it the types no family claims)."""
+    return pretrained(model)
 
 
 def text_config(model: Any) -> Any:

@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from depthscope.probes.adapters.base import Adapter, find_module
-from depthscope.probes.adapters.hf import pretrained
+from depthscope.probes.adapters.base import Adapter
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.probes.adapters.streams import HyperForm, hyper_adapter
 
 FAMILY = "hy_v4"
@@ -56,13 +56,7 @@ READS = (
 BASE_CLASS = "HYV4Model"
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers Hunyuan-V4 model (with an ``HYV4Model`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def _logits(fn: Tensor, streams: Tensor, eps: float) -> Tensor:

@@ -66,12 +66,12 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    find_module,
     forward_hooks,
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
 FAMILY = "inkling2"
@@ -87,13 +87,7 @@ BASE_CLASS = "Inkling2TextModel"
 VIEWS = ("q", "k", "v")
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers Inkling-2 model (with an ``Inkling2TextModel`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import model_name, pretrained, text_encoder
+from depthscope.probes.adapters.hf import model_name, model_type, pretrained, text_encoder
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
@@ -132,7 +132,7 @@ MODEL_TYPES = tuple(LAYOUTS)  # model_type of the post-LN encoders this adapter 
 
 def detect(model: Any) -> bool:
     """Whether ``model`` is a transformers post-LN encoder (``model_type`` in ``MODEL_TYPES``)."""
-    return pretrained(model) and getattr(model.config, "model_type", None) in MODEL_TYPES
+    return pretrained(model) and model_type(model) in MODEL_TYPES
 
 
 @dataclass(frozen=True)

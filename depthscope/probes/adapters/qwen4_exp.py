@@ -65,11 +65,11 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    find_module,
     forward_hooks,
     router,
 )
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, pretrained, text_encoder
+from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -87,13 +87,7 @@ BASE_CLASS = "Qwen4ExpTextModel"
 SUBLAYER_NATIVE = ("read_gate", "read_scale", "inject_gate")  # per stream; the read-out has no inject
 
 
-def detect(model: Any) -> bool:
-    """Whether ``model`` is a transformers Qwen4-Exp model (with a ``Qwen4ExpTextModel`` inside)."""
-    return (
-        pretrained(model)
-        and getattr(model.config, "model_type", None) in MODEL_TYPES
-        and find_module(model, BASE_CLASS) is not None
-    )
+detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def ple_layers(cfg: Any) -> list[int]:
