@@ -13,7 +13,11 @@ NOTEBOOKS = sorted((Path(__file__).parent.parent / "notebooks").glob("*.py"))
 
 
 def test_there_are_notebooks():
-    assert [p.name for p in NOTEBOOKS] == ["01_quickstart.py", "02_comparing_schemes.py"]
+    assert [p.name for p in NOTEBOOKS] == [
+        "01_quickstart.py",
+        "02_comparing_schemes.py",
+        "03_your_own_model.py",
+    ]
 
 
 @pytest.mark.slow

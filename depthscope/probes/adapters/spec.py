@@ -476,14 +476,38 @@ def _is_norm(module: Any) -> bool:
     return "norm" in type(module).__name__.lower()
 
 
+def _called_children(model: Any, block: Any, embeds: list[str]) -> list[tuple[str, Any]]:
+    """The first block's children in the order a forward calls them (registration order where the
+    forward fails or calls none): a block may register its norms first and call them in turn.
+    """
+    children = list(block.named_children())
+    vocab = getattr(model.get_submodule(embeds[0]), "num_embeddings", None) if embeds else None
+    if not isinstance(vocab, int) or vocab < 2:
+        return children
+    order: list[str] = []
+    handles = [c.register_forward_pre_hook(lambda m, a, n=n: order.append(n)) for n, c in children]
+    try:
+        with evaluating(model), torch.no_grad():
+            model(torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0)))
+    except Exception:  # noqa: BLE001 - a model that needs more than ids: registration order
+        return children
+    finally:
+        for h in handles:
+            h.remove()
+    first = list(dict.fromkeys(order))
+    by_name = dict(children)
+    return [(n, by_name[n]) for n in first] or children
+
+
 def guess_spec(model: Any) -> ModelSpec | None:
     """The spec of a plain ``nn.Module`` shaped like a pre-norm decoder (nanoGPT), or None.
 
     Embeddings: the ``nn.Embedding`` modules outside the blocks, in registration order (a token
     embedding, then a learned position embedding). Blocks: the longest ``nn.ModuleList`` of one
-    class. In a block, each norm child is a read and the next child that is not a norm its write,
-    of the kind its attribute name says (``attn``, ``mlp`` ...). The read-out: the last norm outside
-    the blocks. ``build_spec`` then checks the guess like any spec, so a wrong guess is refused.
+    class. In a block, in the order a forward calls its children, each norm is a read and the next
+    child that is not a norm its write, of the kind its attribute name says (``attn``, ``mlp``).
+    The read-out: the last norm outside the blocks. ``build_spec`` then checks the guess like any
+    spec, so a wrong guess is refused.
     """
     from depthscope.probes.adapters.structure import path_word
 
@@ -500,7 +524,7 @@ def guess_spec(model: Any) -> ModelSpec | None:
     inside = lambda p: p == blocks or p.startswith(blocks + ".")  # noqa: E731
     embeds = [p for p, m in model.named_modules() if isinstance(m, torch.nn.Embedding) and not inside(p)]
     norms = [p for p, m in model.named_modules() if _is_norm(m) and not inside(p) and p]
-    children = list(layer_list[0].named_children())
+    children = _called_children(model, layer_list[0], embeds)
     writes, reads = {}, {}
     for k, (name, child) in enumerate(children):
         if not _is_norm(child):
