@@ -196,7 +196,9 @@ def page(rows: list[dict], args: argparse.Namespace) -> str:
         f"{s.get('refused', 0)} refused, {s.get('crash', 0)} crashes, {s.get('WRONG', 0)} wrong.** Read by: "
         + ", ".join(f"{n} {k}" for k, n in sorted(c["how"].items(), key=lambda kv: -kv[1]))
         + " (`layout` = a row of the layouts table in `depthscope/probes/adapters/huggingface.py`, "
-        "`discovered` = found from the probe forward, others = a family of its own). Refused, by the check "
+        "`discovered` = found from the probe forward, `post-ln layout` / `post-ln structure` = a post-LN "
+        "model read through its LayerNorms from a row of `post_ln.LAYOUTS` / from what its modules compute, "
+        "others = a family of its own). Refused, by the check "
         "that failed:",
         "",
         *[f"- {name}: {n}" for name, n in sorted(c["refused"].items(), key=lambda kv: -kv[1])],

@@ -102,17 +102,30 @@ def _output_file(path: Path, *inputs: Path) -> None:
     check_output(path, *inputs)
 
 
-def _inputs(models: list[Path] | tuple[Path, ...] = (), corpus: Path | None = None) -> None:
-    """Refuse a model, checkpoint or trace argument that names nothing, and a corpus that does not
-    exist, before anything heavy is imported (the loaders say the same, later).
+def _inputs(
+    models: list[Path] | tuple[Path, ...] = (), corpus: Path | None = None, revision: str | None = None
+) -> list[Path]:
+    """Refuse a model, checkpoint or trace argument that names nothing, a Hugging Face hub id that
+    is not in the cache while the Hub is offline, and a corpus that does not exist, before anything
+    heavy is imported (the loaders say the same, later). Returns the models, each hub id with
+    ``--revision`` written into it (``ORG/NAME@REVISION``).
     """
     from depthscope.errors import CorpusError
-    from depthscope.inputs import input_kind
+    from depthscope.inputs import check_hub, input_kind, split_hub
 
-    for path in models:
-        input_kind(path)
+    kinds = [input_kind(path) for path in models]
+    if revision is not None and "hub" not in kinds:
+        raise ConfigError("--revision applies to Hugging Face hub ids (ORG/NAME), and no model given is one")
+    named = []
+    for path, kind in zip(models, kinds):
+        if kind == "hub":
+            repo, rev = split_hub(str(path), revision)
+            check_hub(repo, rev)
+            path = Path(f"{repo}@{rev}") if rev else path
+        named.append(path)
     if corpus is not None and not corpus.exists():
         raise CorpusError(f"corpus {corpus} does not exist")
+    return named
 
 
 class Variant(str, enum.Enum):
@@ -127,6 +140,18 @@ CorpusOpt = Annotated[
     typer.Option(parser=_path, help="Text file or directory (default: the Python standard library)."),
 ]
 QuietOpt = Annotated[bool, typer.Option(help="No progress bars.")]
+RevisionOpt = Annotated[
+    str | None,
+    typer.Option(help="Branch, tag or commit of a Hugging Face hub id (the same as ORG/NAME@REVISION)."),
+]
+TrustOpt = Annotated[
+    bool,
+    typer.Option(
+        "--trust-remote-code",
+        help="Load a Hugging Face model that ships its own modeling code (auto_map in config.json): runs "
+        "the model's own Python code from its directory.",
+    ),
+]
 CtxOpt = Annotated[
     int | None,
     typer.Option(
@@ -269,7 +294,10 @@ def schemes() -> None:
 def report(
     inputs: Annotated[
         list[Path] | None,
-        typer.Argument(help="Checkpoints, traces or model directories (default: the bundled zoo)."),
+        typer.Argument(
+            help="Checkpoints, traces, model directories, zoo names or Hugging Face hub ids "
+            "ORG/NAME[@REVISION] (default: the bundled zoo)."
+        ),
     ] = None,
     out_dir: Annotated[
         Path, typer.Option("--out", parser=_path, help="Directory for index.html, traces.nc and the figures.")
@@ -305,10 +333,12 @@ def report(
         ),
     ] = "auto",
     ablate_tokens: AblateTokensOpt = 512,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
-    _inputs(inputs or [], corpus)
+    inputs = _inputs(inputs or [], corpus, revision)
     from depthscope.pipelines.report import ReportSettings, build_report
     from depthscope.probes.settings import CaptureSettings
 
@@ -327,6 +357,7 @@ def report(
         trajectory=trajectory,
         logits=logits,
         ablate=ablate,
+        trust_remote_code=trust_remote_code,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -337,7 +368,9 @@ def capture(
     checkpoint: Annotated[
         Path,
         typer.Argument(
-            help="A .safetensors checkpoint, a Hugging Face model directory, a .gguf file, or smollm2/minilm."
+            help="A .safetensors checkpoint, a Hugging Face model directory, a .gguf file, smollm2/minilm, a "
+            "zoo name (denseformer, deep/hc: `depthscope zoo list`) or a Hugging Face hub id "
+            "ORG/NAME[@REVISION]."
         ),
     ],
     out_path: Annotated[Path, typer.Option("--out", parser=_path, help="Trace file to write (netCDF).")],
@@ -389,10 +422,12 @@ def capture(
             "object or file of module -> device."
         ),
     ] = None,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
     _output_file(out_path, checkpoint, *([corpus] if corpus else []))
-    _inputs([checkpoint], corpus)
+    [checkpoint] = _inputs([checkpoint], corpus, revision)
     from depthscope.pipelines.capture import CaptureJob, run_capture
     from depthscope.probes.load import Placement
     from depthscope.probes.settings import CaptureSettings, Partial
@@ -412,7 +447,15 @@ def capture(
         placement=Placement(device=device, dtype=dtype, device_map=device_map),
         partial=Partial(save_every=checkpoint_every, resume=resume),
     )
-    job = CaptureJob(str(checkpoint), out_path, corpus, settings, progress=not quiet, workers=workers)
+    job = CaptureJob(
+        str(checkpoint),
+        out_path,
+        corpus,
+        settings,
+        progress=not quiet,
+        workers=workers,
+        trust_remote_code=trust_remote_code,
+    )
     trace = run_capture(job)
     if trace is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
@@ -504,11 +547,23 @@ def zoo_list(
     directory: Annotated[
         Path | None, typer.Option("--dir", parser=_path, help="A zoo directory (default: the bundled zoo).")
     ] = None,
+    collection: Annotated[
+        str | None,
+        typer.Option(help="A bundled collection: 'zoo' (8 blocks, the default) or 'deep' (16 blocks)."),
+    ] = None,
 ) -> None:
-    """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint."""
+    """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint.
+
+    The names of the bundled collections are model arguments: `depthscope capture denseformer`,
+    `depthscope capture deep/hc`.
+    """
     from depthscope import zoo
 
-    entries = zoo.read_manifest(directory or zoo.ZOO_DIR)
+    if directory is not None and collection is not None:
+        raise ConfigError("give --dir or --collection, not both")
+    coll = zoo.collection(zoo.ZOO.name if collection is None else collection)
+    entries = zoo.read_manifest(directory or coll.directory)
+    prefix = "" if directory is not None or coll is zoo.ZOO else f"{coll.name}/"  # as capture takes it
     table = Table(
         "name",
         "scheme",
@@ -522,12 +577,13 @@ def zoo_list(
         "KB",
         "trajectory",
     )
+    table.columns[0].no_wrap = True  # a name is typed as it is printed: never cut
     for m in entries:
         c = m["config"]
         opts = ", ".join(f"{k}={v}" for k, v in c["options"].items()) or "-"
         traj = ", ".join(map(str, m["trajectory"]["steps"])) if m.get("trajectory") else "-"
         table.add_row(
-            m["name"],
+            prefix + m["name"],
             m["scheme"],
             opts,
             f"{c['n_layers']} x {c['d_model']}",
@@ -614,7 +670,11 @@ def _emit_json(obj) -> None:
 @rank_app.command("measure", hidden=True)
 def rank_measure(
     path: Annotated[
-        Path, typer.Argument(help="A checkpoint, a model directory, or a trace captured with --rank.")
+        Path,
+        typer.Argument(
+            help="A checkpoint, a model directory, a zoo name, a Hugging Face hub id ORG/NAME[@REVISION], or "
+            "a trace captured with --rank."
+        ),
     ],
     kappa: Annotated[
         float | None,
@@ -629,10 +689,12 @@ def rank_measure(
     ] = 0.99,
     corpus: CorpusOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")] = False,
+    revision: RevisionOpt = None,
+    trust_remote_code: TrustOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
-    _inputs([path], corpus)
+    [path] = _inputs([path], corpus, revision)
     from depthscope.analysis.rank import rank_summary
     from depthscope.inputs import input_kind
     from depthscope.probes import capture as run_capture
@@ -644,7 +706,7 @@ def rank_measure(
     else:
         traces = [
             run_capture(
-                load_model(path),
+                load_model(path, trust_remote_code=trust_remote_code, progress=not quiet and not as_json),
                 corpus,
                 n_tokens=tokens,
                 rank=True,

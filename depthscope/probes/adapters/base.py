@@ -132,12 +132,14 @@ def _replaced(new: Tensor, seen: Tensor, original: Tensor) -> Tensor:
 
 def _output_hook(fn: Callback, tokens: list):
     def hook(module, args, out):
-        first = out[0] if isinstance(out, tuple) else out
+        first = out[0] if isinstance(out, (tuple, list)) else out  # a list: GPT-1's blocks return one
         seen = token_view(first, tokens[0] if tokens else None)
         new = fn(seen)
         if new is None:
             return None
         new = _replaced(new, seen, first)
+        if isinstance(out, list):
+            return [new, *out[1:]]
         return (new, *out[1:]) if isinstance(out, tuple) else new
 
     return hook
@@ -201,6 +203,30 @@ def find_module(model: Any, class_name: str) -> str | None:
         if type(module).__name__ == class_name:
             return path
     return None
+
+
+ABSENT = object()  # config_value's default where "absent" must differ from a stored None
+
+
+def config_value(config: Any, name: str, default: Any = None) -> Any:
+    """``config.name``, or ``default`` where the config has none or reading it raises: transformers'
+    heterogeneous configs (one value per layer, ``per_layer_config``) raise on a global read of a
+    per-layer attribute (dots3_note_text's ``num_attention_heads``: a RuntimeError, which
+    ``getattr``'s default does not catch), and every family's checks must survive any config
+    transformers builds.
+    """
+    try:
+        return getattr(config, name, default)
+    except Exception:  # noqa: BLE001 - whatever a config property raises, the value is not there
+        return default
+
+
+def config_values(config: Any, keys: tuple[str, ...], *, keep_none: bool = False) -> dict[str, Any]:
+    """The ``keys`` a config has, read as ``config_value`` (for a trace's ``config`` attr); a stored
+    None is left out unless ``keep_none``.
+    """
+    found = {k: config_value(config, k, ABSENT) for k in keys}
+    return {k: v for k, v in found.items() if v is not ABSENT and (keep_none or v is not None)}
 
 
 def installed_version(package: str | None) -> str | None:

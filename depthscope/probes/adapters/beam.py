@@ -47,6 +47,7 @@ from depthscope.probes.adapters.base import (
     Callback,
     ConsumerSpec,
     SourceSpec,
+    config_values,
     module_attach,
 )
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
@@ -120,7 +121,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, keep)
     name = model_name(model)
     return Adapter(
         family=FAMILY,

@@ -69,6 +69,7 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
+    config_values,
     forward_hooks,
     module_attach,
     router,
@@ -142,7 +143,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, keep)
     return Adapter(
         family=FAMILY,
         sources=srcs,

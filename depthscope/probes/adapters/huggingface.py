@@ -31,7 +31,17 @@ from typing import Any
 
 import torch
 
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, Head, SourceSpec, head_of, module_attach
+from depthscope.probes.adapters import post_ln
+from depthscope.probes.adapters.base import (
+    Adapter,
+    ConsumerSpec,
+    Head,
+    SourceSpec,
+    config_value,
+    config_values,
+    head_of,
+    module_attach,
+)
 from depthscope.probes.adapters.hf import model_name, pretrained, text_encoder
 from depthscope.probes.adapters.structure import (
     Embed,
@@ -290,25 +300,39 @@ def layout_plan(model: Any, layout: DecoderLayout, name: str) -> Plan:
     if path is None:
         raise Refused(f"no list of layers at {' or '.join(layout.layers)}")
     parent = path.rpartition(".")[0]
-    embeds = [
-        Embed(EMBED, f"{parent}.{layout.embed}:out", layout.embed_scale(cfg) if layout.embed_scale else 1.0)
-    ]
+    scale = _from_config(layout.embed_scale, cfg, name) if layout.embed_scale else 1.0
+    embeds = [Embed(EMBED, f"{parent}.{layout.embed}:out", scale)]
     if layout.positions:
         embeds.append(Embed("pos_embed", f"{parent}.{layout.positions}:out"))
     steps = layout.steps
-    if layout.parallel is not None and layout.parallel(cfg):
+    if layout.parallel is not None and _from_config(layout.parallel, cfg, name):
         steps = (tuple(b for step in steps for b in step),)
     layers = []
     for i in range(len(_module(model, path))):
         at = f"{path}.{i}"
-        plan = tuple(Step(s) for s in (_step(model, at, i, step, cfg) for step in steps) if s)
+        plan = tuple(Step(s) for s in (_step(model, at, i, step, cfg, name) for step in steps) if s)
         if not plan:
             raise Refused(f"layer {i} has none of the sublayers of the {name} layout")
         layers.append(plan)
     return Plan(path, tuple(embeds), tuple(layers), f"{parent}.{layout.readout}:in", f"layout {name}")
 
 
-def _step(model: Any, at: str, i: int, step: tuple[Branch, ...], cfg: Any) -> tuple[Sublayer, ...]:
+def _from_config(read: Callable[[Any], Any], cfg: Any, name: str) -> Any:
+    """A layout's switch or scale, read from the config; Refused where the config will not give it
+    (an attribute missing, or one of a per-layer config that refuses a global read).
+    """
+    try:
+        return read(cfg)
+    except Exception as err:  # noqa: BLE001 - whatever the config raises: the layout cannot be read
+        first = (str(err).splitlines() or [""])[0][:120]
+        raise Refused(
+            f"the {name} layout reads its config, which refuses ({type(err).__name__}: {first})"
+        ) from None
+
+
+def _step(
+    model: Any, at: str, i: int, step: tuple[Branch, ...], cfg: Any, name: str = ""
+) -> tuple[Sublayer, ...]:
     subs = []
     for b in step:
         if _module(model, f"{at}.{b.module}") is None:
@@ -317,7 +341,8 @@ def _step(model: Any, at: str, i: int, step: tuple[Branch, ...], cfg: Any) -> tu
         if read is None and b.read:
             raise Refused(f"layer {i} has none of the input norms {', '.join(b.read)} of its {b.module}")
         write = f"{at}.{b.out or b.module}:out"
-        subs.append(Sublayer(read or f"{at}.{b.module}", write, b.kind, b.scale(cfg) if b.scale else 1.0))
+        scale = _from_config(b.scale, cfg, name) if b.scale else 1.0
+        subs.append(Sublayer(read or f"{at}.{b.module}", write, b.kind, scale))
     return tuple(subs)
 
 
@@ -340,13 +365,28 @@ def build(model: Any) -> Adapter:
     cfg = text_config(model)
     model_type = str(getattr(model.config, "model_type", ""))
     embedding = model.get_input_embeddings()
-    vocab = int(getattr(embedding, "num_embeddings", None) or cfg.vocab_size)
+    vocab = int(getattr(embedding, "num_embeddings", None) or config_value(cfg, "vocab_size") or 0)
+    if vocab < 1:
+        raise Refused(
+            f"cannot read this {model_type} model: neither its embedding nor its config gives a vocabulary"
+        )
     try:
+        probe = None
         probe = Probe(model, vocab)
         plan = plan_of(model, probe)
     except Refused as err:
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
-        raise Refused(f"cannot read this {model_type} model as a sum of its writes ({how}): {err}") from None
+        also = ""
+        if probe is not None:  # not a sum of its writes: a post-LN model, read through its LayerNorms?
+            try:
+                found = post_ln.find_layout(model, probe)
+            except Refused as post:
+                also = f"; nor as a post-LN model: {post}"
+            else:
+                return post_ln.build(model, found)
+        raise Refused(
+            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}"
+        ) from None
     sources, consumers = specs(plan, probe)
     name = model_name(model)
     keep = (
@@ -361,7 +401,7 @@ def build(model: Any) -> Adapter:
         "n_positions",
         "tie_word_embeddings",
     )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, keep)
     return Adapter(
         family=FAMILY,
         sources=sources,
@@ -446,7 +486,7 @@ def _static(weights: list[float]) -> tuple[float, ...] | None:
 
 def _context(cfg: Any) -> int:
     for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
-        value = getattr(cfg, key, None)
+        value = config_value(cfg, key)
         if isinstance(value, int) and value > 0:
             return value
     return 1 << 16  # no stated limit (a state-space model)

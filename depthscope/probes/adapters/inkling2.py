@@ -66,6 +66,7 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
+    config_values,
     forward_hooks,
     module_attach,
     router,
@@ -172,7 +173,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, keep)
     slots = n_slots(cfg.num_hidden_layers, block)
     return Adapter(
         family=FAMILY,

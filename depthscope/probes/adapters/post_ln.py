@@ -57,6 +57,7 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     SourceSpec,
     call_model,
+    config_values,
     module_attach,
     router,
 )
@@ -89,9 +90,11 @@ class Layout:
     mlp_in: str  # tap of the MLP's input seen once per batch (never inside a chunked feed-forward)
     mlp_out: str  # the MLP's write (called once per chunk where the feed-forward is chunked)
     ln2: str  # the LayerNorm after the MLP (likewise)
-    embed_ln: str = "embeddings.LayerNorm"
+    embed_ln: str | None = "embeddings.LayerNorm"  # None: the embeddings' sum is the first layer's input
     project: str | None = None  # a linear map after the embedding LayerNorm, where the model has one
     padded_positions: bool = False  # positions start at pad_token_id + 1 (RoBERTa): a shorter context
+    scales: tuple[float, ...] = ()  # each embedding's static scale (Marian's sqrt(d)); empty: all 1
+    origin: str = "layout"  # "layout" (a row of LAYOUTS) or "structure" (found on a probe forward)
 
 
 BERT = Layout(
@@ -150,7 +153,7 @@ class _Plan:
     def paths(self) -> list[str]:
         """Every module the hooks read, as full paths."""
         lay, p = self.layout, self.prefix
-        out = [f"{p}{path}" for _, path in lay.embeddings] + [f"{p}{lay.embed_ln}"]
+        out = [f"{p}{path}" for _, path in lay.embeddings] + ([f"{p}{lay.embed_ln}"] if lay.embed_ln else [])
         out += [f"{p}{self.project}"] if self.project else []
         for i in range(self.n_layers):
             at = f"{p}{lay.layers}.{i}"
@@ -159,17 +162,17 @@ class _Plan:
         return out
 
 
-def _plan(model: Any) -> _Plan:
+def _plan(model: Any, found: Layout | None = None) -> _Plan:
     cfg = model.config
-    layout = LAYOUTS[cfg.model_type]
-    prefix = model.base_model_prefix
+    layout = found or LAYOUTS[cfg.model_type]
+    prefix = model.base_model_prefix if found is None else ""  # a found layout holds full paths
     base = getattr(model, prefix, None) if prefix else None
     p = f"{prefix}." if isinstance(base, torch.nn.Module) else ""
     base = base if p else model
-    project = layout.project if layout.project and hasattr(base, layout.project) else None
-    plan = _Plan(
-        layout, p, int(cfg.num_hidden_layers), project, int(getattr(cfg, "chunk_size_feed_forward", 0) or 0)
-    )
+    project = layout.project if layout.project and (found or hasattr(base, layout.project)) else None
+    n_layers = len(model.get_submodule(layout.layers)) if found else int(cfg.num_hidden_layers)
+    chunk = 0 if found else int(getattr(cfg, "chunk_size_feed_forward", 0) or 0)  # found: runs once
+    plan = _Plan(layout, p, n_layers, project, chunk)
     for path in plan.paths():  # a config the layout does not describe: one line, not a hook's traceback
         try:
             model.get_submodule(path)
@@ -181,16 +184,18 @@ def _plan(model: Any) -> _Plan:
     return plan
 
 
-def build(model: Any) -> Adapter:
-    """The adapter of a post-LN encoder: embeddings, sublayer outputs and LayerNorm biases as sources;
-    each consumer gets its terms propagated through the LayerNorms before it.
+def build(model: Any, found: Layout | None = None) -> Adapter:
+    """The adapter of a post-LN model: embeddings, sublayer outputs and LayerNorm biases as sources;
+    each consumer gets its terms propagated through the LayerNorms before it. ``found``: a layout
+    found by ``find_layout`` (any post-LN model), else the model type's row of ``LAYOUTS``.
     """
     cfg = model.config
-    plan = _plan(model)
+    plan = _plan(model, found)
     n = plan.n_layers
     # in the order the model computes them (the terms are kept in that order)
     srcs = [SourceSpec(label, label, names.EMBED, 0) for label, _ in plan.layout.embeddings]
-    srcs.append(SourceSpec("embed.ln", "embed.ln", names.BIAS, 0))
+    if plan.layout.embed_ln:
+        srcs.append(SourceSpec("embed.ln", "embed.ln", names.BIAS, 0))
     if plan.project:
         srcs.append(SourceSpec("embed.proj", "embed.proj", names.BIAS, 0))
     cons = []
@@ -223,7 +228,7 @@ def build(model: Any) -> Adapter:
         "layer_norm_eps",
         "chunk_size_feed_forward",
     )
-    offset = (int(cfg.pad_token_id or 0) + 1) if plan.layout.padded_positions else 0
+    offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if plan.layout.padded_positions else 0
     n_dense = sum(s.kind != names.BIAS for s in srcs)  # the biases are carried as vectors
     keep: dict = {}  # the terms' buffers, from batch to batch
     return Adapter(
@@ -235,12 +240,11 @@ def build(model: Any) -> Adapter:
             "variant": name,
             "label": name,
             "family": FAMILY,
-            "config": json.dumps(
-                {k: getattr(cfg, k) for k in keep if hasattr(cfg, k)}, sort_keys=True, default=str
-            ),
+            "config": json.dumps(config_values(cfg, keep, keep_none=True), sort_keys=True, default=str),
             "mixing_meaning": MIXING_MEANING,
+            "layout": f"post-ln {plan.layout.origin}",  # "post-ln layout" (a row) or "post-ln structure"
         },
-        ctx=int(cfg.max_position_embeddings) - offset,
+        ctx=int(getattr(cfg, "max_position_embeddings", 0) or 1 << 16) - offset,
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model, "a post-LN encoder's token ids are word pieces, not bytes"),
         attach=lambda m, taps: _attach(m, taps, plan, len(srcs), n_dense, keep),
@@ -465,10 +469,25 @@ def _hooks(model: Any, plan: _Plan, state: _Terms) -> list[tuple[str, Callback]]
         ln = model.get_submodule(path)
         return lambda x: state.normalise(ln, x, bias_key)
 
-    (first, first_path), *rest = lay.embeddings
-    hooks = [(f"{p}{first_path}:out", lambda t: state.start(first, t))]  # a new batch starts here
-    hooks += [(f"{p}{path}:out", lambda t, key=label: state.embedding(key, t)) for label, path in rest]
-    hooks.append((f"{p}{lay.embed_ln}:in", layer_norm(f"{p}{lay.embed_ln}", "embed.ln")))
+    scales = lay.scales or (1.0,) * len(lay.embeddings)
+
+    def scaled(f: Callback, c: float) -> Callback:
+        """An embedding's write as the stream receives it: [pos, d] as [1, pos, d], times its scale."""
+
+        def write(t: Tensor) -> None:
+            t = t.unsqueeze(0) if t.ndim == 2 else t
+            f(t * c if c != 1.0 else t)
+
+        return write
+
+    ((first, first_path), *rest), (c0, *cs) = lay.embeddings, scales
+    hooks = [(f"{p}{first_path}:out", scaled(lambda t: state.start(first, t), c0))]  # a new batch starts here
+    hooks += [
+        (f"{p}{path}:out", scaled(lambda t, key=label: state.embedding(key, t), c))
+        for (label, path), c in zip(rest, cs)
+    ]
+    if lay.embed_ln:
+        hooks.append((f"{p}{lay.embed_ln}:in", layer_norm(f"{p}{lay.embed_ln}", "embed.ln")))
     if plan.project:
         linear = model.get_submodule(f"{p}{plan.project}")
         hooks.append((f"{p}{plan.project}:in", lambda x: state.project(linear, "embed.proj")))
@@ -487,3 +506,195 @@ def _hooks(model: Any, plan: _Plan, state: _Terms) -> list[tuple[str, Callback]]
     # after the last layer's flush (hooks on one module run in the order they were registered)
     hooks.append((f"{p}{lay.layers}.{plan.n_layers - 1}:out", lambda h: state.consumer("readout", h)))
     return hooks
+
+
+# --- post-LN by structure: the layout found on a probe forward ----------------------------------
+
+
+def _is_layer_norm(module: Any) -> bool:
+    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("LayerNorm")
+
+
+def _inside(outer: str, path: str) -> bool:
+    return path.startswith(outer + ".")
+
+
+def _embedding_label(path: str, used: set[str]) -> str:
+    name = path.rsplit(".", 1)[-1].lower()
+    label = "pos_embed" if "position" in name else "token_type" if "token_type" in name else name
+    while label in used or label in (names.EMBED, "embed.ln", "embed.proj"):
+        label += "_"
+    used.add(label)
+    return label
+
+
+def find_layout(model: Any, probe: Any) -> Layout:
+    """The post-LN layout of any transformers model, found on the probe (``structure.Probe``) from
+    what its modules compute, not from their names or classes; ``structure.Refused`` naming the
+    check that fails. Every layer must compute, in this order:
+
+    * ``ln1(x + a)`` with ``x`` the layer's input and ``a`` the output of one module inside it (the
+      attention's write), ``ln1`` a LayerNorm;
+    * ``ln2(ln1_out + m)`` with ``m`` the output of one module that runs after ``ln1`` (the MLP's
+      write), ``ln2`` a LayerNorm whose output is the layer's output;
+
+    and before the first layer, the first layer's input is a LayerNorm of (or, without one, equal
+    to) a scaled sum of embedding modules' outputs, the model's input embedding called first (a
+    scale other than 1: Marian's sqrt(d_model) applied outside its embedding). The layers are the
+    longest ModuleList whose every layer reads the previous one's output. A module that a chunked
+    feed-forward calls more than once is refused (only ``LAYOUTS`` rows read chunked encoders).
+    """
+    from depthscope.probes.adapters.structure import Refused
+
+    layers, ran = _layer_list(model, probe)
+    relative = None
+    for i, call in ran:
+        rel = _layer_parts(probe, f"{layers}.{i}", i, call)
+        if relative is not None and rel != relative:
+            raise Refused(f"layer {i} is built otherwise than layer 0 ({rel} against {relative})")
+        relative = rel
+    attn_out, ln1, mlp_out, ln2 = relative
+    labels, paths, scales, embed_ln, padded, project = _embedding_parts(model, probe, layers, ran[0][1])
+    return Layout(
+        embeddings=tuple(zip(labels, paths)),
+        layers=layers,
+        attn_out=attn_out,
+        ln1=ln1,
+        mlp_in=f"{ln1}:out",
+        mlp_out=mlp_out,
+        ln2=ln2,
+        embed_ln=embed_ln,
+        project=project,
+        padded_positions=padded,
+        scales=scales,
+        origin="structure",
+    )
+
+
+def _layer_list(model: Any, probe: Any) -> tuple[str, list]:
+    """The longest ModuleList whose every layer runs and reads the previous one's output."""
+    from depthscope.probes.adapters.structure import Refused, layer_calls
+
+    found = []
+    for path, m in model.named_modules():
+        if path and isinstance(m, torch.nn.ModuleList) and f"{path}.0" in probe.count:
+            with contextlib.suppress(Refused):
+                ran = layer_calls(probe, path)
+                if [k for k, _ in ran] == list(range(len(m))):
+                    found.append((len(ran), path, ran))
+    if not found:
+        raise Refused("no list of layers whose every layer runs and reads the previous one's output")
+    _, path, ran = max(found, key=lambda f: f[0])
+    return path, ran
+
+
+def _layer_parts(probe: Any, at: str, i: int, call: Any) -> tuple[str, str, str, str]:
+    """(attention write, ln1, MLP write, ln2) of layer ``i`` at ``at``, relative to it (``find_layout``)."""
+    from depthscope.probes.adapters.structure import Refused, error
+
+    tol = probe.tolerance()
+    inner = [c for c in probe.calls if _inside(at, c.path) and c.input is not None and c.output is not None]
+    norms = [c for c in inner if _is_layer_norm(c.module)]
+    if len(norms) != 2:
+        raise Refused(f"layer {i} runs {len(norms)} LayerNorms on the stream, not the 2 of a post-LN layer")
+    ln1, ln2 = norms
+    if error(call.output, ln2.output) > tol:
+        raise Refused(f"layer {i}'s output is not its last LayerNorm's output (not post-LN)")
+
+    def write(target: Tensor, base: Tensor, after: int, before: int) -> Any:
+        return next(
+            (
+                c
+                for c in inner
+                if after < c.index < before
+                and probe.count.get(c.path) == 1
+                and not _is_layer_norm(c.module)
+                and c.output.shape[-1] == target.shape[-1]
+                and error(target, base + c.output.double()) <= tol
+            ),
+            None,
+        )
+
+    a = write(ln1.input, call.input.double(), call.index, ln1.index)
+    m = write(ln2.input, ln1.output.double(), ln1.index, ln2.index)
+    if a is None or m is None:
+        which = "attention" if a is None else "MLP"
+        raise Refused(f"layer {i}: no module's output is the {which} write its LayerNorm adds to the stream")
+    return tuple(c.path[len(at) + 1 :] for c in (a, ln1, m, ln2))
+
+
+def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
+    """(labels, paths, scales, embedding LayerNorm or None, padded positions) before the layers."""
+    from depthscope.probes.adapters.structure import Refused, error, fit
+
+    tol = probe.tolerance()
+    modules = dict(model.named_modules())
+    before = [c for c in probe.calls if c.index < first.index and not _inside(layers, c.path)]
+    norms = [c for c in before if _is_layer_norm(c.module) and c.output is not None and c.input is not None]
+    embed_ln = norms[-1] if norms and error(first.input, norms[-1].output) <= tol else None
+    project = None
+    if embed_ln is None and norms:  # a linear map from the embeddings' width into the stream's (RemBERT)
+        project = next(
+            (
+                c
+                for c in before
+                if isinstance(c.module, torch.nn.Linear)
+                and c.index > norms[-1].index
+                and c.input is not None
+                and c.output is not None
+                and error(c.input, norms[-1].output) <= tol
+                and error(first.input, c.output) <= tol
+            ),
+            None,
+        )
+        embed_ln = norms[-1] if project is not None else None
+    target = embed_ln.input if embed_ln is not None else first.input
+    word = next((p for p, m in modules.items() if m is model.get_input_embeddings()), None)
+    called = [c for c in before if isinstance(c.module, torch.nn.Embedding) and probe.count.get(c.path) == 1]
+    values = _outputs(model, probe, [c.path for c in called])  # [batch or 1, pos, width], 2-D ones too
+    embeds = [
+        c for c in called if values.get(c.path) is not None and values[c.path].shape[-1] == target.shape[-1]
+    ]
+    if not embeds or embeds[0].path != word:
+        raise Refused("the input embedding is not the first embedding the model calls before its layers")
+    for k in range(len(embeds), 0, -1):  # the embeddings the sum holds: the first k that fit
+        scales = fit(target, values[word], [values[e.path] for e in embeds[1:k]], tol, keep=True)
+        if scales is not None:
+            embeds = embeds[:k]
+            break
+    else:
+        raise Refused("the first layer's input is not a LayerNorm of a scaled sum of the embeddings")
+    used: set[str] = set()
+    labels = [names.EMBED] + [_embedding_label(e.path, used) for e in embeds[1:]]
+    padded = any(
+        getattr(modules[e.path], "padding_idx", None) is not None for e in embeds[1:] if "position" in e.path
+    )
+    ln = embed_ln.path if embed_ln is not None else None
+    proj = project.path if project is not None else None
+    return labels, [e.path for e in embeds], tuple(float(c) for c in scales), ln, padded, proj
+
+
+def _outputs(model: Any, probe: Any, paths: list[str]) -> dict[str, Tensor | None]:
+    """The outputs of modules on the probe's tokens, as [batch or 1, pos, width] (an output of
+    shape [pos, width], shared over the batch, gets a leading 1; the probe keeps only 3-D values).
+    """
+    from depthscope.probes.adapters.base import evaluating, input_device
+
+    got: dict[str, Tensor | None] = {}
+
+    def keep(path: str):
+        def hook(module, args, out):
+            t = out[0] if isinstance(out, tuple) else out
+            if isinstance(t, Tensor) and t.is_floating_point() and t.ndim in (2, 3):
+                got.setdefault(path, (t.unsqueeze(0) if t.ndim == 2 else t).detach().to("cpu", copy=True))
+
+        return hook
+
+    handles = [model.get_submodule(p).register_forward_hook(keep(p)) for p in paths]
+    try:
+        with evaluating(model), torch.no_grad():
+            model(probe.tokens.to(input_device(model)))
+    finally:
+        for h in handles:
+            h.remove()
+    return got

@@ -65,6 +65,7 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
+    config_values,
     forward_hooks,
     router,
 )
@@ -137,7 +138,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = {k: getattr(cfg, k) for k in keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, keep)
     name = model_name(model)
     return Adapter(
         family=FAMILY,

@@ -33,6 +33,7 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
+    config_values,
     forward_hooks,
     router,
 )
@@ -145,7 +146,7 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
     ro = names.READOUT
     cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
-    config = {k: getattr(cfg, k) for k in form.keep if getattr(cfg, k, None) is not None}
+    config = config_values(cfg, form.keep)
     attrs = {
         "scheme": form.scheme,
         "variant": model_name(model),

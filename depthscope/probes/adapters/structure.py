@@ -149,7 +149,7 @@ class Probe:
     @staticmethod
     def _stream(t: Any) -> Tensor | None:
         """What a tap would see of a value (``base.token_view``), if it is [batch or 1, pos, ...]."""
-        if isinstance(t, tuple) and t:
+        if isinstance(t, (tuple, list)) and t:  # a layer returning [hidden, ...] (GPT-1) as (hidden, ...)
             t = t[0]
         t = token_view(t, PROBE_SHAPE)
         if not isinstance(t, Tensor) or t.ndim != 3 or not t.is_floating_point():

@@ -45,7 +45,9 @@ def toy_family(name: str) -> Family:
         ad.attrs["family"] = name
         return ad
 
-    return Family(name=name, reads="toy: a nanoGPT by its spec", detect=lambda m: isinstance(m, Toy), build=build)
+    return Family(
+        name=name, reads="toy: a nanoGPT by its spec", detect=lambda m: isinstance(m, Toy), build=build
+    )
 
 
 @pytest.fixture
