@@ -96,6 +96,11 @@ class ModelSpec:
         label, scheme: the trace's label and scheme attrs (default: the model's class name,
             ``"custom"``).
         forward: how to call the model on token ids [batch, pos] (default ``model(ids)``).
+        weights: read key -> ``fn(index, sources, h)`` giving a consumer's weights where the
+            activations cannot (per-feature weights, as DCA's GRN has): ``index`` the layer index
+            (``*``), ``sources`` [n, batch, pos, d] the sources available, ``h`` [batch, pos, d]
+            its input; it returns [batch, pos, n] or [batch, pos, n, d] (or [n] / [n, d]: the same
+            at every token). The identity is checked like any other, on the probe and every batch.
     """
 
     embed: Sequence[str]
@@ -107,6 +112,7 @@ class ModelSpec:
     label: str | None = None
     scheme: str = "custom"
     forward: Callable[[Any, Tensor], Any] | None = field(default=None, compare=False)
+    weights: Mapping[str, Callable[..., Tensor]] = field(default_factory=dict, compare=False)
 
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-ready data (recorded in the trace's ``config`` attr)."""
@@ -286,8 +292,50 @@ def _weights_of(label: str, path: str, sources: list[Tensor], target: Tensor, to
     raise DepthscopeError(
         f"ModelSpec: consumer {label} ({path}) reads something that is not a scalar combination of the "
         f"{len(sources)} sources written before it (relative error {left:.2g} with per-token weights): name "
-        f"the modules that write what it reads; per-feature weights need a family ({DOCS})"
+        "the modules that write what it reads, or give per-feature weights: "
+        f"ModelSpec(weights={{key: fn}}) ({DOCS})"
     )
+
+
+def _declared_fn(fn: Callable[..., Tensor], index: int | None) -> Callable[[Tensor, Tensor], Tensor]:
+    """The user's weights function of one consumer, its output broadcast to [batch, pos, n(, d)]."""
+
+    def weights(sources: Tensor, h: Tensor) -> Tensor:
+        w = torch.as_tensor(fn(index, sources, h)).to(h.device)
+        if w.ndim in (1, 2) and w.shape[0] == sources.shape[0]:  # the same at every token
+            w = w.expand(*h.shape[:2], *w.shape)
+        return w
+
+    return weights
+
+
+def _declared(
+    label: str, site: _Site, fn: Callable[..., Tensor], sources: list[Tensor], target: Tensor, tol: float
+):
+    """Check the user's weights of one consumer on the probe: they must rebuild its input."""
+    full = torch.stack([torch.broadcast_to(s, target.shape) for s in sources])
+    try:
+        w = _declared_fn(fn, site.index)(full, target).double()
+    except Exception as err:  # the user's function failed: one line naming it
+        raise DepthscopeError(
+            f"ModelSpec: the weights of {label} failed ({type(err).__name__}: {err})"
+        ) from None
+    n = len(sources)
+    if w.shape[:3] != (*target.shape[:2], n) or w.ndim not in (3, 4):
+        raise DepthscopeError(
+            f"ModelSpec: the weights of {label} have shape {tuple(w.shape)}; want [batch, pos, {n}] or "
+            f"[batch, pos, {n}, d_model]"
+        )
+    rebuilt = (
+        torch.einsum("bpn,nbpd->bpd", w, full) if w.ndim == 3 else torch.einsum("bpnd,nbpd->bpd", w, full)
+    )
+    left = error(target, rebuilt)
+    if not left <= tol:
+        raise DepthscopeError(
+            f"ModelSpec: the weights given for {label} ({site.path}) do not rebuild its input from the "
+            f"{n} sources before it (relative error {left:.2g})"
+        )
+    return _Weights("declared")
 
 
 # --- the adapter ---------------------------------------------------------------------------------
@@ -370,7 +418,7 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
     values = [record.value(s.path, "out") for _, s in sources]
     tol = PROBE_TOLERANCE.get(model_dtype(model), FLOAT_TOLERANCE)
 
-    consumers, per_token, labels = [], {}, set()
+    consumers, per_token, labels, found_as = [], {}, set(), {}
     for r in reads:
         label = READOUT if r.key == READOUT else (f"{r.index}.{r.key}" if r.index is not None else r.key)
         if label in labels:
@@ -384,13 +432,18 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
         n = len(before)
         if before != list(range(n)):
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
-        found = _weights_of(label, r.path, values[:n], record.value(r.path, "in"), tol)
+        given = spec.weights.get(r.key)
+        if given is not None:
+            found = _declared(label, r, given, values[:n], record.value(r.path, "in"), tol)
+        else:
+            found = _weights_of(label, r.path, values[:n], record.value(r.path, "in"), tol)
         kind = READOUT if r.key == READOUT else _kind(r.key)
         depth = 1 + sum(1 for s, _ in sources[:n] if s.kind != EMBED)
-        weights = f"{label}.w" if found.how == "token" else None
+        weights = f"{label}.w" if found.how in ("token", "declared") else None
         consumers.append(ConsumerSpec(label, f"{label}.in", kind, depth, n, weights, found.static))
-        if found.how == "token":
-            per_token[label] = n
+        found_as[label] = found.how
+        if weights is not None:
+            per_token[label] = (n, _declared_fn(given, r.index) if given is not None else None)
     readout = next((r for r in reads if r.key == READOUT), None)
     attrs = {
         "scheme": spec.scheme,
@@ -398,10 +451,7 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
         "label": spec.label or type(model).__name__,
         "family": NAME,
         "config": json.dumps(spec.describe(), sort_keys=True),
-        "weights_found": json.dumps(
-            {c.label: "token" if c.weights else "static" if c.static else "unit" for c in consumers},
-            sort_keys=True,
-        ),
+        "weights_found": json.dumps({c.label: found_as[c.label] for c in consumers}, sort_keys=True),
     }
     taps = {s.label: f"{site.path}:out" for s, site in sources}
     inputs = {c.label: f"{r.path}:in" for c, r in zip(consumers, reads)}
@@ -433,7 +483,7 @@ def _attach(
     callbacks: list[tuple[str, Callback]],
     taps: dict[str, str],
     inputs: dict[str, str],
-    per_token: dict[str, int],
+    per_token: dict[str, tuple[int, Callable[[Tensor, Tensor], Tensor] | None]],
 ):
     """Module hooks: each source's output and each consumer's input to the engine; for a consumer
     with per-token weights, its weights solved from the sources of this forward and its input.
@@ -453,9 +503,9 @@ def _attach(
     def consumer(label: str):
         def hook(h: Tensor) -> Tensor | None:
             if label in per_token:  # from what this forward wrote and what the module receives
-                n = per_token[label]
+                n, declared = per_token[label]
                 stack = torch.stack([torch.broadcast_to(seen[s], h.shape) for s in order[:n]])
-                send(f"{label}.w", token_weights(stack, h)[0])
+                send(f"{label}.w", declared(stack, h) if declared else token_weights(stack, h)[0])
             return send(f"{label}.in", h)  # an ablation's replacement, if any
 
         return hook

@@ -355,3 +355,23 @@ def seeded(name: str) -> nn.Module:
     torch.manual_seed(0)
     model = MODELS[name]()
     return model.eval()
+
+
+class PerFeature(_LM):
+    """Static per-feature weights over the states, as DCA's GRN-v1 has them (arXiv 2502.06785):
+    block i reads sum_j b_ij (.) X_j with b_ij in R^d; the read-out reads the last state."""
+
+    def __init__(self, n_layer: int = 3):
+        super().__init__(n_layer)
+        g = torch.Generator().manual_seed(5)
+        self.blocks = nn.ModuleList(Block() for _ in range(n_layer))
+        self.b = nn.ParameterList(
+            nn.Parameter(1 + 0.5 * torch.randn(i + 1, D, generator=g)) for i in range(n_layer)
+        )
+
+    def forward(self, idx: Tensor, targets: Tensor | None = None):
+        states = [self.embed(idx)]
+        for i, block in enumerate(self.blocks):
+            x = sum(b * s for b, s in zip(self.b[i], states))
+            states.append(block(x))
+        return self.out(states[-1], targets)

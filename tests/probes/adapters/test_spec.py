@@ -11,7 +11,7 @@ import torch
 from depthscope import DepthscopeError, ModelSpec
 from depthscope.probes import capture
 from depthscope.probes.adapters.spec import build_spec
-from tests.probes.adapters.spec_models import CTX, MODELS, VOCAB, seeded
+from tests.probes.adapters.spec_models import CTX, MODELS, VOCAB, D, seeded
 
 # label pattern -> module path of each model's sources and consumer inputs, written out here, apart
 # from the specs, so that the oracle does not read the model the way the adapter does
@@ -164,3 +164,46 @@ def test_a_model_discovery_cannot_read_is_refused_with_what_to_write():
     with pytest.raises(DepthscopeError, match=r"ModelSpec\(embed=") as err:
         capture(seeded("mudd"), torch.zeros(1, CTX, dtype=torch.long), n_tokens=CTX, ctx=CTX)
     assert "\n" not in str(err.value) and "README.md#reading-your-own-model" in str(err.value)
+
+
+def per_feature_spec(model, **extra) -> ModelSpec:
+    return ModelSpec(
+        embed=["wte", "wpe"],
+        writes={"block": "blocks.*"},
+        reads={"block": "blocks.*", "readout": "ln_f"},
+        **extra,
+    )
+
+
+def test_per_feature_weights_are_refused_unless_given():
+    """GRN-like per-feature weights: no scalar combination rebuilds the input, so the spec is refused
+    naming the consumer; given as a function, they are read exactly (mixing: their feature mean)."""
+    from tests.probes.adapters.spec_models import PerFeature
+
+    torch.manual_seed(0)
+    model = PerFeature().eval()
+    with pytest.raises(
+        DepthscopeError, match=r"consumer 0\.block .* not a scalar combination.*weights="
+    ) as err:
+        build_spec(model, per_feature_spec(model))
+    assert "\n" not in str(err.value)
+
+    def weights(i, sources, h):  # over embed, embed.wpe (both X_0), then X_1 .. X_i
+        b = model.b[i].detach()
+        return torch.cat([b[:1], b]) if i is not None else None
+
+    spec = per_feature_spec(model, weights={"block": weights})
+    tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(4))
+    trace = capture(model, tokens, spec=spec, n_tokens=2 * CTX, ctx=CTX, skip_positions=0)
+    assert float(trace["residual_error"].max()) < 1e-5
+    b = model.b[2].detach().double()
+    row = trace["mixing"].sel(layer="2.block")
+    np.testing.assert_allclose(
+        row.sel(source=["embed", "embed.wpe", "0.block", "1.block"]),
+        [*b.mean(-1)[:1], *b.mean(-1)],
+        rtol=1e-6,
+    )
+    assert __import__("json").loads(trace.attrs["weights_found"])["2.block"] == "declared"
+    wrong = per_feature_spec(model, weights={"block": lambda i, s, h: torch.ones(s.shape[0], D)})
+    with pytest.raises(DepthscopeError, match="do not rebuild its input"):
+        build_spec(model, wrong)
