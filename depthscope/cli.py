@@ -469,6 +469,99 @@ def capture(
     )
 
 
+def _size(value: str | None) -> tuple[float, float] | None:
+    """``W,H`` in inches."""
+    if value is None:
+        return None
+    try:
+        w, h = (float(x) for x in value.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected W,H in inches (e.g. 3.5,3), got {value!r}") from None
+    if not (0.5 <= w <= 40 and 0.5 <= h <= 40):
+        raise typer.BadParameter(f"W and H must be between 0.5 and 40 inches, got {value!r}")
+    return w, h
+
+
+class PlotVar(str, enum.Enum):
+    """What ``depthscope plot`` draws (``analysis.select.QUANTITIES``)."""
+
+    weights = "weights"
+    mixing = "mixing"
+    share = "share"
+    departure = "departure"
+
+
+class PlotScale(str, enum.Enum):
+    """The colour scale of ``depthscope plot``."""
+
+    log = "log"
+    linear = "linear"
+    symlog = "symlog"
+
+
+@app.command()
+def plot(
+    trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
+    out_path: Annotated[
+        Path, typer.Option("--out", parser=_path, help="The figure: FIG.pdf, FIG.svg or FIG.png.")
+    ],
+    var: Annotated[
+        PlotVar,
+        typer.Option(
+            help="weights: |M| row-normalised; mixing: M; share: contribution share; departure: share x n_l "
+            "(1 = the uniform 1/T share)."
+        ),
+    ] = PlotVar.weights,
+    model: Annotated[
+        str | None, typer.Option(help="The model to draw from a stacked trace (its label).")
+    ] = None,
+    layers: Annotated[
+        str | None,
+        typer.Option(help="Consumers: labels, kinds, blocks or block ranges (e.g. 'attn,readout' or 0-7)."),
+    ] = None,
+    sources: Annotated[
+        str | None, typer.Option(help="Sources, chosen the same way (e.g. embed,20-29).")
+    ] = None,
+    blocks: Annotated[
+        bool, typer.Option("--blocks", help="Sum each block's sublayers (deep models).")
+    ] = False,
+    cmap: Annotated[str | None, typer.Option(help="A matplotlib colour map (default: by quantity).")] = None,
+    scale: Annotated[
+        PlotScale | None, typer.Option(help="Colour scale (default: log for weights, linear otherwise).")
+    ] = None,
+    size: Annotated[str | None, typer.Option(help="W,H in inches (default: from the cells).")] = None,
+    vmin: Annotated[float | None, typer.Option(help="Lowest colour value.")] = None,
+    vmax: Annotated[float | None, typer.Option(help="Highest colour value.")] = None,
+) -> None:
+    """Write one publication figure of a trace: a consumer x source heatmap, its caption printed."""
+    from depthscope.pipelines.plot import check_figure_path
+
+    figsize = _size(size)
+    check_figure_path(out_path)
+    if not trace_path.exists():
+        from depthscope.errors import TraceError
+
+        raise TraceError(f"{trace_path}: no such trace file")
+    from depthscope.pipelines.plot import plot_trace
+
+    written, caption = plot_trace(
+        trace_path,
+        out_path,
+        var=var.value,
+        model=model,
+        layers=layers,
+        sources=sources,
+        blocks=blocks,
+        cmap=cmap,
+        scale=scale.value if scale else None,
+        size=figsize,
+        vmin=vmin,
+        vmax=vmax,
+    )
+    out.print(f"figure written: {written}")
+    out.print(f"caption: {caption}")
+
+
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],

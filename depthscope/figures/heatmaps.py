@@ -25,7 +25,7 @@ import textwrap
 import numpy as np
 import xarray as xr
 from matplotlib import colormaps
-from matplotlib.colors import Colormap, LogNorm, Normalize, SymLogNorm
+from matplotlib.colors import Colormap, LogNorm, Normalize, SymLogNorm, TwoSlopeNorm
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from depthscope.errors import DepthscopeError
@@ -200,18 +200,32 @@ def _axis_label(da: xr.DataArray, dim: str) -> str:
     return dim
 
 
-def _scale(values: np.ndarray, *, log: bool, symlog: bool, linthresh: float, vmin, vmax, cmap):
+def _scale(values: np.ndarray, *, log: bool, symlog: bool, linthresh: float, vmin, vmax, cmap, center=None):
     """(values to draw, norm, colour map, vmax) of one heatmap: log (sequential, values below
-    vmin raised to it) or centred on 0 (diverging, linear or symlog).
+    vmin raised to it), centred on 0 (diverging, linear or symlog; ``vmin`` default -vmax), or
+    linear centred on ``center`` (diverging, each side its own range: ``vmin`` and ``vmax`` default
+    to the data's extent around it).
     """
     if log:
         lo, hi = log_range(values)
         vmin, vmax = (lo if vmin is None else float(vmin)), (hi if vmax is None else float(vmax))
         values = np.where(np.isfinite(values), np.maximum(values, vmin), np.nan)
         return values, LogNorm(vmin=vmin, vmax=vmax), SEQUENTIAL_CMAP if cmap is None else cmap, vmax
+    cmap = DIVERGING_CMAP if cmap is None else cmap
+    if center is not None and not symlog:
+        span = symmetric_vmax(np.asarray(values, dtype=float) - center)
+        lo = center - span if vmin is None else float(vmin)
+        hi = center + span if vmax is None else float(vmax)
+        if not lo < center < hi:
+            raise DepthscopeError(
+                f"a scale centred at {center:g} needs vmin < {center:g} < vmax, got {lo:g}, {hi:g}"
+            )
+        return values, TwoSlopeNorm(vcenter=center, vmin=lo, vmax=hi), cmap, hi
     vmax = symmetric_vmax(values) if vmax is None else float(vmax)
     norm = make_norm(vmax, symlog=symlog, linthresh=linthresh)
-    return values, norm, DIVERGING_CMAP if cmap is None else cmap, vmax
+    if vmin is not None:  # honoured on the linear and symlog scales too, not only on the log one
+        norm.vmin = float(vmin)
+    return values, norm, cmap, vmax
 
 
 def _draw_matrix(ax, da: xr.DataArray, values: np.ndarray, norm: Normalize, cmap):
@@ -246,6 +260,8 @@ def plot_heatmap(
     annotate: bool = False,
     title: str | None = None,
     colorbar: bool = True,
+    center: float | None = None,
+    figsize: tuple[float, float] | None = None,
 ):
     """Consumer x source heatmap of a (layer, source) DataArray, or of a trace's ``var``.
 
@@ -263,6 +279,10 @@ def plot_heatmap(
         annotate: write each value in its cell.
         title: default the model's label (none for a DataArray without one).
         colorbar: draw the colour bar (``ax.images[0].colorbar``), labelled ``long_name [units]``.
+        center: a linear diverging scale centred here (1 for ``share x n_l``, the uniform share).
+        figsize: the figure's size in inches (default: from the numbers of rows and columns).
+
+    ``vmin`` and ``vmax`` are honoured on every scale.
 
     Returns:
         The Axes; ``ax.images[0].get_array()`` is the data with NaN cells masked.
@@ -280,9 +300,10 @@ def plot_heatmap(
         vmin=vmin,
         vmax=vmax,
         cmap=cmap,
+        center=center,
     )
     if ax is None:
-        _, ax = subplots(figsize=heatmap_size(*values.shape, colorbar=colorbar))
+        _, ax = subplots(figsize=figsize or heatmap_size(*values.shape, colorbar=colorbar))
     im = _draw_matrix(ax, da, values, norm, cmap)
     title = label if title is None else title
     if title:
@@ -303,6 +324,14 @@ def _colorbar(
         cb.set_ticks(symlog_ticks(vmax, linthresh))
         cb.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
         cb.ax.yaxis.set_minor_locator(NullLocator())
+    norm = mappable.norm
+    if isinstance(norm, TwoSlopeNorm):  # the centre (1: the uniform share) gets a tick of its own
+        ticks = [
+            t
+            for t in cb.get_ticks()
+            if norm.vmin <= t <= norm.vmax and abs(t - norm.vcenter) > 0.05 * (norm.vmax - norm.vmin)
+        ]
+        cb.set_ticks(sorted({*ticks, norm.vcenter}))
     cb.outline.set_visible(False)
     return cb
 

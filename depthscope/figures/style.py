@@ -193,10 +193,21 @@ def _free(colour: str, claimed: set[str]) -> str:
 # Formats whose suffix ``save`` strips from the path it is given, to append each requested one.
 _IMAGE_SUFFIXES = {".png", ".svg", ".pdf", ".jpg", ".jpeg", ".eps", ".ps", ".tif", ".tiff", ".webp"}
 _NO_DATE = {"svg": {"Date": None}, "pdf": {"CreationDate": None}}  # byte-stable output
+_CAPTION_KEY = {"pdf": "Subject", "svg": "Description"}
 
 
-def save(fig, path: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi: int = DPI) -> list[Path]:
+def save(
+    fig,
+    path: str | Path,
+    formats: Sequence[str] = ("png", "svg"),
+    *,
+    dpi: int = DPI,
+    caption: str | None = None,
+) -> list[Path]:
     """Write ``fig`` once per format as ``path`` with that suffix; returns the written paths.
+
+    ``caption``: kept in the file's metadata where the format has a field for it (PDF subject, SVG
+    description).
 
     All formats are rendered to temporary files first and renamed only when every one has
     succeeded, so a failed save leaves no new or partial file. A directory that cannot be written
@@ -220,7 +231,10 @@ def save(fig, path: str | Path, formats: Sequence[str] = ("png", "svg"), *, dpi:
             for target in targets:
                 tmp = stack.enter_context(atomic_path(target))
                 fmt = target.suffix[1:]
-                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=_NO_DATE.get(fmt))
+                meta = dict(_NO_DATE.get(fmt, {}))
+                if caption and fmt in _CAPTION_KEY:
+                    meta[_CAPTION_KEY[fmt]] = caption
+                fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight", metadata=meta or None)
     except OSError as err:
         raise DepthscopeError(f"cannot write figure {path}: {err.strerror or err}") from None
     return targets

@@ -1,0 +1,95 @@
+"""One publication figure of a trace: ``depthscope plot TRACE --out FIG.pdf``.
+
+The quantity (``analysis.select.QUANTITIES``: row-normalised weights, raw weights, contribution
+shares, or the departure from the 1/T baseline as share x n_l on a scale centred at 1), one model
+of a stacked trace, a selection of consumers and sources (labels, kinds, blocks and block ranges:
+``analysis.select``), the block-level view of a deep model, the colour map, the scale and the size.
+The colour bar carries a short label; the formula is the figure's caption, printed by the command
+and kept in the file's metadata (PDF subject, SVG description), so a paper can quote it.
+
+Defaults: weights on a log scale (rows fall as 1/n_l with depth), departure linear centred at 1,
+the others linear centred at 0. The figure is written atomically in the format its suffix names.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from depthscope.errors import DepthscopeError
+
+FORMATS = ("pdf", "svg", "png")
+SCALES = ("log", "linear", "symlog")
+
+
+def check_figure_path(out: Path) -> str:
+    """The format ``out``'s suffix names; DepthscopeError for any other suffix."""
+    fmt = out.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise DepthscopeError(f"{out}: the figure's name must end in .pdf, .svg or .png")
+    return fmt
+
+
+def plot_trace(
+    trace_path: str | Path,
+    out: str | Path,
+    *,
+    var: str = "weights",
+    model: str | None = None,
+    layers: str | None = None,
+    sources: str | None = None,
+    blocks: bool = False,
+    cmap: str | None = None,
+    scale: str | None = None,
+    size: tuple[float, float] | None = None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+) -> tuple[Path, str]:
+    """Write one heatmap of the trace at ``trace_path`` to ``out``; (the path, its caption)."""
+    import matplotlib.pyplot as plt
+
+    from depthscope.analysis.select import QUANTITIES, pick, quantity
+    from depthscope.figures.heatmaps import plot_heatmap
+    from depthscope.figures.style import save
+    from depthscope.trace import STACK, load_trace, select_model
+
+    out = Path(out)
+    fmt = check_figure_path(out)
+    if var not in QUANTITIES:
+        raise DepthscopeError(f"unknown --var {var!r} (one of {', '.join(QUANTITIES)})")
+    if scale is not None and scale not in SCALES:
+        raise DepthscopeError(f"unknown --scale {scale!r} (one of {', '.join(SCALES)})")
+    from matplotlib import colormaps
+
+    if cmap is not None and cmap not in colormaps:
+        raise DepthscopeError(f"unknown colour map {cmap!r} (matplotlib's, e.g. viridis, magma, RdBu_r)")
+    trace = load_trace(trace_path)
+    if STACK in trace.dims:
+        labels = [str(m) for m in trace[STACK].values]
+        if model is None and len(labels) > 1:
+            raise DepthscopeError(
+                f"{trace_path} holds {len(labels)} models: choose one with --model ({', '.join(labels)})"
+            )
+        trace = select_model(trace, model or labels[0])
+    elif model is not None and model != trace.attrs.get("label"):
+        raise DepthscopeError(f"{trace_path} holds one model, {trace.attrs.get('label')!r}, not {model!r}")
+    da = pick(pick(quantity(trace, var, blocks=blocks), "layer", layers), "source", sources)
+    scale = scale or ("log" if var == "weights" else "linear")
+    center = 1.0 if var == "departure" and scale == "linear" else None
+    caption = f"{trace.attrs.get('label', '')}: {QUANTITIES[var][1]}."
+    ax = plot_heatmap(
+        da,
+        log=scale == "log",
+        symlog=scale == "symlog",
+        center=center,
+        cmap=cmap,
+        vmin=vmin,
+        vmax=vmax,
+        figsize=size,
+        title=str(trace.attrs.get("label", "")),
+    )
+    fig = ax.figure
+    try:
+        (written,) = save(fig, out, formats=(fmt,), caption=caption)
+    finally:
+        plt.close(fig)
+    return written, caption
