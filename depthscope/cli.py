@@ -836,13 +836,12 @@ def rank_measure(
                 f"sublayers; r*/d = {res['ratio'][kind]:.3f}"
             )
         if kappa is not None:
-            verdict = "below" if res["ratio"]["numerical"] < res["threshold"] else "above"
             bound = "none" if res["derived_bound"] is None else f"{res['derived_bound']:.3f}"
             out.print(
                 f"kappa = {kappa}: GRN-{variant.value} threshold r*/d = {res['threshold']:.3f} (exact "
-                f"risks), derived sufficient bound {bound}; "
-                f"the numerical r*/d is {verdict} the threshold"
+                f"risks), derived sufficient bound {bound}"
             )
+        out.print(res["conclusion"])
 
 
 @rank_app.command("threshold")

@@ -172,4 +172,51 @@ def rank_summary(
             kappa=kappa, variant=variant, threshold=num, derived_bound=None if bound is None else float(bound)
         )
         res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
+    res["conclusion"] = conclusion(res)
     return res
+
+
+def least_kappa(ratio: float) -> float | None:
+    """The smallest task complexity kappa at which DCA's derived sufficient condition (GRN-v1)
+    holds for a model of collective rank ratio ``ratio`` = r*/d; None where it holds at no kappa
+    (the v1 bound rises with kappa to (((1 + sqrt 3) / 2)^2 - 1) = 0.866 at kappa = 1).
+    """
+    if not 0 <= ratio < float(derived_bound(1.0)):
+        return None
+    lo, hi = 0.0, 1.0  # derived_bound is increasing in kappa on [0, 1]: bisect
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if float(derived_bound(mid)) > ratio else (mid, hi)
+    return hi
+
+
+def conclusion(res: dict) -> str:
+    """One sentence: what DCA's theory (arXiv 2502.06785, Sec. 4) expects of this model, from its
+    numerical r*/d: against the exact-risk threshold at the given kappa, else the least kappa at
+    which the derived sufficient condition holds.
+    """
+    x, label, d = res["ratio"]["numerical"], res["label"] or "this model", res["d"]
+    if "kappa" in res:
+        v, t, k = res["variant"], res["threshold"], res["kappa"]
+        where = f"DCA's theory (GRN-{v}, exact risks at d = {d}, kappa = {k:g})"
+        if t <= 0:
+            return f"{where} expects no gain from learned depth weights for {label}: GRN wins at no r*/d."
+        if x < t:
+            return (
+                f"{where} expects learned depth weights to help {label}: its r*/d = {x:.3f} is below the "
+                f"threshold {t:.3f}, under which GRN beats a residual network with as many parameters."
+            )
+        return (
+            f"{where} expects no gain from learned depth weights for {label}: its r*/d = {x:.3f} is above "
+            f"the threshold {t:.3f}; GRN beats a residual network with as many parameters only below it."
+        )
+    k = least_kappa(x)
+    if k is None:
+        return (
+            f"DCA's derived sufficient condition (GRN-v1) holds at no task complexity kappa for {label}: "
+            f"its r*/d = {x:.3f} is above 0.866, the bound at kappa = 1."
+        )
+    return (
+        f"DCA's derived sufficient condition (GRN-v1) expects learned depth weights to help {label} on tasks "
+        f"of complexity kappa = lambda_min/lambda_max above {k:.2f} (its r*/d = {x:.3f}, d = {d})."
+    )

@@ -39,7 +39,7 @@ from depthscope.analysis.dilution import (
     row_normalized,
     summary,
 )
-from depthscope.analysis.rank import rank_profile
+from depthscope.analysis.rank import conclusion, rank_profile
 from depthscope.errors import DepthscopeError
 from depthscope.figures.causal import has_native, native_figure, read_depth_figure, weight_effect_figure
 from depthscope.figures.curves import (
@@ -497,6 +497,13 @@ def _rank_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
                     )
                     for kind in ("numerical", "entropy", "participation")
                 ],
+                "conclusion": conclusion(
+                    {
+                        "label": str(t.attrs.get("label", "")),
+                        "d": t.sizes["component"],
+                        "ratio": {"numerical": float(t["collective_rank_ratio"].sel(rank_kind="numerical"))},
+                    }
+                ),
             }
         )
     return rows

@@ -30,6 +30,10 @@ def test_rank_of_a_checkpoint_json(ckpt, capsys):
     assert res["ratio"]["numerical"] == pytest.approx(sum(nums) / 16)
     assert res["threshold"] == threshold(16, 0.5, "v1")
     assert res["derived_bound"] == pytest.approx(derived_bound(0.5))
+    verdict = "to help" if res["ratio"]["numerical"] < res["threshold"] else "no gain"
+    assert verdict in res["conclusion"] and "kappa = 0.5" in res["conclusion"]
+    assert main(["rank", str(ckpt), "--kappa", "0.5", "--tokens", "256", "--quiet"]) == 0
+    assert res["conclusion"] in " ".join(capsys.readouterr().out.split())  # the sentence, printed
 
 
 def test_rank_of_a_trace(ckpt, tmp_path, capsys):
