@@ -638,25 +638,34 @@ app.add_typer(zoo_app, name="zoo")
 @zoo_app.command("list")
 def zoo_list(
     directory: Annotated[
-        Path | None, typer.Option("--dir", parser=_path, help="A zoo directory (default: the bundled zoo).")
+        Path | None,
+        typer.Option("--dir", parser=_path, help="A zoo directory (default: every bundled collection)."),
     ] = None,
     collection: Annotated[
         str | None,
-        typer.Option(help="A bundled collection: 'zoo' (8 blocks, the default) or 'deep' (16 blocks)."),
+        typer.Option(help="One bundled collection: 'zoo' (8 blocks) or 'deep' (16 blocks); default: both."),
     ] = None,
 ) -> None:
-    """Print the zoo manifest: scheme, size, training and validation loss of each checkpoint.
+    """Print the zoo manifests: scheme, size, training and validation loss of each checkpoint.
 
-    The names of the bundled collections are model arguments: `depthscope capture denseformer`,
-    `depthscope capture deep/hc`.
+    The names printed are model arguments: `depthscope capture denseformer`, `depthscope capture deep/hc`.
     """
     from depthscope import zoo
 
     if directory is not None and collection is not None:
         raise ConfigError("give --dir or --collection, not both")
-    coll = zoo.collection(zoo.ZOO.name if collection is None else collection)
-    entries = zoo.read_manifest(directory or coll.directory)
-    prefix = "" if directory is not None or coll is zoo.ZOO else f"{coll.name}/"  # as capture takes it
+    if directory is not None:
+        shown = [(directory, "")]
+    else:
+        colls = [zoo.collection(collection)] if collection is not None else list(zoo.COLLECTIONS.values())
+        shown = [(c.directory, "" if c is zoo.ZOO else f"{c.name}/") for c in colls]  # as capture takes it
+    for where, prefix in shown:
+        entries = zoo.read_manifest(where)
+        _zoo_table(entries, prefix, title=f"{prefix.rstrip('/') or 'zoo'}: {where}")
+        out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
+
+
+def _zoo_table(entries: list[dict], prefix: str, title: str) -> None:
     table = Table(
         "name",
         "scheme",
@@ -669,8 +678,14 @@ def zoo_list(
         "file",
         "KB",
         "trajectory",
+        title=title,
     )
-    table.columns[0].no_wrap = True  # a name is typed as it is printed: never cut
+    for k in (0, 8):  # a name or file is typed as it is printed: never cut (folded where too long)
+        table.columns[k].overflow = "fold"
+        table.columns[k].min_width = min(
+            40,
+            max((len(prefix + m["name"]) if k == 0 else len(m["file"])) for m in entries) if entries else 4,
+        )
     for m in entries:
         c = m["config"]
         opts = ", ".join(f"{k}={v}" for k, v in c["options"].items()) or "-"
@@ -689,7 +704,6 @@ def zoo_list(
             traj,
         )
     out.print(table)
-    out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
 
 
 @zoo_app.command("build")

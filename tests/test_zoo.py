@@ -86,3 +86,14 @@ def test_zoo_cli_bad_input(tmp_path, capsys):
     assert main(["zoo", "build", "--out", str(tmp_path), "--only", "resnext", "--quiet"]) == 2
     assert "unknown zoo entries: resnext" in capsys.readouterr().err
     assert not list(tmp_path.iterdir())
+
+
+def test_zoo_list_shows_every_collection_with_its_directory_and_whole_names(capsys):
+    from depthscope import zoo as bundled
+    from depthscope.cli import main
+
+    assert main(["zoo", "list"]) == 0
+    text = capsys.readouterr().out
+    for coll in bundled.COLLECTIONS.values():
+        assert str(coll.directory) in text
+    assert "deep/attnres-block8" in text and "attnres-block4.safetensors" in text  # never cut

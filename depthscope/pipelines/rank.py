@@ -85,7 +85,7 @@ def rank_sweep(
                 label=f"sweep {scheme} d={width}",
             )
             settings = CaptureSettings(n_tokens=tokens, seed=seed, rank=True)
-            ranks = collective_rank(capture(model, corpus, settings), energy)
+            ranks = collective_rank(capture(model, corpus, settings, progress=False), energy)
             r[i, j] = ranks["collective_rank"].values
             loss[i, j] = model.training_summary["val_loss"]
     coords = {

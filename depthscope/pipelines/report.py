@@ -192,7 +192,9 @@ def collect(
                 if settings.trajectory:
                     info["run"] = "given"
                 own = isinstance(model, DepthModel)
-                t = capture(model, settings.corpus, settings.for_model(own), checkpoint=str(path))
+                t = capture(
+                    model, settings.corpus, settings.for_model(own), checkpoint=str(path), progress=False
+                )
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:
                     runs.setdefault(info["run"], []).append(len(traces))

@@ -13,7 +13,7 @@ from depthscope.schemes import load_checkpoint as load
 from depthscope.trace import stack_traces
 
 
-def capture_trajectory(paths: list[Path], settings: CaptureSettings, *, progress: bool = False) -> xr.Dataset:
+def capture_trajectory(paths: list[Path], settings: CaptureSettings, *, progress: bool = True) -> xr.Dataset:
     """Capture every checkpoint of one run with ``settings`` and stack the traces in step order
     (labels ``variant@step``).
 

@@ -62,7 +62,7 @@ def capture(
     data: Any = None,
     settings: CaptureSettings | None = None,
     *,
-    progress: bool = False,
+    progress: bool = True,
     checkpoint: str = "",
     adapter: str | Adapter | None = None,
     tokenizer: Any = None,
@@ -75,6 +75,7 @@ def capture(
     Args:
         model: any model an adapter knows (a depthscope model, a TransformerBridge, ...), or an
             nnsight wrapper of one (``NNsight``, ``LanguageModel``: its module is captured).
+        progress: a progress bar on stderr (``False`` silences it).
         settings: what to compute (``CaptureSettings``); or give its fields as keyword
             ``options`` (``n_tokens=8192, rank=True``). ``partial`` may be a path, with
             ``save_every`` and ``resume`` beside it.
