@@ -421,7 +421,12 @@ def test_unknown_and_unsupported_models_are_refused():
 
 
 def test_a_version_other_than_the_one_written_for_warns(saved, monkeypatch):
-    monkeypatch.setattr(adapter, "VERSION", "0.0.1")
+    import dataclasses
+
+    from depthscope.probes.adapters import families, registry
+
+    family = families()[adapter.FAMILY]  # the registered value: written for another version
+    monkeypatch.setitem(registry._REGISTRY, adapter.FAMILY, dataclasses.replace(family, version="0.0.1"))
     with pytest.warns(UserWarning, match="written for hyper-connections 0.0.1, installed is 0.4.11"):
         trace = capture(reload(saved["hc"][0]), tokens(), batch_size=2)
     assert trace.attrs["adapter_written_for"] == "0.0.1" and trace.attrs["package_version"] == "0.4.11"
