@@ -286,7 +286,8 @@ def test_a_report_without_out_writes_to_its_default_directory(trace_file, tmp_pa
         timeout=600,
     )
     assert res.returncode == 0, res.stderr
-    assert (tmp_path / "report" / "index.html").is_file()
+    html = (tmp_path / "report" / "index.html").read_text()
+    assert '<p class="sub">1 model:' in html  # not "1 models"
 
 
 # ---- 6. outputs that must not be replaced ----

@@ -159,7 +159,7 @@ def plot_dwa(alpha: xr.DataArray, ax=None, *, title: str | None = None):
     cb = ax.figure.colorbar(im, ax=ax, pad=0.02)
     cb.set_ticks(symlog_ticks(vmax))
     cb.ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))  # plain text, no mathtext
-    cb.set_label("alpha_{i,j}")
+    cb.set_label("DWA weight alpha[i, j]")
     ax.set_title(
         "DWA weights as DenseFormer's Fig. 5 (arXiv 2402.02622)" if title is None else title, loc="left"
     )

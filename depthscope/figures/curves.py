@@ -231,7 +231,7 @@ def plot_retention(retention: xr.DataArray, ax=None, *, yscale: str = "auto"):
     if len(handles) > 1:
         _outside_legend(ax, handles, "model", "upper left", (1.02, 1.0))
     else:
-        ax.legend(handles=handles, loc="lower right", bbox_to_anchor=(1.0, 1.0), borderaxespad=0.2)
+        ax.legend(handles=handles, loc="best")  # inside: above the axes it ran into the title
     return ax
 
 

@@ -86,14 +86,38 @@ def house_style() -> Iterator[None]:
 
 
 def styled(fn):
-    """Decorator: run a plot function inside ``house_style()``."""
+    """Decorator: run a plot function inside ``house_style()``; its log-scale tick labels plain."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         with house_style():
-            return fn(*args, **kwargs)
+            out = fn(*args, **kwargs)
+        fig = getattr(out, "figure", out)
+        for ax in getattr(fig, "axes", ()):
+            plain_log_ticks(ax)
+        return out
 
     return wrapper
+
+
+def _plain(value: float, _pos=None) -> str:
+    return f"{value:g}"
+
+
+def plain_log_ticks(ax) -> None:
+    """Plain numbers for an Axes' log and symlog tick labels: matplotlib's log formatters write
+    mathtext (a "mathdefault" source string), which the house style shows raw, since it never parses
+    math (labels come from files). Minor ticks of a log axis lose their labels.
+    """
+    from matplotlib.ticker import FuncFormatter, LogFormatter, NullFormatter
+
+    for axis in (ax.xaxis, ax.yaxis):
+        if axis.get_scale() not in ("log", "symlog"):
+            continue
+        if isinstance(axis.get_major_formatter(), LogFormatter):
+            axis.set_major_formatter(FuncFormatter(_plain))
+        if isinstance(axis.get_minor_formatter(), LogFormatter):
+            axis.set_minor_formatter(NullFormatter())
 
 
 def apply_house_style() -> None:

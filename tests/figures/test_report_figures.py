@@ -119,3 +119,37 @@ def test_a_report_of_one_model_draws_the_retention_of_each_source(stacked):
     fig = planned["retention"]()
     assert_same_drawing(fig, plot_retention(relative_retention(one)).figure)
     assert len(fig.axes[0].lines) == one.sizes["source"] + 1  # a line per source and the 1/T line
+
+
+def _texts(fig) -> list[str]:
+    """Every text a rendered figure shows: titles, labels, legends and tick labels (after a draw)."""
+    from matplotlib.text import Text
+
+    fig.canvas.draw()
+    return [t.get_text() for t in fig.findobj(Text) if t.get_visible() and t.get_text()]
+
+
+def test_no_report_figure_shows_math_source(stacked, trajectories):
+    """The house style never parses math, so a mathtext or TeX source would show raw: none may be
+    drawn (log and symlog ticks were "$\\mathdefault{10^{0}}$"; the DWA colour bar "alpha_{i,j}")."""
+    import re
+
+    from depthscope.figures.causal import native_figure
+
+    figs = [draw() for _, draw in planned_figures(stacked, split_models(stacked), 2, trajectories)]
+    dense = split_models(load_trace(zoo.ZOO_DIR / "trajectories" / "denseformer.nc"))[-1]
+    figs.append(native_figure(dense))  # the DWA weights, DenseFormer's Fig. 5
+    figs.append(plot_retention(relative_retention(dense)).figure)  # log ticks
+    assert len(figs) > 10
+    for fig in figs:
+        for text in _texts(fig):
+            assert not re.search(r"\$|\\mathdefault|_\{|\^\{", text), text
+
+
+def test_the_retention_legend_does_not_cover_the_title(stacked):
+    fig = plot_retention(relative_retention(split_models(stacked)[0])).figure
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    renderer = fig.canvas.get_renderer()
+    legend, title = ax.get_legend().get_window_extent(renderer), ax.title.get_window_extent(renderer)
+    assert not legend.overlaps(title) or not ax.title.get_text()
