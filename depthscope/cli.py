@@ -563,6 +563,34 @@ def plot(
 
 
 @app.command()
+def inspect(
+    model_path: Annotated[
+        Path, typer.Argument(help="A model: checkpoint, directory, zoo name, hub id, smollm2 or minilm.")
+    ],
+    text: Annotated[str, typer.Option("--text", help="The prompt.")],
+    out_path: Annotated[
+        Path,
+        typer.Option("--out", parser=_path, help="FIG.pdf/.svg/.png, or T.nc for the per-position table."),
+    ],
+    position: Annotated[int | None, typer.Option(help="The position to draw (default: the last).")] = None,
+    layer: Annotated[
+        str | None, typer.Option(help="Draw this consumer's sources along the prompt instead.")
+    ] = None,
+    var: Annotated[str, typer.Option(help="share (contribution share) or mixing (the weights M).")] = "share",
+) -> None:
+    """One prompt, position by position: where each token's inputs come from."""
+    from depthscope.pipelines.plot import check_figure_path
+
+    if out_path.suffix.lower() != ".nc":
+        check_figure_path(out_path)
+    _inputs([model_path], None)
+    from depthscope.pipelines.plot import inspect_prompt
+
+    written, what = inspect_prompt(model_path, text, out_path, position=position, layer=layer, var=var)
+    out.print(f"written: {written} ({what})")
+
+
+@app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
     k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,

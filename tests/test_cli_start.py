@@ -21,8 +21,8 @@ from depthscope._version import __version__
 ROOT = Path(__file__).parent.parent
 HEAVY = ("torch", "transformers", "xarray", "numpy", "matplotlib", "scipy")
 COMMANDS = [
-    "train", "schemes", "report", "capture", "dilution", "plot", "adapters", "zoo", "zoo list", "zoo build",
-    "rank", "rank threshold", "rank theory", "rank identity", "rank sweep",
+    "train", "schemes", "report", "capture", "dilution", "plot", "inspect", "adapters", "zoo", "zoo list",
+    "zoo build", "rank", "rank threshold", "rank theory", "rank identity", "rank sweep",
 ]  # fmt: skip
 
 PROBE = """

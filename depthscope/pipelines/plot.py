@@ -93,3 +93,63 @@ def plot_trace(
     finally:
         plt.close(fig)
     return written, caption
+
+
+def inspect_prompt(
+    model_path: str | Path,
+    text: str,
+    out: str | Path,
+    *,
+    position: int | None = None,
+    layer: str | None = None,
+    var: str = "share",
+) -> tuple[Path, str]:
+    """``depthscope inspect``: one prompt through a model, drawn (``out`` .pdf/.svg/.png) or saved as
+    the per-position dataset (``out`` .nc). The figure is one position's consumer x source heatmap
+    (``position``, default the last), or with ``layer`` that consumer's sources along the prompt.
+    Returns (the path written, what it shows).
+    """
+    import matplotlib.pyplot as plt
+
+    from depthscope.atomic import atomic_path
+    from depthscope.figures.heatmaps import plot_heatmap
+    from depthscope.figures.style import save
+    from depthscope.probes import inspect
+    from depthscope.probes.load import load_model
+
+    out = Path(out)
+    table = out.suffix.lower() == ".nc"
+    if not table:
+        check_figure_path(out)
+    name = {"share": "contribution_share", "mixing": "mixing"}.get(var)
+    if name is None:
+        raise DepthscopeError(f"unknown --var {var!r} (share or mixing)")
+    ds = inspect(load_model(model_path), text)
+    if table:
+        with atomic_path(out) as tmp:
+            ds.to_netcdf(tmp)
+        return (
+            out,
+            f"{ds.sizes['pos']} positions x {ds.sizes['layer']} consumers x {ds.sizes['source']} sources",
+        )
+    n = ds.sizes["pos"]
+    if layer is not None:
+        if layer not in [str(v) for v in ds.layer.values]:
+            raise DepthscopeError(f"no consumer {layer!r} (e.g. {', '.join(map(str, ds.layer.values[:4]))})")
+        da = ds[name].sel(layer=layer).dropna("source", how="all").transpose("source", "pos")
+        da = da.assign_coords(pos=[f"{i}:{t!r}"[:14] for i, t in enumerate(ds["token"].values)])
+        what = f"{layer}'s sources along the prompt"
+    else:
+        p = n - 1 if position is None else position
+        if not -n <= p < n:
+            raise DepthscopeError(f"--position must be within the prompt's {n} positions, got {p}")
+        p %= n
+        da = ds[name].isel(pos=p)
+        what = f"position {p} ({ds['token'].values[p]!r})"
+    da.attrs = {"long_name": "contribution share" if var == "share" else "weight M[l, s]", "units": "1"}
+    ax = plot_heatmap(da, title=f"{ds.attrs.get('label', '')}: {what}")
+    try:
+        (written,) = save(ax.figure, out, formats=(out.suffix.lower().lstrip("."),), caption=what)
+    finally:
+        plt.close(ax.figure)
+    return written, what
