@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.depthscope-installed
 PYTEST_ARGS ?= -n auto
 
-.PHONY: demo test lint venv browser clean-venv
+.PHONY: demo test lint venv browser clean-venv notebooks
 
 venv: $(STAMP)
 
@@ -47,6 +47,12 @@ browser:
 	    { apt-get install -y -q chromium >/dev/null 2>&1 || \
 	      { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	  echo "note: chromium is not installed and could not be installed here; the report's browser test will fail"
+
+# The notebooks as .ipynb files beside their jupytext sources, and JupyterLab to open them
+# (`.venv/bin/jupyter lab notebooks/`); the tests run the sources themselves.
+notebooks: $(STAMP)
+	$(BIN)/python -m pip install -q jupyterlab
+	$(BIN)/jupytext --to ipynb notebooks/*.py
 
 clean-venv:
 	rm -rf $(VENV)

@@ -356,10 +356,8 @@ def block_view(trace: xr.Dataset) -> xr.Dataset:
         layer_kind=("layer", np.array([_block_kind(b) for b in order_l], dtype=object)),
     )
     for name in data:
-        out[name].attrs = {
-            **trace[name].attrs,
-            "long_name": f"{trace[name].attrs.get('long_name', name)}, per block",
-        }
+        attrs = trace[name].attrs if name in trace else {}  # mixing_abs: made from mixing here
+        out[name].attrs = {**attrs, "long_name": f"{attrs.get('long_name', name)}, per block"}
     return out.assign_attrs(trace.attrs)
 
 
