@@ -137,7 +137,7 @@ def _truncated(d):
     from depthscope.probes import capture
     from tests.helpers import build, random_tokens, tiny
 
-    save_trace(capture(build(tiny()), random_tokens(tiny())), d / "whole.nc")
+    save_trace(capture(build(tiny()), random_tokens(tiny()), progress=False), d / "whole.nc")
     data = (d / "whole.nc").read_bytes()
     return data[: len(data) // 2]
 
