@@ -140,22 +140,46 @@ def _cmap(cmap: str | Colormap) -> Colormap:
 # --- ticks and size -------------------------------------------------------------------------
 
 
+LABEL_INCHES = 0.14  # room one tick label needs along an axis (the house style's 7-point labels)
+
+
 def _set_labels(axis, labels: list[str], max_labels: int = MAX_TICK_LABELS) -> None:
-    """Ticks on the cells of ``axis``: every label, or every k-th (and the last) when too many."""
+    """Ticks on the cells of ``axis``: every label; when too many, grouped by block (a deep model's
+    ``12.attn``, ``12.mlp`` ... become one tick ``12`` at its block's first cell, every m-th block,
+    with a minor tick at every block, the first and last labels kept); otherwise every k-th label.
+    """
     n = len(labels)
-    step = max(1, math.ceil(n / max_labels))
-    step += step % 2 if step > 1 else 0  # even: labels land on one sublayer kind (every *.mlp)
-    shown = list(range(0, n, step))
-    if shown and shown[-1] != n - 1:
-        shown[-1] = n - 1  # keep the last label (the read-out); drop the one too close to it
+    blocks = [label.split(".")[0] for label in labels]
+    grouped = n > max_labels and sum("." in label for label in labels) > n // 2
+    if grouped:
+        firsts = [i for i in range(n) if i == 0 or blocks[i] != blocks[i - 1]]
+        every = max(1, math.ceil(len(firsts) / max_labels))
+        gap = n / max_labels  # cells between two labels that fit side by side
+        shown = [0]
+        for i in firsts[::every]:
+            if i - shown[-1] >= gap and n - 1 - i >= gap:  # clear of its neighbour and of the last
+                shown.append(i)
+        shown.append(n - 1)
+        names = {i: blocks[i] for i in firsts}
+        names.update({0: labels[0], n - 1: labels[n - 1]})
+    else:
+        step = max(1, math.ceil(n / max_labels))
+        step += step % 2 if step > 1 else 0  # even: labels land on one sublayer kind (every *.mlp)
+        shown = list(range(0, n, step))
+        if shown and shown[-1] != n - 1:
+            shown[-1] = n - 1  # keep the last label (the read-out); drop the one too close to it
+        names = dict(enumerate(labels))
 
     def label_of(x, _pos=None):
         i = int(round(x))
-        return labels[i] if 0 <= i < n and abs(x - i) < 1e-6 else ""
+        return names.get(i, "") if 0 <= i < n and abs(x - i) < 1e-6 else ""
 
     axis.set_major_locator(FixedLocator(shown))
     axis.set_major_formatter(FuncFormatter(label_of))
-    axis.set_minor_locator(FixedLocator(range(n)) if step > 1 else NullLocator())
+    if grouped:
+        axis.set_minor_locator(FixedLocator([i for i in range(n) if i == 0 or blocks[i] != blocks[i - 1]]))
+    else:
+        axis.set_minor_locator(FixedLocator(range(n)) if len(shown) < n else NullLocator())
 
 
 def heatmap_size(n_rows: int, n_cols: int, *, colorbar: bool = True) -> tuple[float, float]:
@@ -234,8 +258,10 @@ def _draw_matrix(ax, da: xr.DataArray, values: np.ndarray, norm: Normalize, cmap
     im = ax.imshow(
         np.ma.masked_invalid(values), cmap=_cmap(cmap), norm=norm, aspect="auto", interpolation="nearest"
     )
-    _set_labels(ax.xaxis, _labels(da, cols))
-    _set_labels(ax.yaxis, _labels(da, rows))
+    box = ax.get_position()  # the axes' share of the figure: how many labels fit along each side
+    width, height = box.width * ax.figure.get_figwidth(), box.height * ax.figure.get_figheight()
+    _set_labels(ax.xaxis, _labels(da, cols), min(MAX_TICK_LABELS, max(4, int(width / LABEL_INCHES))))
+    _set_labels(ax.yaxis, _labels(da, rows), min(MAX_TICK_LABELS, max(4, int(height / LABEL_INCHES))))
     ax.tick_params(axis="x", labelrotation=90)
     ax.tick_params(which="minor", length=1.5)
     for spine in ax.spines.values():  # the matrix's own edge is frame enough

@@ -110,3 +110,22 @@ def test_a_stack_of_two_models_plots_the_one_asked_for(one, tmp_path):
     path = tmp_path / "two.nc"
     save_trace(stack_traces([t, other]), path)
     assert main(["plot", str(path), "--out", str(tmp_path / "o.svg"), "--model", "other", "--blocks"]) == 0
+
+
+def test_a_deep_models_ticks_are_grouped_by_block_and_fit_the_figure():
+    """61 sources (SmolLM2's 30 blocks) at 7 x 6 in: one tick per shown block, never more labels than
+    the side has room for, the embedding and the read-out always named."""
+    labels = ["embed", *[f"{b}.{k}" for b in range(30) for k in ("attn", "mlp")]]
+    rows = [*labels[1:], "readout"]
+    da = xr.DataArray(
+        np.random.default_rng(0).random((61, 61)),
+        dims=("layer", "source"),
+        coords={"layer": rows, "source": labels},
+    )
+    ax = plot_heatmap(da, figsize=(7, 6))
+    ax.figure.canvas.draw()
+    for axis, names, inches in ((ax.xaxis, labels, 7), (ax.yaxis, rows, 6)):
+        shown = [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
+        assert shown[0] == names[0] and shown[-1] == names[-1]
+        assert all(s.isdigit() for s in shown[1:-1])  # blocks, not sublayers
+        assert 5 <= len(shown) <= inches / 0.14
