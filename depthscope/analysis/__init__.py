@@ -2,6 +2,7 @@
 
 from depthscope.analysis.dilution import (
     baseline,
+    block_view,
     by_depth,
     consumer_table,
     dilution_curves,
@@ -16,14 +17,18 @@ from depthscope.analysis.dilution import (
     summary,
 )
 from depthscope.analysis.native import stream_composite
-from depthscope.analysis.rank import add_ranks, collective_rank, effective_ranks, rank_profile
+from depthscope.analysis.rank import add_ranks, collective_rank, conclusion, effective_ranks, rank_profile
+from depthscope.analysis.select import QUANTITIES, pick, quantity
 from depthscope.analysis.stack import per_model
 
 __all__ = [
+    "QUANTITIES",
     "add_ranks",
     "baseline",
+    "block_view",
     "by_depth",
     "collective_rank",
+    "conclusion",
     "consumer_table",
     "dilution_curves",
     "dilution_index",
@@ -32,6 +37,8 @@ __all__ = [
     "pattern_curves",
     "pattern_score",
     "per_model",
+    "pick",
+    "quantity",
     "rank_profile",
     "relative_retention",
     "retention",

@@ -129,3 +129,14 @@ def test_a_deep_models_ticks_are_grouped_by_block_and_fit_the_figure():
         assert shown[0] == names[0] and shown[-1] == names[-1]
         assert all(s.isdigit() for s in shown[1:-1])  # blocks, not sublayers
         assert 5 <= len(shown) <= inches / 0.14
+
+
+def test_what_the_figures_docstrings_name_is_exported():
+    """plot_heatmap's docstring sends users to ``analysis.block_view``; it and the plot choices are
+    in ``depthscope.analysis``."""
+    import depthscope.analysis as analysis
+    from depthscope.analysis import dilution, select
+
+    assert analysis.block_view is dilution.block_view
+    assert analysis.pick is select.pick and analysis.quantity is select.quantity
+    assert set(analysis.QUANTITIES) == {"weights", "mixing", "share", "departure"}
