@@ -57,3 +57,21 @@ def perturb(
             if s:
                 p.add_(s * torch.randn(p.shape, generator=g, dtype=p.dtype))
     return model
+
+
+def tiny_llama(seed: int = 0):
+    """A one-layer random Llama of width 16 (vocabulary 300, context 256): the Hugging Face model the
+    tests save as a directory, a hub snapshot or a custom-code model."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config)

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from depthscope.cli import main
+from tests.helpers import tiny_llama
 
 ROOT = Path(__file__).parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -88,20 +89,7 @@ def workspace(tmp_path_factory) -> Path:
 
 def tiny_llama_dir(path: Path) -> Path:
     """A Hugging Face model directory of a one-layer Llama (random weights, byte-level tokens)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-    )
-    LlamaForCausalLM(config).save_pretrained(path)
+    tiny_llama(0).save_pretrained(path)
     return path
 
 

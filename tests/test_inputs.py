@@ -23,28 +23,16 @@ from depthscope.errors import DepthscopeError
 from depthscope.inputs import HUB_FILES, hub_id, input_kind, zoo_names
 from depthscope.probes import capture
 from depthscope.trace import load_trace
-from tests.helpers import build, tiny
+from tests.helpers import build, tiny, tiny_llama
 from tests.test_hostile import assert_one_error_line, run
 
-TINY_LLAMA = dict(
-    vocab_size=300,
-    hidden_size=16,
-    intermediate_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    max_position_embeddings=256,
-)
 MAIN = hashlib.sha1(b"main").hexdigest()  # the commit refs/main points at
 SECOND = hashlib.sha1(b"v2").hexdigest()  # the commit of tag v2
 FAST = ["--tokens", "128", "--ctx", "32", "--quiet"]
 
 
 def save_llama(directory: Path, seed: int) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(**TINY_LLAMA))
+    model = tiny_llama(seed)
     with redirect_stderr(io.StringIO()):  # transformers' "Writing model shards" bar
         model.save_pretrained(directory)
 

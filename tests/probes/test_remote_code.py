@@ -19,6 +19,7 @@ import depthscope
 from depthscope.cli import main
 from depthscope.errors import DepthscopeError
 from depthscope.trace import load_trace
+from tests.helpers import tiny_llama
 from tests.test_hostile import assert_one_error_line, run
 
 CONFIGURATION = """
@@ -43,21 +44,8 @@ FAST = ["--tokens", "128", "--ctx", "32", "--quiet"]
 @pytest.fixture(scope="module")
 def custom_dir(tmp_path_factory) -> Path:
     """A model directory whose config names its own classes (a Llama under a new model type)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     d = tmp_path_factory.mktemp("remote") / "tiny_custom_model"
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=300,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            max_position_embeddings=256,
-        )
-    )
+    model = tiny_llama(0)
     with redirect_stderr(io.StringIO()):
         model.save_pretrained(d)
     (d / "configuration_tiny.py").write_text(CONFIGURATION)
