@@ -1,7 +1,7 @@
 """Every number a user sees is kept: captures equal the reference traces written by the engine of
 d49192e (tests/fixtures/reference/make.py), to float32 rounding since the batched engine (its
-products are formed in another order; in float64 it equals that engine to 1e-10:
-tests/probes/test_engine_reference.py). The coordinates, attrs and variables are the same, apart
+products are formed in another order; in float64 it equals a dense oracle to 1e-10:
+tests/probes/test_oracle.py). The coordinates, attrs and variables are the same, apart
 from the version attribute, the block coordinates added since, the attrs the generic transformers
 reader records (which layout read the model, its static weights), and the logit lens, now asked for
 on its own (``lens=True``)."""

@@ -1,0 +1,83 @@
+"""The engine equals a dense float64 oracle (tests/oracle.py) to 1e-10 on a random float64 model of
+every scheme and family: every weight kind (unit, static, per token, per feature, post-LN carried
+terms, unrolled streams), shares, norms, weights and their spreads over several batches, spectra,
+native quantities, merged shards and resumed partial states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from depthscope.probes import capture
+from depthscope.probes.adapters import resolve
+from depthscope.probes.capture import Run
+from depthscope.probes.settings import CaptureSettings
+from depthscope.schemes.base import variants
+from tests.families import FAMILIES, sizes
+from tests.helpers import build, perturb, random_tokens, tiny
+from tests.oracle import assert_agrees, oracle
+
+pytestmark = pytest.mark.golden  # run again under ATEN_CPU_CAPABILITY=default by make test
+
+FOREIGN = [f for f in FAMILIES if not f[0].startswith("depthscope") and f[1]()]
+
+
+@pytest.mark.parametrize("label, scheme, options", variants(), ids=[v[0] for v in variants()])
+def test_every_scheme_equals_the_oracle(label, scheme, options):
+    cfg = tiny(scheme, options)
+    model = perturb(build(cfg, dtype=torch.float64), others=0.05)
+    tokens = random_tokens(cfg, batch=4, pos=16)
+    trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
+    assert_agrees(trace, oracle(model, resolve(model), tokens), what=label)
+
+
+@pytest.mark.parametrize("family", FOREIGN, ids=[f[0] for f in FOREIGN])
+def test_every_family_equals_the_oracle(family):
+    name, _, _, make = family
+    model, _ = make(sizes())
+    if hasattr(getattr(model, "config", None), "_experts_implementation"):
+        model.config._experts_implementation = "eager"  # grouped_mm has no float64 kernel
+    model = model.double().eval()
+    ad = resolve(model)
+    tokens = torch.randint(2, ad.vocab, (4, min(16, ad.ctx)), generator=torch.Generator().manual_seed(1))
+    trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
+    assert_agrees(trace, oracle(model, ad, tokens), what=name)
+
+
+def test_merged_shards_and_resumed_partials_equal_the_oracle(tmp_path):
+    cfg = tiny("hc")
+    model = perturb(build(cfg, dtype=torch.float64), others=0.05)
+    tokens = random_tokens(cfg, batch=6, pos=16)
+    ad = resolve(model)
+    expect = oracle(model, ad, tokens)
+    settings = CaptureSettings(rank=True)
+    shards = [Run(ad, settings, 0, 16) for _ in range(2)]
+    with torch.no_grad():
+        for b, chunk in enumerate(tokens.split(2)):
+            shards[b % 2].batch(model, chunk, b)
+    merged = Run(ad, settings, 0, 16)
+    for shard in shards:
+        merged.merge(shard.state())
+    assert_agrees(merged.dataset({}), expect, what="two shards merged")
+    partial = tmp_path / "p.partial"
+    options = {"batch_size": 2, "rank": True, "partial": partial, "progress": False}
+    capture(model, tokens, **options, save_every=1)
+    with pytest.raises(RuntimeError):  # stopped after the second batch: the partial has two of three
+        stop_after(model, 2, lambda: capture(model, tokens, **options, save_every=1))
+    assert_agrees(capture(model, tokens, **options, resume=True), expect, what="resumed")
+
+
+def stop_after(model, n: int, run):
+    """Run ``run`` with the model's forward failing from its (n + 1)-th call on."""
+    calls = {"n": 0}
+
+    def hook(module, args):
+        calls["n"] += 1
+        if calls["n"] > n:
+            raise RuntimeError("stopped")
+
+    handle = model.register_forward_pre_hook(hook)
+    try:
+        run()
+    finally:
+        handle.remove()
