@@ -20,6 +20,7 @@ from depthscope.analysis.native import stream_composite
 from depthscope.analysis.rank import add_ranks, collective_rank, conclusion, effective_ranks, rank_profile
 from depthscope.analysis.select import QUANTITIES, pick, quantity
 from depthscope.analysis.stack import per_model
+from depthscope.analysis.streams import stream_collapse, stream_statistics, stream_table, trace_res_distance
 
 __all__ = [
     "QUANTITIES",
@@ -44,6 +45,10 @@ __all__ = [
     "retention",
     "row_normalized",
     "share_of",
+    "stream_collapse",
     "stream_composite",
+    "stream_statistics",
+    "stream_table",
     "summary",
+    "trace_res_distance",
 ]
