@@ -671,7 +671,10 @@ def zoo_list(
     ] = None,
     collection: Annotated[
         str | None,
-        typer.Option(help="One bundled collection: 'zoo' (8 blocks) or 'deep' (16 blocks); default: both."),
+        typer.Option(
+            help="One bundled collection: 'zoo' (8 blocks), 'deep' (16 blocks) or 'seeds' (3 seeds, 1000 "
+            "steps); default: all."
+        ),
     ] = None,
 ) -> None:
     """Print the zoo manifests: scheme, size, training and validation loss of each checkpoint.
@@ -688,6 +691,11 @@ def zoo_list(
         colls = [zoo.collection(collection)] if collection is not None else list(zoo.COLLECTIONS.values())
         shown = [(c.directory, "" if c is zoo.ZOO else f"{c.name}/") for c in colls]  # as capture takes it
     for where, prefix in shown:
+        if directory is None and collection is None and not (where / zoo.MANIFEST).is_file():
+            out.print(
+                f"{prefix.rstrip('/')}: not built (`depthscope zoo build --collection {prefix.rstrip('/')}`)"
+            )
+            continue
         entries = zoo.read_manifest(where)
         _zoo_table(entries, prefix, title=f"{prefix.rstrip('/') or 'zoo'}: {where}")
         out.print(f"corpus: {entries[0]['corpus'] if entries else '-'}")
@@ -727,7 +735,7 @@ def _zoo_table(entries: list[dict], prefix: str, title: str) -> None:
             str(m["steps"]),
             str(m["seed"]),
             f"{m['val_loss']:.3f}",
-            m["file"],
+            m["file"] or "- (trace only)",
             f"{m['bytes'] / 1024:.0f}",
             traj,
         )
@@ -743,19 +751,27 @@ def zoo_build(
     steps: Annotated[
         int | None, typer.Option(min=1, max=BIG, help="Training steps per model (default: the zoo's).")
     ] = None,
-    only: Annotated[list[str] | None, typer.Option(help="Entry to build (repeatable; default: all).")] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(help="Entry or run (e.g. dca, dca.seed1) to build (repeatable; default: all)."),
+    ] = None,
     recapture: Annotated[
         bool, typer.Option(help="Capture the trajectories again from their step checkpoints.")
     ] = False,
     collection: Annotated[
-        str, typer.Option(help="Which zoo: 'zoo' (8 blocks) or 'deep' (16 blocks, dilution versus depth).")
+        str,
+        typer.Option(
+            help="Which zoo: 'zoo' (8 blocks), 'deep' (16 blocks, dilution versus depth) or 'seeds' "
+            "(3 seeds, 1000 steps, validation loss every 100 steps, grown baselines)."
+        ),
     ] = "zoo",
     quiet: QuietOpt = False,
 ) -> None:
     """Train the zoo reproducibly (fixed seeds, default corpus; hours on 2 cores), skipping up-to-date models.
 
     Incremental and resumable: a model whose checkpoint matches its manifest entry is skipped, so
-    an interrupted build continues where it stopped.
+    an interrupted build continues where it stopped. Two builds of one collection may run at once
+    (one per core, different --only): each merges its runs into the manifest.
     """
     from depthscope import zoo
     from depthscope.pipelines.zoo import build

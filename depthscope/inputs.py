@@ -79,7 +79,8 @@ def resolve_short_name(name: str) -> Path:
 
 def zoo_names() -> dict[str, Path]:
     """The bundled zoo's checkpoints by the names ``depthscope zoo list`` prints: ``NAME`` for the
-    zoo (8 blocks), ``deep/NAME`` for the deep collection (16 blocks); read from the manifests (a
+    zoo (8 blocks), ``deep/NAME`` for the deep collection (16 blocks), ``seeds/NAME.seed0`` for the
+    kept runs of the several-seed collection; read from the manifests (a
     collection without its manifest has no names).
     """
     from depthscope import zoo
@@ -91,7 +92,8 @@ def zoo_names() -> dict[str, Path]:
             entries = zoo.read_manifest(coll.directory)
         except DepthscopeError:
             continue
-        found.update({prefix + m["name"]: coll.directory / m["file"] for m in entries})
+        # runs whose checkpoint is not kept (a several-seed collection's other seeds) have no name
+        found.update({prefix + m["name"]: coll.directory / m["file"] for m in entries if m["file"]})
     return found
 
 

@@ -10,6 +10,13 @@ W_K by the same rule). Static depth-mixing parameters (DenseFormer's alpha, DCA'
 queries, HC's A_m, A_r, B, scales and biases) and gains are not decayed: their initialisation
 (ones, identities, uniform softmaxes) is meaningful.
 
+Validation along training: with ``eval_every = k`` the validation loss is measured after every
+k-th optimiser step (and at the end) on the same deterministic windows as the final loss, and
+recorded as ``val_curve`` ([[step, loss], ...]) in the summary, so that the steps a run needs to
+reach a given loss are read off the record, not guessed. The evaluations use their own windows and
+no random numbers of the run, so the weights are the same with or without them; their time is not
+counted in the run's throughput (``tokens_per_s``, ``step_seconds``: training steps only).
+
 Snapshots: ``train(..., snapshots=[250, 500], on_snapshot=fn)`` calls ``fn(model, step)`` after
 those optimiser steps, with ``model.training_summary`` describing the run so far (``step``,
 ``train_tokens``, ``val_loss`` at that step), so intermediate checkpoints carry their place in
@@ -49,12 +56,15 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     eval_tokens: int = 16384  # validation tokens for the final loss
+    eval_every: int = 0  # validation loss every this many steps (0: only at the end)
 
     def __post_init__(self) -> None:
         if self.steps < 0:
             raise ConfigError(f"steps must be >= 0, got {self.steps}")
         if self.batch_size < 1:
             raise ConfigError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.eval_every < 0:
+            raise ConfigError(f"eval_every must be >= 0 (0: at the end only), got {self.eval_every}")
         if not 0 < self.lr <= MAX_LR:
             raise ConfigError(f"learning rate must be positive and at most {MAX_LR:g}, got {self.lr:g}")
 
@@ -129,7 +139,9 @@ def train(
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.95))
     model.train()
     losses: list[float] = []
+    curve: list[list[float]] = []  # [step, validation loss] every cfg.eval_every steps
     start = time.perf_counter()
+    paused = 0.0  # seconds spent evaluating and snapshotting, not training
     tokens = 0
     info = "loss {task.fields[loss]:.3f}  {task.fields[tps]:.0f} tok/s"
     with bar(
@@ -154,29 +166,46 @@ def train(
             if not math.isfinite(losses[-1]):  # nothing trained from here on would mean anything
                 raise ConfigError(f"training diverged at step {step}: the loss is {losses[-1]}; lower --lr")
             tokens += x.numel()
-            pb.advance(1, loss=losses[-1], tps=tokens / (time.perf_counter() - start))
+            pb.advance(1, loss=losses[-1], tps=tokens / (time.perf_counter() - start - paused))
+            t0 = time.perf_counter()
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                curve.append([step + 1, evaluate(model, corpus, cfg.eval_tokens)])
             if step + 1 in snapshots and on_snapshot is not None:
                 model.training_summary = _summary(
-                    model, cfg, corpus, losses, tokens, time.perf_counter() - start
+                    model, cfg, corpus, losses, tokens, time.perf_counter() - start - paused, curve
                 )
                 on_snapshot(model, step + 1)
                 model.train()
-    model.training_summary = _summary(model, cfg, corpus, losses, tokens, time.perf_counter() - start)
+            paused += time.perf_counter() - t0
+    model.training_summary = _summary(
+        model, cfg, corpus, losses, tokens, time.perf_counter() - start - paused, curve
+    )
     model.eval()
     return model
 
 
 def _summary(
-    model: DepthModel, cfg: TrainConfig, corpus: Corpus, losses: list[float], tokens: int, wall: float
+    model: DepthModel,
+    cfg: TrainConfig,
+    corpus: Corpus,
+    losses: list[float],
+    tokens: int,
+    wall: float,
+    curve: list[list[float]] = (),
 ) -> dict:
     """The training summary after ``len(losses)`` steps (the checkpoint metadata's ``training``)."""
     tail = losses[-10:]
-    return {
+    val = evaluate(model, corpus, cfg.eval_tokens)
+    out = {
         **asdict(cfg),
         "step": len(losses),
         "corpus": corpus.name,
         "final_loss": sum(tail) / len(tail) if tail else None,
-        "val_loss": evaluate(model, corpus, cfg.eval_tokens),
+        "val_loss": val,
         "tokens_per_s": tokens / wall if tokens else None,
+        "step_seconds": wall / len(losses) if losses else None,
         "train_tokens": tokens,
     }
+    if cfg.eval_every:
+        out["val_curve"] = [*[list(p) for p in curve if p[0] < len(losses)], [len(losses), val]]
+    return out

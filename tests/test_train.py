@@ -86,3 +86,35 @@ def test_weight_decay_follows_each_paper():
     assert mixing("denseformer") == (set(), {"alpha"})
     std = build(tiny())
     assert decayed_parameters(std) == {n for n, p in std.named_parameters() if p.ndim >= 2}
+
+
+def test_validation_along_training_is_recorded_without_changing_the_run(corpus):
+    cfg = tiny()
+    plain = train(cfg, TrainConfig(steps=6, batch_size=4, eval_tokens=512, seed=5), corpus, progress=False)
+    tc = TrainConfig(steps=6, batch_size=4, eval_tokens=512, seed=5, eval_every=2)
+    curved = train(cfg, tc, corpus, progress=False)
+    a, b = plain.state_dict(), curved.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)  # evaluations draw none of the run's random numbers
+    s = curved.training_summary
+    assert [step for step, _ in s["val_curve"]] == [2, 4, 6]
+    assert s["val_curve"][-1][1] == s["val_loss"] == plain.training_summary["val_loss"]
+    # each point is the validation loss of the run's model at that step (seen through a snapshot)
+    seen = {}
+    train(
+        cfg,
+        tc,
+        corpus,
+        progress=False,
+        snapshots=[4],
+        on_snapshot=lambda m, k: seen.update({k: evaluate(m, corpus, 512)}),
+    )
+    assert s["val_curve"][1] == [4, seen[4]]
+    assert "val_curve" not in plain.training_summary
+    assert s["step_seconds"] > 0 and s["tokens_per_s"] > 0
+
+
+def test_eval_every_must_not_be_negative():
+    from depthscope.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_every must be >= 0"):
+        TrainConfig(eval_every=-1)

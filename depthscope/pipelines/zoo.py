@@ -32,8 +32,9 @@ from depthscope.atomic import atomic_path
 from depthscope.corpus import load_corpus
 from depthscope.errors import DepthscopeError
 from depthscope.pipelines.trajectory import capture_trajectory
+from depthscope.probes import capture
 from depthscope.probes.settings import CaptureSettings
-from depthscope.schemes import ModelConfig
+from depthscope.schemes import ModelConfig, load_checkpoint
 from depthscope.trace import save_trace
 from depthscope.train import TrainConfig, train
 
@@ -42,26 +43,37 @@ from depthscope.train import TrainConfig, train
 TRAJECTORY = CaptureSettings(n_tokens=8192, rank=True)
 
 
-def _spec(coll: zoo.Collection, e: zoo.Entry, steps: int) -> dict[str, Any]:
-    """What an entry's checkpoint must have been built from to count as up to date."""
-    cfg = ModelConfig(scheme=e.scheme, options=e.options, **coll.size)
-    tcfg = TrainConfig(steps=steps, batch_size=coll.batch, lr=coll.lr, seed=coll.seed)
+def _spec(coll: zoo.Collection, e: zoo.Entry, steps: int, seed: int | None = None) -> dict[str, Any]:
+    """What a run's checkpoint must have been built from to count as up to date (``seed``: the
+    run's, default the collection's).
+    """
+    seed = coll.seed if seed is None else seed
+    cfg = ModelConfig(scheme=e.scheme, options=e.options, **{**coll.size, **e.size})
+    tcfg = TrainConfig(steps=steps, batch_size=coll.batch, lr=coll.lr, seed=seed, eval_every=coll.eval_every)
+    train_spec = asdict(tcfg)
+    if not tcfg.eval_every:  # the records of collections built before validation curves existed
+        del train_spec["eval_every"]
     return {
-        "name": e.name,
+        "name": e.name if len(coll.seeds or (coll.seed,)) == 1 else f"{e.name}.seed{seed}",
         "scheme": e.scheme,
         "config": cfg.to_dict(),
-        "train": asdict(tcfg),
+        "train": train_spec,
         "steps": steps,
-        "seed": coll.seed,
+        "seed": seed,
     }
 
 
 def up_to_date(out: Path, entry: dict[str, Any] | None, spec: dict[str, Any]) -> bool:
-    """Whether ``entry`` (from the manifest in ``out``) describes a checkpoint built from ``spec``."""
+    """Whether ``entry`` (from the manifest in ``out``) describes a run built from ``spec``: its
+    checkpoint, or where the checkpoint is not kept (``file`` empty) its final trace, is there with
+    the recorded digest.
+    """
     if entry is None or any(entry.get(k) != v for k, v in spec.items()):
         return False
-    path = out / entry.get("file", "")
-    return path.is_file() and zoo.sha256(path) == entry.get("sha256")
+    kept = entry.get("file") or (entry.get("trace") or {}).get("file", "")
+    path = out / kept if kept else None
+    digest = entry.get("sha256") if entry.get("file") else (entry.get("trace") or {}).get("sha256")
+    return path is not None and path.is_file() and zoo.sha256(path) == digest
 
 
 def step_path(out: Path, name: str, step: int) -> Path:
@@ -80,35 +92,34 @@ def build(
     log=print,
 ) -> list[dict[str, Any]]:
     """Train a zoo collection into ``out`` (default: its bundled directory), skipping up-to-date
-    models, and rewrite its manifest.
+    runs, and rewrite its manifest after each run.
 
     ``steps`` overrides the collection's training steps; ``only`` restricts the work to some
-    entries (the manifest keeps every other entry it holds). Returns the manifest entries.
+    entries or runs (an entry's name selects all its seeds; the manifest keeps every other entry
+    it holds). Several builds of one directory may run at once (one per core, with different
+    ``only``): each merges its runs into the manifest under a lock. Returns the manifest entries.
     """
     import torch
 
-    names = collection.names()
+    runs = collection.runs()
+    names = [name for _, _, name in runs]
     steps = collection.steps if steps is None else steps
-    unknown = sorted(set(only or []) - set(names))
+    unknown = sorted(set(only or []) - set(names) - {e.name for e in collection.entries})
     if unknown:
         raise DepthscopeError(f"unknown zoo entries: {', '.join(unknown)} (known: {', '.join(names)})")
     if steps < 1:
         raise DepthscopeError(f"zoo steps must be at least 1, got {steps}")
     out = Path(collection.directory if out is None else out)
-    try:
-        existing = {m["name"]: m for m in zoo.read_manifest(out)}
-    except DepthscopeError:
-        existing = {}
+    existing = _read(out)
     torch.set_num_threads(1)  # reproducible weights: same thread count, same reductions
     corpus = None
-    current = dict(existing)
-    for e in collection.entries:
-        name = e.name
-        if only and name not in only:
+    for e, seed, name in runs:
+        if only and name not in only and e.name not in only:
             continue
         old = existing.get(name)
-        want = _spec(collection, e, steps)
+        want = _spec(collection, e, steps, seed)
         snapshots = zoo.trajectory_steps(steps) if e.trajectory else []
+        keep = collection.keeps(seed)
         if up_to_date(out, old, want) and not _needs_steps(out, old, snapshots):
             log(f"zoo {name}: up to date, skipped")
             entry = old
@@ -127,11 +138,14 @@ def build(
                 snapshots=snapshots,
                 on_snapshot=save_snapshot,
             )
-            path = model.save(out / f"{name}.safetensors", dtype=torch.bfloat16)
+            # a run whose checkpoint is not kept is written (for its trace) where steps go: not bundled
+            path = model.save(
+                (out if keep else out / zoo.STEPS_DIR) / f"{name}.safetensors", dtype=torch.bfloat16
+            )
             s = model.training_summary
             entry = {
                 **want,
-                "file": path.name,
+                "file": path.name if keep else "",
                 "val_loss": s["val_loss"],
                 "final_loss": s["final_loss"],
                 "corpus": s["corpus"],
@@ -139,13 +153,39 @@ def build(
                 "bytes": path.stat().st_size,
                 "sha256": zoo.sha256(path),
                 "weights_sha256": zoo.weights_sha256(path),
+                "step_seconds": s["step_seconds"],
+                **({"val_curve": s["val_curve"]} if "val_curve" in s else {}),
             }
+            if collection.seeds:
+                entry = _final_trace(out, entry, path, log)
             log(f"zoo {name}: trained, validation loss {s['val_loss']:.4f} nats/byte")
         if snapshots:
             entry = _trajectory(out, entry, snapshots, recapture or not entry.get("trajectory"), log, e.key)
-        current[name] = entry
-        _write_manifest(out, [current[n] for n in names if n in current])
-    return [current[n] for n in names if n in current]
+        existing = _merge_manifest(out, entry, names)
+    return [existing[n] for n in names if n in existing]
+
+
+def _read(out: Path) -> dict[str, dict[str, Any]]:
+    try:
+        return {m["name"]: m for m in zoo.read_manifest(out)}
+    except DepthscopeError:
+        return {}
+
+
+def _final_trace(out: Path, entry: dict[str, Any], path: Path, log) -> dict[str, Any]:
+    """Capture a run's final model into its own trace file (a several-seed collection's record)."""
+    trace = capture(load_checkpoint(path), None, TRAJECTORY, checkpoint=str(path), progress=False)
+    trace.attrs["label"] = entry["name"]
+    target = save_trace(trace, out / zoo.TRACE_DIR / f"{entry['name']}.nc")
+    log(f"zoo {entry['name']}: final trace captured")
+    return {
+        **entry,
+        "trace": {
+            "file": f"{zoo.TRACE_DIR}/{target.name}",
+            "tokens": TRAJECTORY.n_tokens,
+            "sha256": zoo.sha256(target),
+        },
+    }
 
 
 def _needs_steps(out: Path, entry: dict[str, Any], snapshots: list[int]) -> bool:
@@ -186,6 +226,21 @@ def _trajectory(
             "sha256": zoo.sha256(target),
         },
     }
+
+
+def _merge_manifest(out: Path, entry: dict[str, Any], names: list[str]) -> dict[str, dict[str, Any]]:
+    """Put ``entry`` into the manifest in ``out`` as it is on disk now (another build of the same
+    directory may have added runs since this one started), under an exclusive lock, in the
+    collection's order; returns the manifest's entries by name.
+    """
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".manifest.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        current = {**_read(out), entry["name"]: entry}
+        _write_manifest(out, [current[n] for n in names if n in current])
+    return current
 
 
 def _write_manifest(out: Path, entries: list[dict[str, Any]]) -> None:

@@ -22,6 +22,7 @@ from depthscope.errors import DepthscopeError
 ZOO_DIR = Path(__file__).parent
 MANIFEST = "manifest.json"
 TRAJECTORY_DIR = "trajectories"  # bundled trajectory traces, one stacked trace file per model
+TRACE_DIR = "traces"  # final traces of the runs of a several-seed collection, one per run
 STEPS_DIR = "steps"  # intermediate checkpoints of a build (not bundled)
 
 # Trajectory captures at these fractions of the run: steps 250, 500, 1000, 2000 (and the final
@@ -38,6 +39,7 @@ class Entry:
     options: dict[str, Any] = field(default_factory=dict)
     trajectory: bool = False
     group: str | None = None  # the same scheme in another collection (default: its name)
+    size: dict[str, int] = field(default_factory=dict)  # overrides of the collection's size
 
     @property
     def key(self) -> str:
@@ -57,10 +59,26 @@ class Collection:
     batch: int = 16
     lr: float = 3e-3
     seed: int = 0
+    seeds: tuple[int, ...] = ()  # several seeds per entry (default: ``seed`` alone)
+    eval_every: int = 0  # validation loss along training every this many steps (0: at the end)
+    kept_seeds: tuple[int, ...] | None = None  # seeds whose checkpoints are kept (None: all)
+
+    def runs(self) -> list[tuple[Entry, int, str]]:
+        """(entry, seed, run name) of every training run, seed-major within each entry: a run is
+        named by its entry, and by ``{entry}.seed{k}`` where the collection has several seeds.
+        """
+        seeds = self.seeds or (self.seed,)
+        return [
+            (e, s, e.name if len(seeds) == 1 else f"{e.name}.seed{s}") for e in self.entries for s in seeds
+        ]
 
     def names(self) -> list[str]:
-        """The entries' names, in the collection's order."""
-        return [e.name for e in self.entries]
+        """The runs' names, in the collection's order."""
+        return [name for _, _, name in self.runs()]
+
+    def keeps(self, seed: int) -> bool:
+        """Whether the checkpoint of a run with ``seed`` is kept (else only its trace and record)."""
+        return self.kept_seeds is None or seed in self.kept_seeds
 
 
 # The zoo: 8 blocks (16 sublayers) so that the depth pattern can show, 4000 steps of 16 x 128
@@ -108,7 +126,38 @@ DEEP = Collection(
     ),
 )
 
-COLLECTIONS = {c.name: c for c in (ZOO, DEEP)}
+# Seeds (the survey's questions with error bars): the zoo's size and recipe, shortened to 1000
+# steps (2.0 M tokens) for every seed, seed 0 included, so that 3 seeds of 13 variants fit in a few
+# hours of 2 cores: the zoo's 4000 steps would take ~4 h per seed. Validation loss every 100 steps
+# (steps to equal loss). The grown baselines are the standard residual a little deeper (9 blocks)
+# and a little wider (width 72), which cost about what the schemes' extras cost. Checkpoints are
+# kept for seed 0; every run keeps its final trace (``traces/``) and its manifest record.
+SEEDS = Collection(
+    name="seeds",
+    directory=ZOO_DIR / "seeds",
+    size=dict(n_layers=8, d_model=64, n_heads=4, ctx=128),
+    steps=1000,
+    seeds=(0, 1, 2),
+    eval_every=100,
+    kept_seeds=(0,),
+    entries=(
+        Entry("standard", "standard", {}),
+        Entry("denseformer", "denseformer", {}),
+        Entry("dca", "dca", {}),
+        Entry("hc", "hc", {}),
+        Entry("mhc", "mhc", {}),
+        Entry("attnres", "attnres", {}),
+        Entry("shortswa-seq", "shortswa", {"axis": "sequence", "window": 16}),
+        Entry("shortswa", "shortswa", {}),
+        Entry("attnres-block4", "attnres", {"blocks": 4}),
+        Entry("standard-9blocks", "standard", {}, size=dict(n_layers=9), group="standard"),
+        Entry("standard-w72", "standard", {}, size=dict(d_model=72), group="standard"),
+        Entry("grn-v1", "dca", {"grn": "v1"}),
+        Entry("ddl", "ddl", {}),
+    ),
+)
+
+COLLECTIONS = {c.name: c for c in (ZOO, DEEP, SEEDS)}
 
 # the zoo's size and budget, as names (kept for readers of the first zoo)
 SIZE = ZOO.size
@@ -116,7 +165,7 @@ STEPS, BATCH, LR, SEED = ZOO.steps, ZOO.batch, ZOO.lr, ZOO.seed
 
 
 def collection(name: str) -> Collection:
-    """The zoo collection called ``name`` (``zoo`` or ``deep``)."""
+    """The zoo collection called ``name`` (``zoo``, ``deep`` or ``seeds``)."""
     if name not in COLLECTIONS:
         raise DepthscopeError(f"unknown zoo collection {name!r} (known: {', '.join(COLLECTIONS)})")
     return COLLECTIONS[name]
@@ -179,8 +228,13 @@ def _valid_entry(m: Any) -> bool:
 
 
 def checkpoints(directory: str | Path = ZOO_DIR) -> list[Path]:
-    """Paths of the zoo's checkpoints, in manifest order."""
-    return [Path(directory) / m["file"] for m in read_manifest(directory)]
+    """Paths of the zoo's checkpoints, in manifest order (runs that keep only a trace left out)."""
+    return [Path(directory) / m["file"] for m in read_manifest(directory) if m["file"]]
+
+
+def traces(directory: str | Path) -> list[Path]:
+    """Paths of the final traces of a several-seed collection's runs, in manifest order."""
+    return [Path(directory) / m["trace"]["file"] for m in read_manifest(directory) if m.get("trace")]
 
 
 def trajectories(directory: str | Path = ZOO_DIR) -> list[Path]:

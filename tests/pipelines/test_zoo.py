@@ -78,3 +78,56 @@ def test_collections_by_name():
     assert zoo.collection("deep") is zoo.DEEP and zoo.collection("zoo") is zoo.ZOO
     with pytest.raises(DepthscopeError, match="unknown zoo collection 'wide'"):
         zoo.collection("wide")
+
+
+SEEDED = zoo.Collection(
+    name="seeded",
+    directory=zoo.ZOO_DIR / "never-written",
+    size=dict(n_layers=1, d_model=16, n_heads=2, ctx=32),
+    steps=4,
+    entries=(zoo.Entry("standard", "standard"), zoo.Entry("wide", "standard", size=dict(d_model=24))),
+    batch=2,
+    seeds=(0, 1),
+    eval_every=2,
+    kept_seeds=(0,),
+)
+
+
+@pytest.fixture(scope="module")
+def seeded(tmp_path_factory):
+    out = tmp_path_factory.mktemp("seeded")
+    # two builds of one directory, as two cores run them: each merges its runs into the manifest
+    build(out, collection=SEEDED, only=["standard"], progress=False, log=lambda _: None)
+    build(out, collection=SEEDED, only=["wide.seed1"], progress=False, log=lambda _: None)
+    return out
+
+
+def test_a_several_seed_build_records_curves_and_traces_and_keeps_seed_0(seeded):
+    entries = {m["name"]: m for m in zoo.read_manifest(seeded)}
+    assert list(entries) == ["standard.seed0", "standard.seed1", "wide.seed1"]  # collection order
+    assert [entries[n]["seed"] for n in entries] == [0, 1, 1]
+    assert (
+        entries["wide.seed1"]["config"]["d_model"] == 24
+        and entries["standard.seed1"]["config"]["d_model"] == 16
+    )
+    for m in entries.values():
+        assert [s for s, _ in m["val_curve"]] == [2, 4] and m["val_curve"][-1][1] == m["val_loss"]
+        trace = load_trace(seeded / m["trace"]["file"])
+        assert trace.attrs["label"] == m["name"] and trace.attrs["val_loss"] == pytest.approx(m["val_loss"])
+        assert float(trace["contribution_share"].sum("source").max()) == pytest.approx(1, abs=1e-4)
+    assert entries["standard.seed0"]["file"] == "standard.seed0.safetensors"  # seed 0 keeps its checkpoint
+    assert entries["standard.seed1"]["file"] == "" and entries["wide.seed1"]["file"] == ""
+    assert zoo.checkpoints(seeded) == [seeded / "standard.seed0.safetensors"]
+    assert len(zoo.traces(seeded)) == 3
+    seeds_differ = entries["standard.seed0"]["weights_sha256"] != entries["standard.seed1"]["weights_sha256"]
+    assert seeds_differ
+
+
+def test_a_run_that_keeps_only_its_trace_is_up_to_date_from_the_trace(seeded):
+    log: list[str] = []
+    build(seeded, collection=SEEDED, only=["standard", "wide.seed1"], progress=False, log=log.append)
+    assert all(line.endswith("up to date, skipped") for line in log) and len(log) == 3
+    (seeded / "traces" / "standard.seed1.nc").write_bytes(b"not the trace")
+    log.clear()
+    build(seeded, collection=SEEDED, only=["standard.seed1"], progress=False, log=log.append)
+    assert log[-1].startswith("zoo standard.seed1: trained")
