@@ -13,8 +13,9 @@ gives per (group, n_layers):
     baseline[n_layers]                    1/n of the read-out: the uniform (1/T) share
     val_loss, loss_gain                   the validation loss, and the standard residual's at the
                                           same depth minus it (> 0: the scheme does better)
-    view_lag[group, n_layers, view]       mean read depth (sublayers back) of q, k and v views,
-                                          averaged over blocks (DCA's views), NaN elsewhere
+    view_lag[group, n_layers, view]       mean read depth (sublayers back) of the q, k, v (and r)
+                                          views, averaged over blocks (DCA's q/k/v, MUDDFormer's
+                                          q/k/v/r), NaN elsewhere
     rank_ratio[group, n_layers]           r*/d (numerical rank), where spectra were captured
     step[group, n_layers]                 the step compared
 
@@ -34,7 +35,7 @@ from depthscope.analysis.rank import collective_rank
 
 KINDS = ("sublayers", "attn", "mlp", "readout")
 EARLY = ("embed", "0.mlp")  # the fixed early writes whose retention at the read-out is followed
-VIEWS = ("q", "k", "v")
+VIEWS = ("q", "k", "v", "r")  # r: MUDDFormer's residual way
 STANDARD = "standard"  # the group every loss gain is measured against
 
 

@@ -168,6 +168,7 @@ SCHEME_COLORS = {
     "mhc": "#cc78bc",
     "ddl": "#ca9161",
     "shortswa": "#56b4e9",
+    "muddformer": "#fbafe4",
 }
 _SKIPPED = ("#ece133",)  # yellow: too pale for lines on white, never handed out as a free colour
 

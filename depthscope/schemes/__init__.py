@@ -9,6 +9,7 @@ from depthscope.schemes import hc  # noqa: F401
 from depthscope.schemes import mhc  # noqa: F401
 from depthscope.schemes import ddl  # noqa: F401
 from depthscope.schemes import shortswa  # noqa: F401
+from depthscope.schemes import muddformer  # noqa: F401
 from depthscope.schemes.base import (
     Consumer,
     Mixer,

@@ -42,6 +42,7 @@ def random_options(scheme: str, n_layers: int, ctx: int) -> st.SearchStrategy[di
             {"streams": st.integers(1, 4), "mode": st.sampled_from(["dynamic", "static"])}
         ),
         "mhc": st.fixed_dictionaries({"streams": st.integers(2, 4), "sinkhorn_iters": st.integers(1, 20)}),
+        "muddformer": st.fixed_dictionaries({"hidden": st.sampled_from([0, 4, 8])}),
         "shortswa": st.sampled_from(["depth", "sequence"]).flatmap(
             lambda axis: st.fixed_dictionaries(
                 {"axis": st.just(axis), "window": st.integers(1, ctx if axis == "sequence" else 6)}
