@@ -19,9 +19,14 @@ summing read-out; or per channel: Qwen4-Exp). Per consumer, over its tokens:
   shares it can fall below 1); ``participation_ratio_norm`` the same of the norm shares (in [1, n]);
 * ``stream_cosine`` [stream_from, stream_to]: the token mean of cos(h_s, h_t) of the streams' states
   (a zero stream has cosine 0 with everything); ``mean_cosine`` the mean over the n(n-1) pairs s != t;
+* ``distinct_streams``: (tr G)^2 / |G|_F^2 of the streams' Gram matrix G[s, t] = sum_tok <h_s, h_t>,
+  the participation ratio of its eigenvalues: 1 when the streams are copies of one vector (however
+  evenly they share the read), n for orthogonal streams of equal norm;
 * ``res_distance``: the token mean of |R - I|_F of the consumer's stream-mixing matrix R (0 for a
   family without mixing, NaN at the read-out); ``composite_distance``: the token mean of |P - I|_F
-  of the per-token product P of every sublayer's R over depth.
+  of the per-token product P of every sublayer's R over depth, and ``composite_uniform_distance`` of
+  |P - J/n|_F (J/n, every stream the mean of all, is at sqrt(n - 1) from I: a composite near it has
+  averaged the streams into copies).
 
 ``stream_statistics`` gives additive sums of one batch (float64), ``stream_collapse`` the measures
 from sums added over batches. ``trace_res_distance`` reads the same distances from a trace's
@@ -39,7 +44,16 @@ import xarray as xr
 from depthscope.analysis.native import FROM, TO, stream_composite
 
 STREAM = "stream"
-SUMS = ("read_dot", "read_abs", "input_sq", "stream_sq", "cosine_sum", "res_distance_sum", "tokens")
+SUMS = (
+    "read_dot",
+    "read_abs",
+    "input_sq",
+    "stream_sq",
+    "gram_sum",
+    "cosine_sum",
+    "res_distance_sum",
+    "tokens",
+)
 MATRIX_VARIABLES = ("hc_res", "comb")  # the traces' token-mean stream-mixing matrices (source-row)
 
 
@@ -84,6 +98,7 @@ def stream_statistics(
             "read_abs": (STREAM, np.sqrt((c**2).sum(-1)).sum(0)),
             "input_sq": ((), float((y**2).sum())),
             "stream_sq": (STREAM, (h**2).sum((0, 2))),
+            "gram_sum": ((FROM, TO), dots.sum(0)),
             "cosine_sum": ((FROM, TO), cos.sum(0)),
             "res_distance_sum": ((), dist),
             "tokens": ((), float(n_tok)),
@@ -104,6 +119,13 @@ def mean_off_diagonal(matrix: xr.DataArray) -> xr.DataArray:
     if n < 2:
         return (matrix * np.nan).sum((FROM, TO))
     return (matrix * xr.DataArray(off, dims=(FROM, TO))).sum((FROM, TO)) / (n * (n - 1))
+
+
+def distinct_streams(gram: xr.DataArray) -> xr.DataArray:
+    """(tr G)^2 / |G|_F^2 of a Gram matrix [stream_from, stream_to]: its eigenvalues' participation ratio."""
+    n = gram.sizes[FROM]
+    trace = (gram * xr.DataArray(np.eye(n), dims=(FROM, TO))).sum((FROM, TO))
+    return trace**2 / (gram**2).sum((FROM, TO))
 
 
 def stream_collapse(stats: xr.Dataset) -> xr.Dataset:
@@ -128,14 +150,16 @@ def stream_collapse(stats: xr.Dataset) -> xr.Dataset:
             "dominant_share": share.max(STREAM),
             "stream_cosine": cosine,
             "mean_cosine": mean_off_diagonal(cosine),
+            "distinct_streams": distinct_streams(stats["gram_sum"]),
             "res_distance": stats["res_distance_sum"] / stats["tokens"],
         },
         attrs=dict(stats.attrs),
     )
     if d_model:
         out["stream_rms"] = np.sqrt(stats["stream_sq"] / (stats["tokens"] * d_model))
-    if "composite_distance_sum" in stats:
-        out["composite_distance"] = stats["composite_distance_sum"] / stats["composite_tokens"]
+    for name in ("composite_distance", "composite_uniform_distance"):
+        if f"{name}_sum" in stats:
+            out[name] = stats[f"{name}_sum"] / stats["composite_tokens"]
     out["n_streams"] = int(stats.sizes[STREAM])
     units = {
         "stream_share": "share of the read's |y|^2 (projection; sums to 1 over streams)",
@@ -143,6 +167,7 @@ def stream_collapse(stats: xr.Dataset) -> xr.Dataset:
         "participation_ratio": "effective number of streams (1 .. n)",
         "participation_ratio_norm": "effective number of streams from the norm shares (1 .. n)",
         "mean_cosine": "mean pairwise cosine of the streams' states",
+        "distinct_streams": "participation ratio of the streams' Gram eigenvalues (1 .. n)",
         "res_distance": "token mean of |H_res - I|_F",
     }
     for name, text in units.items():
@@ -181,9 +206,9 @@ def _value(ds: xr.Dataset, name: str, layer: str | None) -> float:
 
 def stream_table(collapses: Mapping[str, xr.Dataset] | Iterable[xr.Dataset]) -> list[dict[str, object]]:
     """One row per model for the report: model, n_streams, participation ratio, dominant stream and
-    its share, mean cosine (all at the read-out), mean |H_res - I|_F over the sublayers and the
-    composite's, from ``stream_collapse`` outputs with a ``layer`` dim (keyed by model label, or
-    labelled by their ``label`` attr).
+    its share, mean cosine and distinct streams (all at the read-out), mean |H_res - I|_F over the
+    sublayers, the composite's and the composite's |P - J/n|_F, from ``stream_collapse`` outputs
+    with a ``layer`` dim (keyed by model label, or labelled by their ``label`` attr).
     """
     items = (
         collapses.items()
@@ -204,8 +229,10 @@ def stream_table(collapses: Mapping[str, xr.Dataset] | Iterable[xr.Dataset]) -> 
                 "dominant_stream": int(_value(ds, "dominant_stream", ro)),
                 "dominant_share": _value(ds, "dominant_share", ro),
                 "mean_cosine": _value(ds, "mean_cosine", ro),
+                "distinct_streams": _value(ds, "distinct_streams", ro),
                 "mean_res_distance": float(res.mean()),
                 "composite_distance": _value(ds, "composite_distance", None),
+                "composite_uniform_distance": _value(ds, "composite_uniform_distance", None),
             }
         )
     return rows

@@ -9,10 +9,11 @@ streams themselves: how much of a read each stream carries needs the streams' st
 runs its own forward. At every read it sees the streams h_s [batch, pos, stream, d_model], the read
 weights A_s (per stream, or per stream and channel) and, where the family mixes its streams, the
 per-token matrix R, and adds up, in float64 over the tokens (the adapter's skipped positions left
-out): sum <c_s, y>, sum |c_s| (c_s = A_s h_s, y = sum_s c_s), sum |y|^2, sum |h_s|^2, sum cos(h_s,
-h_t), sum |R - I|_F and the token count; at the read-out also sum |P - I|_F of the per-token product P
-of every sublayer's R. Every read is checked: y rebuilt from the streams must equal what the model
-computed (relative error below 1e-4), or the model is refused.
+out): sum <c_s, y>, sum |c_s| (c_s = A_s h_s, y = sum_s c_s), sum |y|^2, sum |h_s|^2, sum <h_s, h_t>,
+sum cos(h_s, h_t), sum |R - I|_F and the token count; at the read-out also sum |P - I|_F and
+sum |P - J/n|_F of the per-token product P of every sublayer's R. Every read is checked: y rebuilt
+from the streams must equal what the model computed (relative error below 1e-4), or the model is
+refused.
 
 Families and where their streams are read:
 
@@ -60,7 +61,7 @@ class Sums:
         self.order: list[str] = []
         self.errors: dict[str, float] = {}
         self.composite: Tensor | None = None
-        self.composite_sum, self.composite_tokens = 0.0, 0.0
+        self.composite_sum, self.uniform_sum, self.composite_tokens = 0.0, 0.0, 0.0
         self.d_model = 0
 
     def start(self) -> None:
@@ -99,12 +100,14 @@ class Sums:
         if label == names.READOUT:
             p = eye.expand(*lead, self.n, self.n) if self.composite is None else self.composite
             self.composite_sum += float(((p - eye) ** 2).sum((-2, -1)).sqrt().sum())
+            self.uniform_sum += float(((p - 1.0 / self.n) ** 2).sum((-2, -1)).sqrt().sum())
             self.composite_tokens += lead.numel()
         add = {
             "read_dot": torch.einsum("bpsd,bpd->s", c, y),
             "read_abs": c.norm(dim=-1).sum((0, 1)),
             "input_sq": (y**2).sum(),
             "stream_sq": (h**2).sum((0, 1, 3)),
+            "gram_sum": dots.sum((0, 1)),
             "cosine_sum": cos.sum((0, 1)),
             "res_distance_sum": dist.double().cpu(),
             "tokens": torch.tensor(float(lead.numel()), dtype=torch.float64),
@@ -131,11 +134,12 @@ class Sums:
             "read_abs": ("layer", "stream"),
             "stream_sq": ("layer", "stream"),
         }
-        dims["cosine_sum"] = ("layer", FROM, TO)
+        dims["cosine_sum"] = dims["gram_sum"] = ("layer", FROM, TO)
         data = {k: (dims.get(k, ("layer",)), v) for k, v in stack.items()}
         data["read_error"] = ("layer", np.array([self.errors[label] for label in self.order]))
         ds = xr.Dataset(data, coords={"layer": self.order, "stream": np.arange(self.n)})
         ds["composite_distance_sum"] = self.composite_sum
+        ds["composite_uniform_distance_sum"] = self.uniform_sum
         ds["composite_tokens"] = self.composite_tokens
         ds.attrs.update(attrs, d_model=self.d_model, streams=self.n)
         return ds

@@ -28,6 +28,7 @@ def test_one_stream_carries_everything():
     assert float(m.participation_ratio) == pytest.approx(1.0, abs=1e-14)
     assert int(m.dominant_stream) == 2
     assert float(m.mean_cosine) == 0.0  # zero streams have cosine 0 with everything
+    assert float(m.distinct_streams) == pytest.approx(1.0, rel=1e-14)
 
 
 def test_identical_streams_count_n_and_have_cosine_one():
@@ -37,6 +38,7 @@ def test_identical_streams_count_n_and_have_cosine_one():
     assert float(m.participation_ratio) == pytest.approx(N, rel=1e-14)
     assert float(m.participation_ratio_norm) == pytest.approx(N, rel=1e-14)
     assert float(m.mean_cosine) == pytest.approx(1.0, rel=1e-14)
+    assert float(m.distinct_streams) == pytest.approx(1.0, rel=1e-14)  # n even shares, one signal
 
 
 def test_orthogonal_streams_of_equal_norm():
@@ -48,6 +50,7 @@ def test_orthogonal_streams_of_equal_norm():
     assert float(m.participation_ratio) == pytest.approx(N, rel=1e-12)
     assert abs(float(m.mean_cosine)) <= 1e-14
     np.testing.assert_allclose(m.stream_cosine.values, np.eye(N), atol=1e-14)
+    assert float(m.distinct_streams) == pytest.approx(N, rel=1e-12)
 
 
 def test_shares_sum_to_one_with_per_channel_weights():
@@ -82,7 +85,7 @@ def test_sums_over_batches_equal_one_pass():
     parts = [st.stream_statistics(h[s], a[s], res[s]) for s in (slice(0, 11), slice(11, None))]
     summed = xr.concat(parts, "part").sum("part", keep_attrs=True)
     one, two = st.stream_collapse(st.stream_statistics(h, a, res)), st.stream_collapse(summed)
-    for name in ("stream_share", "participation_ratio", "mean_cosine", "res_distance", "stream_rms"):
+    for name in ("stream_share", "participation_ratio", "mean_cosine", "distinct_streams", "res_distance"):
         np.testing.assert_allclose(two[name].values, one[name].values, rtol=1e-12)
 
 
@@ -107,6 +110,7 @@ def test_trace_distances_and_the_table():
         layers.append(s.expand_dims(layer=[label]))
     stats = xr.concat(layers, "layer")
     stats["composite_distance_sum"], stats["composite_tokens"] = 2.0 * TOK, float(TOK)
+    stats["composite_uniform_distance_sum"] = np.sqrt(3.0) * TOK
     (row,) = st.stream_table({"planted": st.stream_collapse(stats)})
     assert row == {
         "model": "planted",
@@ -115,6 +119,8 @@ def test_trace_distances_and_the_table():
         "dominant_stream": 1,
         "dominant_share": 1.0,
         "mean_cosine": 0.0,
+        "distinct_streams": 1.0,
         "mean_res_distance": 2.0,
         "composite_distance": 2.0,
+        "composite_uniform_distance": pytest.approx(np.sqrt(3.0), rel=1e-15),
     }

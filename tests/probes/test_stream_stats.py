@@ -8,14 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from depthscope.analysis.streams import stream_collapse, stream_statistics, trace_res_distance
+from depthscope.analysis.streams import SUMS, stream_collapse, stream_statistics, trace_res_distance
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
 from depthscope.probes.stream_stats import stream_stats
 from depthscope.schemes import consumers
 from tests.helpers import build, perturb, random_tokens, tiny
-
-SUMS = ("read_dot", "read_abs", "input_sq", "stream_sq", "cosine_sum", "res_distance_sum", "tokens")
 
 
 def hooked_streams(model, tokens):
@@ -60,6 +58,9 @@ def test_probe_sums_equal_streams_rebuilt_from_hooks(scheme, options):
     eye = np.eye(cfg.options.streams)
     want_composite = np.sqrt(((composite - eye) ** 2).sum((-2, -1))).mean()
     assert float(stream_collapse(got).composite_distance) == pytest.approx(want_composite, rel=1e-10)
+    n = cfg.options.streams
+    want_uniform = np.sqrt(((composite - 1 / n) ** 2).sum((-2, -1))).mean()
+    assert float(stream_collapse(got).composite_uniform_distance) == pytest.approx(want_uniform, rel=1e-10)
     assert float(got.read_error.max()) <= 1e-12  # float64 model: the rebuilt reads are exact
     m = stream_collapse(got)
     np.testing.assert_allclose(m.stream_share.sum("stream").values, 1.0, rtol=1e-12)
