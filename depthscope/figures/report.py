@@ -1,13 +1,17 @@
-"""The report page: which figures it holds, and the HTML it renders (a Jinja2 template).
+"""The report page: its sections, tables and figures as one plain structure, each figure drawn from
+the data it holds, and the HTML rendered from it (a Jinja2 template).
 
-``planned_figures`` lists every figure of a report with the function that draws it: the one
-place where the report's traces meet the estimators of ``depthscope.analysis`` and their output
-meets the ``plot_*`` primitives (nothing is captured here; ``report_figures`` draws them all at
-once);
-``render_page`` fills ``templates/report.html`` with the tables (computed by the estimators of
-``depthscope.analysis``) and the figures. Every string that comes from a trace, a file or the
-settings is escaped by the template. Orchestration (capturing, writing files) lives in
-``depthscope.pipelines.report``.
+``depthscope.pipelines.report`` computes everything the page shows once (``ReportData``:
+sections of tables, notes and figures; each ``ReportFigure`` holds the estimator output it
+draws); this module only draws it: ``ReportFigure.draw`` the matplotlib figure (PNG and SVG
+files, for papers) and ``ReportFigure.charts`` its interactive panels
+(``figures.interactive``, Vega-Lite); ``render_page`` fills ``templates/report.html``. Figure
+names, titles and captions come from one table (``CAPTIONS`` via ``spec``). Every string that
+comes from a trace, a file or the settings is escaped by the template, and by
+``Charts.payload`` inside the page's script.
+
+Adding a section is one entry in ``ReportData.sections``: ``Section(anchor, title, short,
+content=[Note(...), Table(...), ReportFigure(...)])``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,34 +31,27 @@ import xarray as xr
 from markupsafe import Markup
 
 from depthscope._version import __version__
-from depthscope.analysis.causal import views, weight_effect_correlation
 from depthscope.analysis.depth import n_layers
-from depthscope.analysis.dilution import (
-    block_view,
-    consumer_table,
-    dilution_curves,
-    mean_retention,
-    pattern_curves,
-    relative_retention,
-    row_normalized,
-    summary,
-)
-from depthscope.analysis.rank import conclusion, rank_profile
+from depthscope.analysis.dilution import mean_retention, relative_retention
 from depthscope.errors import DepthscopeError
-from depthscope.figures.causal import has_native, native_figure, read_depth_figure, weight_effect_figure
+from depthscope.figures import interactive as ia
+from depthscope.figures.causal import native_figure, read_depth_figure, weight_effect_figure
 from depthscope.figures.curves import (
+    SHARE_LINES,
+    TRAJECTORY_GROUPS,
     plot_dilution_panels,
     plot_pattern_scores,
     plot_retention,
     plot_trajectories,
     plot_trajectory,
 )
-from depthscope.figures.data import run_label, trace_label
-from depthscope.figures.depth import depth_figure
+from depthscope.figures.data import by_model, colors, run_label, trace_label, unpadded
+from depthscope.figures.depth import PANELS, depth_figure
 from depthscope.figures.heatmaps import heatmap_size, plot_heatmap, plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
-from depthscope.figures.style import styled, subplots
+from depthscope.figures.style import model_colors, styled, subplots
 from depthscope.trace import STACK, select_model
+from depthscope.trace.labels import EMBED
 
 DEEP = 40  # more consumers than this: the model's section adds a block-level view
 
@@ -181,89 +178,6 @@ def spec(kind: str, label: str = "", *, key: str | None = None, **fill) -> Figur
     return FigureSpec(name, title.format(label=label, **fill), caption.format(label=label, **fill))
 
 
-def report_figures(
-    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
-) -> list[tuple[FigureSpec, Any]]:
-    """(description, matplotlib Figure) for every figure of the report, in page order."""
-    return [(s, draw()) for s, draw in planned_figures(stacked, traces, k, trajectories)]
-
-
-def planned_figures(
-    stacked: xr.Dataset,
-    traces: list[xr.Dataset],
-    k: int,
-    trajectories: list[xr.Dataset] = (),
-    depth: xr.Dataset | None = None,
-) -> list[tuple[FigureSpec, Callable[[], Any]]]:
-    """(description, function drawing the Figure) for every figure of the report, in page order.
-
-    Drawing is deferred so that a report draws, saves and closes one figure at a time.
-    """
-    signed = any(_is_signed(t) for t in traces)
-    out: list[tuple[FigureSpec, Callable[[], Any]]] = [
-        (spec("grid-weights"), lambda: plot_heatmap_grid(row_normalized(stacked))),
-        (spec("grid-share"), lambda: plot_heatmap_grid(stacked, "contribution_share")),
-        (spec("dilution"), lambda: plot_dilution_panels(dilution_curves(stacked))),
-        (
-            spec("grid-mixing", scale=", symmetric-log (weights are signed)" if signed else ""),
-            lambda: plot_heatmap_grid(stacked, "mixing", symlog=signed),
-        ),
-        (spec("pattern", k=k), lambda: plot_pattern_scores(pattern_curves(stacked, k)).figure),
-        (spec("retention"), lambda: plot_retention(retention(stacked)).figure),
-    ]
-    with_cells = [t for t in traces if "ablation_effect_cell" in t]
-    if with_cells:
-        out.append((spec("weight-effect"), lambda: weight_effect_figure(with_cells)))
-    for t in traces:
-        if views(t).sizes.get("view", 0):
-            out.append((spec("read-depth", trace_label(t)), lambda t=t: read_depth_figure(t)))
-    out += _trajectory_figures(trajectories, k)
-    if depth is not None:
-        out.append((spec("versus-depth"), lambda: depth_figure(depth)))
-    if "source_spectrum" in stacked:
-        out.append((spec("rank"), lambda: plot_rank_profile(rank_profile(stacked)).figure))
-    for t in traces:
-        deep = t.sizes["layer"] > DEEP
-        blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
-        out.append(
-            (
-                spec("model", trace_label(t), blocks=blocks if deep else ""),
-                lambda t=t, deep=deep: model_figure(t, deep),
-            )
-        )
-        if has_native(t):
-            out.append((spec("native", trace_label(t)), lambda t=t: native_figure(t)))
-    return out
-
-
-def _trajectory_figures(trajectories: list[xr.Dataset], k: int) -> list[tuple[FigureSpec, Callable[[], Any]]]:
-    """The trajectory section's figures, each named after its run (``trajectory_runs``)."""
-    runs = trajectory_runs(trajectories)
-    out: list[tuple[FigureSpec, Callable[[], Any]]] = []
-    if len(trajectories) > 1:
-        legends = [r.legend for r in runs]
-        out.append(
-            (
-                spec("trajectories"),
-                lambda: plot_trajectories([summary(tr, k) for tr in trajectories], labels=legends),
-            )
-        )
-    for tr, run in zip(trajectories, runs):
-        out.append(
-            (
-                spec("trajectory", run.heading, key=run.name),
-                lambda tr=tr, title=run.heading: plot_trajectory(summary(tr, k), title=title),
-            )
-        )
-        out.append(
-            (
-                spec("trajectory-weights", run.heading, key=run.name),
-                lambda tr=tr: plot_heatmap_grid(row_normalized(tr), ncols=tr.sizes[STACK]),
-            )
-        )
-    return out
-
-
 def retention(stacked: xr.Dataset) -> xr.DataArray:
     """What the report's retention figure draws: one model's ``relative_retention`` (a line per
     source), or several models' ``mean_retention`` (a line per model).
@@ -273,11 +187,13 @@ def retention(stacked: xr.Dataset) -> xr.DataArray:
 
 
 @styled
-def model_figure(t: xr.Dataset, deep: bool):
-    """One model's section figure: M and the shares (and, for a deep model, the shares per block)."""
+def model_figure(t: xr.Dataset, blocks: xr.Dataset | None = None):
+    """One model's section figure: M and the shares (and, given ``blocks``, a deep model's
+    ``analysis.block_view``, the shares per block).
+    """
     panels = [(t, "mixing", "mixing weights M"), (t, "contribution_share", "contribution shares")]
-    if deep:
-        panels.append((block_view(t), "contribution_share", "contribution shares, per block"))
+    if blocks is not None:
+        panels.append((blocks, "contribution_share", "contribution shares, per block"))
     width, height = heatmap_size(t.sizes["layer"], t.sizes["source"])
     fig, axes = subplots(1, len(panels), figsize=(width * len(panels), height), squeeze=False)
     for ax, (data, var, title) in zip(axes[0], panels):
@@ -362,214 +278,444 @@ def _with_legends(runs: list[Run]) -> list[Run]:
     return out
 
 
-def figure_html(spec: FigureSpec, png: bytes) -> Markup:
-    """One figure: the PNG embedded, its caption, links to the PNG and SVG files."""
-    data = base64.b64encode(png).decode("ascii")
-    return Markup(
-        '<figure id="{id}"><img src="data:image/png;base64,{data}" alt="{title}">'
-        '<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a '
-        'href="{id}.svg">SVG</a></figcaption></figure>'
-    ).format(id=spec.name, data=data, title=spec.title, caption=spec.caption)
+# --- the page's structure ------------------------------------------------------------------------
 
 
-def _f(x) -> float:
-    return float(x) if x is not None else float("nan")
+@dataclass(frozen=True)
+class ReportFigure:
+    """One figure of the page: its name, title and caption (``spec``), its ``kind`` (a key of
+    ``KINDS``: how it is drawn) and ``data``, the estimator output it draws (keyword arguments of
+    the kind's drawing functions). ``folded``: shown under a ``<details>`` with this summary.
+    """
+
+    spec: FigureSpec
+    kind: str
+    data: dict[str, Any]
+    folded: str = ""
+    type: str = "figure"
+
+    def draw(self):
+        """The matplotlib Figure (for the PNG and SVG files)."""
+        return KINDS[self.kind][0](**self.data)
+
+    def charts(self, out: ia.Charts) -> list[ia.Chart]:
+        """Its interactive panels, added to ``out`` (none: the page shows the PNG)."""
+        make = KINDS[self.kind][1]
+        return make(out, f"chart-{self.spec.name}", **self.data) if make else []
 
 
-def _model_row(t: xr.Dataset, k: int) -> dict[str, Any]:
-    s = summary(t, k)
-    g = s.sel
-    label = str(t.attrs.get("label", ""))
-    table = consumer_table(t, k)
-    return {
-        "label": label,
-        "heading": model_heading(t),
-        "slug": slug(label),
-        "figure": f"model-{slug(label)}",
-        "native": f"native-{slug(label)}",
-        "scheme": str(t.attrs.get("scheme", "")),
-        "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
-        "checkpoint_path": str(t.attrs.get("checkpoint", "")),
-        "config": str(t.attrs.get("config", "")),
-        "note": str(t.attrs.get("consumer_input", "")),
-        "tokens": int(t.attrs.get("tokens", 0)),
-        "pattern": _f(g(group="sublayers")["pattern_score"]),
-        "pattern_attn": _f(g(group="attn")["pattern_score"]),
-        "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
-        "pattern_ssm": _f(g(group="ssm")["pattern_score"]),
-        "pattern_readout": _f(g(group="readout")["pattern_score"]),
-        "embed_index": _f(g(group="sublayers")["embed_index"]),
-        "latest_index": _f(g(group="sublayers")["latest_index"]),
-        "readout_embed_share": _f(g(group="readout")["embed_share"]),
-        "readout_latest_share": _f(g(group="readout")["latest_share"]),
-        "max_error": _f(s["max_residual_error"]),
-        "consumers": [
-            {
-                "layer": str(r["layer"].item()),
-                "n": int(r["n_sources"]),
-                **{
-                    key: _f(r[var])
-                    for key, var in (
-                        ("baseline", "baseline"),
-                        ("embed_share", "embed_share"),
-                        ("latest_share", "latest_share"),
-                        ("embed_index", "embed_index"),
-                        ("latest_index", "latest_index"),
-                        ("pattern", "pattern_score"),
-                    )
-                },
-            }
-            for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
-        ],
+@dataclass(frozen=True)
+class Column:
+    """A table column: its header, the row key it shows, and how (``num``: ``digits`` decimals,
+    ``sci``: one-digit scientific, ``text``); ``cls`` marks the cells (tests read them).
+    """
+
+    header: str
+    key: str
+    kind: str = "num"
+    digits: int = 3
+    cls: str = ""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table: ``rows`` are dicts keyed by the columns' keys; ``attr`` names the row key written
+    as each row's ``data-{attr}`` (e.g. ``model``); ``folded``: under a ``<details>``.
+    """
+
+    columns: list[Column]
+    rows: list[dict[str, Any]]
+    anchor: str = ""
+    cls: str = ""
+    attr: str = ""
+    folded: str = ""
+    type: str = "table"
+
+
+@dataclass(frozen=True)
+class Note:
+    """A paragraph (``html``: trusted text written here, never a string from a trace) or a list of
+    sentences (``items``: (model, text), escaped).
+    """
+
+    html: Markup | str = ""
+    items: list[tuple[str, str]] = field(default_factory=list)
+    cls: str = ""
+    type: str = "note"
+
+
+@dataclass(frozen=True)
+class Section:
+    """A section: anchor, title, the name in the table of contents, then its content in order and
+    its subsections. A section with ``model`` set belongs to that model (the selector shows it).
+    """
+
+    anchor: str
+    title: str
+    short: str = ""
+    content: list[ReportFigure | Table | Note] = field(default_factory=list)
+    children: list[Section] = field(default_factory=list)
+    sub: str = ""  # a plain-text line under the title
+    model: str = ""
+
+    def figures(self) -> list[ReportFigure]:
+        """Every figure of the section and its subsections, in page order."""
+        own = [c for c in self.content if isinstance(c, ReportFigure)]
+        return own + [f for child in self.children for f in child.figures()]
+
+
+@dataclass(frozen=True)
+class ReportData:
+    """Everything the page shows, computed once: the models (the selector), the sections, the
+    settings table and the corpus.
+    """
+
+    models: list[str]
+    sections: list[Section]
+    settings: dict[str, Any]
+    corpus: str = ""
+    k: int = 2
+
+    def figures(self) -> list[ReportFigure]:
+        """Every figure, in page order (file names are ``figure.spec.name``)."""
+        return [f for s in self.sections for f in s.figures()]
+
+
+# --- what each kind of figure draws: (matplotlib, interactive) -----------------------------------
+
+
+def _grid(data: xr.DataArray, symlog: bool = False, ncols: int | None = None, **_):
+    return plot_heatmap_grid(data, symlog=symlog, ncols=ncols)
+
+
+def _grid_charts(out, cid, data, key, value, scale, select=None, symlog=False, **_):
+    return [ia.heatmap(out, key, data, chart_id=cid, title=value, value=value, scale=scale, select=select)]
+
+
+def _model_colors(data) -> dict[str, str]:
+    return colors(data)
+
+
+def _dilution_charts(out, cid, curves: xr.Dataset):
+    panels, longest = [], None
+    for label, _, part in by_model(curves):
+        for var in ("embed_share", "first_share", "latest_share"):
+            panels.append((var.replace("_", " "), label, part[var]))
+        n = int(np.isfinite(part["baseline"].values).sum())
+        longest = (n, part["baseline"]) if longest is None or n > longest[0] else longest
+    rows = ia.series_rows(panels, "layer_depth")
+    if longest is not None:  # the uniform share 1/T, in every panel
+        for var in ("embed_share", "first_share", "latest_share"):
+            for key, value in ia.series_rows(
+                [(var.replace("_", " "), "1/T", longest[1])], "layer_depth"
+            ).items():
+                rows[key] += value
+    y = {p: "contribution share" for p in ("embed share", "first share", "latest share")}
+    return ia.curves(
+        out, cid, rows, chart_id=cid, x="consumer depth", y=y, colors=_model_colors(curves), logy=tuple(y)
+    )
+
+
+def _pattern_charts(out, cid, curves: xr.Dataset):
+    rows = ia.series_rows(
+        [("pattern score", label, part["pattern_score"]) for label, _, part in by_model(curves)],
+        "layer_depth",
+    )
+    k = curves.attrs.get("k", "k")
+    return ia.curves(
+        out,
+        cid,
+        rows,
+        chart_id=cid,
+        x="consumer depth",
+        y={"pattern score": f"pattern score (k = {k})"},
+        colors=_model_colors(curves),
+    )
+
+
+def _retention_charts(out, cid, data: xr.DataArray):
+    if STACK in data.dims:
+        panels = [("retention", label, part) for label, _, part in by_model(data)]
+        palette, series = _model_colors(data), "model"
+    else:
+        panels = [("retention", str(s), data.sel(source=s)) for s in data["source"].values]
+        palette, series = None, "source"
+    rows = ia.series_rows(panels, "lag")
+    return ia.curves(
+        out,
+        cid,
+        rows,
+        chart_id=cid,
+        x="lag (sublayers)",
+        y={"retention": "share in units of 1/T"},
+        series=series,
+        colors=palette,
+        logy=("retention",),
+    )
+
+
+def _weight_effect_charts(out, cid, traces, cells):
+    charts = []
+    palette = model_colors((label, str(t.attrs.get("scheme", ""))) for label, t in zip(cells, traces))
+    for x, title in (("share", "contribution share"), ("weight", "row-normalised weight")):
+        rows: dict[str, list] = {"p": [], "c": [], "x": [], "y": [], "consumer": [], "source": []}
+        for label, c in cells.items():
+            for xv, yv, lv, sv in zip(c[x].values, c["effect"].values, c["layer"].values, c["source"].values):
+                if np.isfinite(xv) and np.isfinite(yv):
+                    for key, v in zip(rows, (title, label, float(xv), float(yv), str(lv), str(sv))):
+                        rows[key].append(v)
+        charts += ia.curves(
+            out,
+            f"{cid}-{x}",
+            rows,
+            chart_id=f"{cid}-{x}",
+            x=title,
+            y={title: "ablation effect (nats/token)"},
+            colors=palette,
+            points=True,
+        )
+    return charts
+
+
+def _read_depth_charts(out, cid, trace, views):
+    panels = [
+        (var, str(view), views[var].sel(view=view))
+        for var in ("mean_lag", "embed_mass")
+        for view in views["view"].values
+    ]
+    rows = ia.series_rows(panels, "block")
+    y = {"mean_lag": "mean lag (sublayers back)", "embed_mass": "weight on the embedding"}
+    return ia.curves(out, cid, rows, chart_id=cid, x="block", y=y, series="view")
+
+
+def _training_x(table: xr.Dataset) -> tuple[str, str]:
+    return ("train_tokens", "training tokens") if "train_tokens" in table.coords else ("step", "step")
+
+
+def _over_training(table: xr.Dataset, var: str, group: str | None = None) -> xr.DataArray:
+    """``table[var]`` (at ``group``) along ``model``, indexed by the training tokens (or steps)."""
+    coord, _ = _training_x(table)
+    da = table[var] if group is None else table[var].sel(group=group)
+    x = np.asarray(table[coord].values, dtype=float)
+    return xr.DataArray(np.asarray(da.values, dtype=float), dims="t", coords={"t": x})
+
+
+def _trajectories_charts(out, cid, tables, labels):
+    panels = [
+        (text, label, _over_training(t, "pattern_score", group))
+        for group, (_, text) in TRAJECTORY_GROUPS.items()
+        for t, label in zip(tables, labels)
+    ]
+    rows = ia.series_rows(panels, "t")
+    schemes = [str(t["scheme"].values[0]) if "scheme" in t.coords else "" for t in tables]
+    y = {text: "pattern score" for _, text in TRAJECTORY_GROUPS.values()}
+    x = "training tokens" if all("train_tokens" in t.coords for t in tables) else "step"
+    return ia.curves(
+        out,
+        cid,
+        rows,
+        chart_id=cid,
+        x=x,
+        y=y,
+        series="run",
+        colors=model_colors(zip(labels, schemes)),
+        logx=True,
+    )
+
+
+def _trajectory_charts(out, cid, table, title):
+    panels = [
+        ("pattern score", text, _over_training(table, "pattern_score", group))
+        for group, (_, text) in TRAJECTORY_GROUPS.items()
+    ]
+    panels += [
+        ("shares and dilution", text, _over_training(table, var, g)) for var, g, _, _, text in SHARE_LINES
+    ]
+    if "val_loss" in table.coords:
+        panels.append(("loss", "validation loss", _over_training(table, "val_loss")))
+    y = {
+        "pattern score": "pattern score",
+        "shares and dilution": "share / dilution index",
+        "loss": "nats/token",
     }
+    if "val_loss" not in table.coords:
+        y.pop("loss")
+    rows = ia.series_rows(panels, "t")
+    return ia.curves(
+        out,
+        cid,
+        rows,
+        chart_id=cid,
+        x=_training_x(table)[1],
+        y=y,
+        series="line",
+        logx=True,
+        logy=("shares and dilution",),
+    )
+
+
+def _depth_charts(out, cid, table):
+    panels = []
+    for var, select, title in PANELS:
+        if var not in table:
+            continue
+        da = table[var].sel(select)
+        for g in map(str, table["group"].values):
+            panels.append((title, g, da.sel(group=g)))
+    if "view_lag" in table:
+        for g in map(str, table["group"].values):
+            for v in table["view"].values:
+                panels.append(("q, k, v read depth", f"{g} {v}", table["view_lag"].sel(group=g, view=v)))
+    rows = ia.series_rows(panels, "n_layers")
+    titles = list(dict.fromkeys(p for p, _, _ in panels))
+    palette = model_colors(zip(map(str, table["group"].values), map(str, table["scheme"].values)))
+    return ia.curves(
+        out, cid, rows, chart_id=cid, x="blocks", y={t: t for t in titles}, series="scheme", colors=palette
+    )
+
+
+def _rank_draw(profile):
+    return plot_rank_profile(profile).figure
+
+
+def _rank_charts(out, cid, profile):
+    panels = []
+    for label, _, part in by_model(profile):
+        part = unpadded(part)
+        if "effective_rank" not in part or bool(part["effective_rank"].isnull().all()):
+            continue
+        keep = np.flatnonzero(np.asarray(part["source_kind"].values) != EMBED)
+        da = part["effective_rank"].sel(rank_kind="numerical").isel(source=keep)
+        da = xr.DataArray(da.values, dims="d", coords={"d": np.asarray(part["source_depth"].values)[keep]})
+        panels.append(("effective rank", label, da))
+    rows = ia.series_rows(panels, "d")
+    return ia.curves(
+        out,
+        cid,
+        rows,
+        chart_id=cid,
+        x="source depth",
+        y={"effective rank": "numerical effective rank"},
+        colors=_model_colors(profile),
+    )
+
+
+def _model_charts(out, cid, trace, blocks=None, signed=False, **_):
+    label = trace_label(trace)
+    charts = [
+        ia.heatmap(
+            out,
+            "mixing",
+            trace["mixing"],
+            chart_id=f"{cid}-mixing",
+            title="mixing weights M",
+            value="M",
+            scale="symlog" if signed else "diverging",
+            pick=label,
+            follows=False,
+        ),
+        ia.heatmap(
+            out,
+            "share",
+            trace["contribution_share"],
+            chart_id=f"{cid}-share",
+            title="contribution shares",
+            value="share",
+            scale="diverging",
+            pick=label,
+            follows=False,
+        ),
+    ]
+    if blocks is not None:
+        charts.append(
+            ia.heatmap(
+                out,
+                f"blocks-{cid}",
+                blocks["contribution_share"],
+                chart_id=f"{cid}-blocks",
+                title="contribution shares, per block",
+                value="share",
+                scale="diverging",
+                follows=False,
+            )
+        )
+    return charts
+
+
+KINDS: dict[str, tuple[Callable[..., Any], Callable[..., list] | None]] = {
+    "grid": (_grid, _grid_charts),
+    "dilution": (lambda curves: plot_dilution_panels(curves), _dilution_charts),
+    "pattern": (lambda curves: plot_pattern_scores(curves).figure, _pattern_charts),
+    "retention": (lambda data: plot_retention(data).figure, _retention_charts),
+    "weight-effect": (lambda traces, cells: weight_effect_figure(traces), _weight_effect_charts),
+    "read-depth": (lambda trace, views: read_depth_figure(trace), _read_depth_charts),
+    "trajectories": (lambda tables, labels: plot_trajectories(tables, labels=labels), _trajectories_charts),
+    "trajectory": (lambda table, title: plot_trajectory(table, title=title), _trajectory_charts),
+    "versus-depth": (lambda table: depth_figure(table), _depth_charts),
+    "rank": (_rank_draw, _rank_charts),
+    "model": (lambda trace, blocks=None, signed=False: model_figure(trace, blocks), _model_charts),
+    "native": (lambda trace: native_figure(trace), None),  # drawn as the paper draws it: a PNG
+}
+
+
+# --- the page ------------------------------------------------------------------------------------
+
+
+def figure_html(fig: ReportFigure, charts: list[ia.Chart], png: bytes | None) -> Markup:
+    """One figure: its interactive panels (or, with none, the PNG embedded), its caption, links to
+    the PNG and SVG files beside the page.
+    """
+    if charts:
+        body = Markup("").join(Markup('<div class="chart" id="{}"></div>').format(c.id) for c in charts)
+        body = Markup('<div class="charts">{}</div>').format(body)
+    else:
+        data = base64.b64encode(png or b"").decode("ascii")
+        body = Markup('<img src="data:image/png;base64,{}" alt="{}">').format(data, fig.spec.title)
+    html = Markup(
+        '<figure id="{id}">{body}<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a '
+        'href="{id}.svg">SVG</a></figcaption></figure>'
+    ).format(id=fig.spec.name, body=body, title=fig.spec.title, caption=fig.spec.caption)
+    if fig.folded:
+        html = Markup("<details><summary>{}</summary>{}</details>").format(fig.folded, html)
+    return html
+
+
+def render_page(report: ReportData, pngs: dict[str, bytes], *, elapsed: float = 0.0) -> str:
+    """The report's index.html: every section, the figures' interactive panels (the PNG of those
+    without), the charting runtime and the data once, inline: no file or network needed to view it.
+
+    ``pngs``: figure name -> its PNG bytes (embedded only for figures without panels).
+    """
+    out = ia.Charts()
+    figures = {}
+    for fig in report.figures():
+        charts = fig.charts(out)
+        figures[fig.spec.name] = figure_html(fig, charts, None if charts else pngs.get(fig.spec.name))
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("depthscope.figures", "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    script = "\n".join(
+        [
+            ia.runtime(),
+            "var REPORT = " + out.payload(report.models) + ";",
+            (Path(__file__).parent / "templates" / "report.js").read_text(encoding="utf-8"),
+        ]
+    )
+    if "</script" in script.lower():  # nothing may end the page's one script element early
+        raise DepthscopeError("the report's script would end early: </script> in its text")
+    return env.get_template("report.html").render(
+        report=report,
+        figures=figures,
+        script=Markup(script),
+        version=__version__,
+        elapsed=elapsed,
+        charts=len(out.charts),
+    )
 
 
 def model_heading(t: xr.Dataset) -> str:
     """A model section's heading: its label, blocks and, where known, training step."""
     step = f", step {int(t.attrs['step'])}" if "step" in t.attrs else ""
     return f"{t.attrs.get('label', '')}: {n_layers(t)} blocks{step}"
-
-
-def _causal_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
-    """Per model with cell ablations: the rank correlations, the loss, the largest effects."""
-    rows = []
-    for t in traces:
-        if "ablation_effect_cell" not in t:
-            continue
-        rho = weight_effect_correlation(t)
-        cells = t["ablation_effect_cell"].stack(cell=("layer", "source")).dropna("cell")
-        top = cells.isel(cell=int(cells.argmax("cell")))
-        rows.append(
-            {
-                "label": str(t.attrs.get("label", "")),
-                "loss": _f(t.attrs.get("loss")),
-                "rho_share": _f(rho["rho_share"]),
-                "rho_weight": _f(rho["rho_weight"]),
-                "cells": int(rho["cells"]),
-                "top": f"{top['source'].item()} -> {top['layer'].item()}",
-                "top_effect": _f(top),
-            }
-        )
-    return rows
-
-
-def _trajectory_rows(tr: xr.Dataset, run: Run, k: int) -> dict[str, Any]:
-    s = summary(tr, k)
-    rows = []
-    for i, m in enumerate(tr[STACK].values):
-        g = s.sel({STACK: m}).sel
-        rows.append(
-            {
-                "step": int(tr["step"].values[i]),
-                "tokens": int(tr["train_tokens"].values[i]) if "train_tokens" in tr.coords else 0,
-                "val_loss": _f(tr["val_loss"].values[i]) if "val_loss" in tr.coords else float("nan"),
-                "pattern": _f(g(group="sublayers")["pattern_score"]),
-                "pattern_attn": _f(g(group="attn")["pattern_score"]),
-                "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
-                "pattern_readout": _f(g(group="readout")["pattern_score"]),
-                "readout_embed_share": _f(g(group="readout")["embed_share"]),
-                "first_index": _f(g(group="sublayers")["first_index"]),
-                "latest_index": _f(g(group="sublayers")["latest_index"]),
-            }
-        )
-    return {
-        "label": run.heading,
-        "slug": run.name,
-        "rows": rows,
-        "figure": f"trajectory-{run.name}",
-        "heatmaps": f"trajectory-weights-{run.name}",
-    }
-
-
-def _rank_rows(traces: list[xr.Dataset]) -> list[dict[str, Any]]:
-    rows = []
-    for t in traces:
-        if "collective_rank" not in t:
-            continue
-        rows.append(
-            {
-                "label": str(t.attrs.get("label", "")),
-                "d": t.sizes["component"],
-                "ranks": [
-                    (
-                        _f(t["collective_rank"].sel(rank_kind=kind)),
-                        _f(t["collective_rank_ratio"].sel(rank_kind=kind)),
-                    )
-                    for kind in ("numerical", "entropy", "participation")
-                ],
-                "conclusion": conclusion(
-                    {
-                        "label": str(t.attrs.get("label", "")),
-                        "d": t.sizes["component"],
-                        "ratio": {"numerical": float(t["collective_rank_ratio"].sel(rank_kind="numerical"))},
-                    }
-                ),
-            }
-        )
-    return rows
-
-
-def _depth_rows(table: xr.Dataset) -> list[dict[str, Any]]:
-    """The versus-depth table's rows: one per (scheme group, depth) that has a model."""
-    rows = []
-    for g in map(str, table["group"].values):
-        for n in table["n_layers"].values:
-            r = table.sel(group=g, n_layers=n)
-            if not float(r["step"]) >= 0 and not np.isfinite(float(r["val_loss"])):
-                continue
-            lag = {v: _f(r["view_lag"].sel(view=v)) for v in ("q", "k", "v")}
-            rows.append(
-                {
-                    "group": g,
-                    "n_layers": int(n),
-                    "step": int(r["step"]) if float(r["step"]) >= 0 else "-",
-                    "val_loss": _f(r["val_loss"]),
-                    "loss_gain": _f(r["loss_gain"]),
-                    "pattern": _f(r["pattern_score"].sel(kind="sublayers")),
-                    "pattern_readout": _f(r["pattern_score"].sel(kind="readout")),
-                    "embed": _f(r["retention"].sel(source="embed")),
-                    "mlp0": _f(r["retention"].sel(source="0.mlp")),
-                    "baseline": _f(table["baseline"].sel(n_layers=n)),
-                    "rank": _f(r["rank_ratio"]),
-                    **lag,
-                }
-            )
-    return rows
-
-
-def render_page(
-    traces: list[xr.Dataset],
-    figures: dict[str, Markup],
-    settings: dict[str, Any],
-    *,
-    k: int = 2,
-    elapsed: float = 0.0,
-    trajectories: list[xr.Dataset] = (),
-    depth: xr.Dataset | None = None,
-) -> str:
-    """The report's index.html: tables from the estimators, the figures as given."""
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("depthscope.figures", "templates"),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    return env.get_template("report.html").render(
-        models=[_model_row(t, k) for t in traces],
-        trajectories=[
-            _trajectory_rows(tr, run, k) for tr, run in zip(trajectories, trajectory_runs(trajectories))
-        ],
-        ranks=_rank_rows(traces),
-        causal=_causal_rows(traces),
-        read_depth=[
-            f"read-depth-{slug(str(t.attrs.get('label', '')))}"
-            for t in traces
-            if views(t).sizes.get("view", 0)
-        ],
-        depth=[] if depth is None else _depth_rows(depth),
-        figures=figures,
-        settings=settings,
-        corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",
-        version=__version__,
-        k=k,
-        elapsed=elapsed,
-    )

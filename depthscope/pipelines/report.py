@@ -3,8 +3,9 @@
 ``build_report`` captures each checkpoint (or reads each trace), stacks the traces along
 ``model``, and writes into the output directory:
 
-* ``index.html``: self-contained (figures embedded as PNG data), rendered by
-  ``figures.report.render_page``;
+* ``index.html``: self-contained and offline: interactive charts (hover values, zoom, a model
+  selector; Vega-Lite, its runtime embedded once) rendered by ``figures.report.render_page``
+  from ``report_data``, the one structure of what the page shows (every estimator runs once);
 * ``traces.nc``: all traces along ``model`` (``depthscope.probes.load_trace`` reads it);
 * every figure as PNG and SVG.
 
@@ -47,7 +48,6 @@ from typing import Any, Literal
 import xarray as xr
 
 from depthscope import interrupt, zoo
-from depthscope.analysis.depth import depth_table, several_depths
 from depthscope.analysis.rank import add_ranks
 from depthscope.atomic import settle, temporary_dir
 from depthscope.errors import DepthscopeError
@@ -239,8 +239,9 @@ def build_report(
     """
     import matplotlib.pyplot as plt
 
-    from depthscope.figures.report import figure_html, planned_figures, render_page, trajectory_runs
+    from depthscope.figures.report import render_page
     from depthscope.figures.style import save
+    from depthscope.pipelines.report_data import report_data
 
     start = time.perf_counter()
     out_dir = Path(out_dir)
@@ -256,37 +257,20 @@ def build_report(
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     try:
         traces, trajectories = collect(paths, settings, steps, progress=progress)
-        runs = trajectory_runs(trajectories)  # refuses a run given twice before any drawing
-        members = [m for tr in trajectories for m in split_models(tr)]
-        if traces:
-            members = [*traces, *members]
-        else:  # trajectories alone: each run's last step is its model (see the module's docstring)
-            traces = [_ranked(last_step(tr), settings.energy) for tr in trajectories]
-        stacked = stack_traces(traces)
-        traces = split_models(stacked)  # unique labels
-        figures = {}
-        depth = depth_table(members, settings.k) if several_depths(members) else None
-        planned = planned_figures(stacked, traces, settings.k, trajectories, depth)
-        with bar("report: figures", len(planned), enabled=progress) as pb:
-            for spec, draw in planned:  # one figure open at a time
-                fig = draw()
-                written = save(fig, tmp / spec.name, formats=("png", "svg"))
-                png = next(p for p in written if p.suffix == ".png")
-                figures[spec.name] = figure_html(spec, png.read_bytes())
+        data, stacked = report_data(traces, trajectories, settings)
+        figures = data.figures()
+        pngs = {}
+        with bar("report: figures", len(figures), enabled=progress) as pb:
+            for figure in figures:  # one figure open at a time
+                fig = figure.draw()
+                written = save(fig, tmp / figure.spec.name, formats=("png", "svg"))
+                pngs[figure.spec.name] = next(p for p in written if p.suffix == ".png").read_bytes()
                 plt.close(fig)
                 pb.advance(1)
         save_trace(stacked, tmp / "traces.nc")
-        for tr, run in zip(trajectories, runs):
+        for tr, run in zip(trajectories, trajectory_runs_of(trajectories)):
             save_trace(tr, tmp / f"trajectory-{run.name}.nc")
-        page = render_page(
-            traces,
-            figures,
-            settings.table(traces, trajectories),
-            k=settings.k,
-            elapsed=time.perf_counter() - start,
-            trajectories=trajectories,
-            depth=depth,
-        )
+        page = render_page(data, pngs, elapsed=time.perf_counter() - start)
         (tmp / "index.html").write_text(page, encoding="utf-8")
         if interrupt.hit():  # a Ctrl-C that a library swallowed: nothing is moved into place
             raise KeyboardInterrupt
@@ -306,6 +290,13 @@ def build_report(
             with contextlib.suppress(OSError):
                 d.rmdir()
     return out_dir / "index.html"
+
+
+def trajectory_runs_of(trajectories: list[xr.Dataset]):
+    """``figures.report.trajectory_runs`` (imported here late: figures load matplotlib)."""
+    from depthscope.figures.report import trajectory_runs
+
+    return trajectory_runs(trajectories)
 
 
 def last_step(trajectory: xr.Dataset) -> xr.Dataset:

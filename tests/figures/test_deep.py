@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from depthscope.analysis.dilution import block_view, row_normalized
-from depthscope.figures.report import report_figures
+from depthscope.pipelines.report_data import report_figures
 from depthscope.probes import capture
 from depthscope.trace import stack_traces
 from tests.helpers import build, perturb, random_tokens, tiny

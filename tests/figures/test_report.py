@@ -66,7 +66,10 @@ def test_report_files_and_references(report):
     assert "model-standard.png" in figures and "model-attnres.svg" in figures
     for name in figures:
         assert f'href="{name}"' in html, name
-    assert html.count("data:image/png;base64,") == len([f for f in figures if f.endswith(".png")])
+    # every figure is interactive, or (drawn as its paper draws it) its PNG is embedded: no image twice
+    pngs = [f for f in figures if f.endswith(".png")]
+    charts = set(re.findall(r'<figure id="([^"]+)"><div class="charts">', html))
+    assert html.count("data:image/png;base64,") == len(pngs) - len(charts) and len(charts) >= 8
     assert not [p for p in report.parent.iterdir() if p.name.startswith(".out.")]  # temporary dir gone
     # overview first: the grid and the dilution curves come before the tables
     assert html.index('id="grid-weights"') < html.index('id="dilution"') < html.index('id="summary"')
@@ -135,9 +138,27 @@ CHROMIUM_FLAGS = [
 ]
 
 
+def test_report_is_offline_and_sized_by_its_data(report):
+    """No script or stylesheet from a URL; the charting runtime once; the rest of the page is what
+    its data needs (rounded numbers: 4 significant digits)."""
+    from depthscope.figures.interactive import runtime
+
+    html = (report / "index.html").read_text()
+    assert not re.search(r"<script[^>]*\bsrc=", html) and not re.search(r"<link[^>]*https?://", html)
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
+    assert html.count(runtime()) == 1 and html.count("<script") == 1
+    payload = re.search(r"var REPORT = (\{.*?\});\n", html).group(1)
+    numbers = re.findall(r"-?\d+\.\d+(?:e-?\d+)?", payload)
+    digits = [n.lstrip("-").split("e")[0].replace(".", "").strip("0") for n in numbers]
+    assert numbers and max(map(len, digits)) <= 4
+    # two 3-block models: the page is the runtime, the data and a fixed overhead (tables, text)
+    assert len(html) - len(runtime()) < 250_000
+
+
 @pytest.mark.slow
 def test_report_renders_in_a_browser(report, tmp_path):
-    """Headless chromium: the page is not blank and every image in it loaded."""
+    """Headless chromium: the page's script runs with no error, draws one chart per chart in its
+    data, offers one option per model, and the page is not blank."""
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     assert browser, "chromium is needed for this test: apt-get install chromium (.ci/run and make test do)"
     url = (report / "index.html").resolve().as_uri()
@@ -148,10 +169,20 @@ def test_report_renders_in_a_browser(report, tmp_path):
         text=True,
         timeout=120,
     ).stdout
-    loaded = re.search(r'data-images-loaded="(\d+)/(\d+)"', dom)
-    assert loaded, "the page's load script did not run"
-    ok, total = map(int, loaded.groups())
-    assert total >= 8 and ok == total
+    body = re.search(r"<body([^>]*)>", dom).group(1)
+    assert 'data-status="ready"' in body, body  # every chart settled
+    assert 'data-errors="0"' in body, body  # no script error, no failed chart
+    drawn, total = map(int, re.search(r'data-charts="(\d+)/(\d+)"', body).groups())
+    html = (report / "index.html").read_text()
+    ids = re.findall(r'<div class="chart" id="([^"]+)">', html)
+    assert drawn == total == len(ids) >= 8
+    assert len(re.findall(r'<div [^>]*data-drawn="1"', dom)) == len(ids)
+    assert len(re.findall(r"<canvas", dom)) >= len(ids)  # each chart drew its canvas
+    select = re.search(r'<select id="model-select">(.*?)</select>', dom, re.S).group(1)
+    assert re.findall(r'<option value="([^"]+)"', select) == ["standard", "attnres"]
+    # the selector shows one model's section
+    shown = re.findall(r'<section id="section-[^"]+" data-model="([^"]+)"(?! hidden)', dom)
+    assert shown == ["standard"], shown
     shot = tmp_path / "shot.png"
     subprocess.run(
         [*common, f"--screenshot={shot}", "--window-size=1280,1600", url], capture_output=True, timeout=120

@@ -28,7 +28,7 @@ from depthscope.figures.curves import (
 )
 from depthscope.figures.heatmaps import plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
-from depthscope.figures.report import planned_figures
+from depthscope.pipelines.report_data import planned_figures
 from depthscope.trace import load_trace, split_models, stack_traces
 
 REFERENCE = Path(__file__).parent.parent / "fixtures" / "reference"

@@ -1,0 +1,77 @@
+// The report's charts: REPORT (data entries, Vega-Lite specs) in, one vegaEmbed view per chart out.
+// The body's data-status says what happened, for people and for the browser test:
+// data-charts="drawn/total", data-errors (script errors and failed charts), data-status="ready".
+(function () {
+  var errors = [];
+  var body = document.body;
+  function report(msg) {
+    errors.push(String(msg));
+    body.setAttribute('data-errors', String(errors.length));
+    body.setAttribute('data-last-error', String(msg).slice(0, 300));
+  }
+  window.addEventListener('error', function (e) { report(e.message || e); });
+  window.addEventListener('unhandledrejection', function (e) { report(e.reason); });
+  var consoleError = console.error;
+  console.error = function () {
+    report(Array.prototype.join.call(arguments, ' '));
+    consoleError.apply(console, arguments);
+  };
+  body.setAttribute('data-errors', '0');
+
+  function rows(entry) {  // columns (labels as dictionary + indices) -> row objects
+    var cache = entry.__rows;
+    if (cache) return cache;
+    var names = Object.keys(entry.columns), out = new Array(entry.n);
+    for (var r = 0; r < entry.n; r++) {
+      var row = {};
+      for (var k = 0; k < names.length; k++) {
+        var col = entry.columns[names[k]];
+        row[names[k]] = col.dict ? col.dict[col.idx[r]] : col[r];
+      }
+      out[r] = row;
+    }
+    entry.__rows = out;
+    return out;
+  }
+
+  var views = [];
+  var drawn = 0;
+  var total = REPORT.charts.length;
+  body.setAttribute('data-charts', '0/' + total);
+  var jobs = REPORT.charts.map(function (chart) {
+    var spec = chart.spec;
+    spec.data = {values: rows(REPORT.data[chart.data])};
+    spec.config = {view: {stroke: '#ddd'}, axis: {labelFontSize: 10, titleFontSize: 11}};
+    var el = document.getElementById(chart.id);
+    if (!el) { report('no element for chart ' + chart.id); return Promise.resolve(); }
+    return vegaEmbed(el, spec, {actions: false, renderer: 'canvas', mode: 'vega-lite'})
+      .then(function (res) {
+        views.push({chart: chart, view: res.view});
+        drawn += 1;
+        el.setAttribute('data-drawn', '1');
+        body.setAttribute('data-charts', drawn + '/' + total);
+      })
+      .catch(function (err) { report('chart ' + chart.id + ': ' + (err && err.message || err)); });
+  });
+
+  // the model selector: one model's section shown, and every chart that follows it switched
+  var select = document.getElementById('model-select');
+  function pick(model) {
+    var sections = document.querySelectorAll('section[data-model]');
+    for (var i = 0; i < sections.length; i++) {
+      sections[i].hidden = sections[i].getAttribute('data-model') !== model;
+    }
+    views.forEach(function (v) {
+      if (v.chart.follows && REPORT.data[v.chart.data].labels[model]) {
+        v.view.signal('pick', model).runAsync();
+      }
+    });
+  }
+  if (select) {
+    select.addEventListener('change', function () { pick(select.value); });
+  }
+  Promise.all(jobs).then(function () {
+    if (select && select.value) pick(select.value);
+    body.setAttribute('data-status', 'ready');
+  });
+})();

@@ -1,0 +1,519 @@
+"""What the report page shows, computed once: traces in, ``figures.report.ReportData`` out.
+
+Every estimator runs here once per model or run (``summary`` once per model and once per
+trajectory; the heatmaps' arrays once for the overview, the model sections and the files), and
+each figure keeps the estimator output it draws: ``figures.report`` only draws it (the PNG and
+SVG files, the page's interactive charts) and renders the page. Figure names, titles and
+captions come from ``figures.report.spec``, so a name is spelled once, where its figure is made.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+from markupsafe import Markup
+
+from depthscope.analysis.causal import views, weight_effect, weight_effect_correlation
+from depthscope.analysis.depth import depth_table, several_depths
+from depthscope.analysis.dilution import (
+    block_view,
+    consumer_table,
+    dilution_curves,
+    pattern_curves,
+    row_normalized,
+    summary,
+)
+from depthscope.analysis.rank import conclusion, rank_profile
+from depthscope.figures.causal import has_native
+from depthscope.figures.data import trace_label
+from depthscope.figures.report import (
+    DEEP,
+    Column,
+    FigureSpec,
+    Note,
+    ReportData,
+    ReportFigure,
+    Section,
+    Table,
+    _is_signed,
+    model_heading,
+    retention,
+    slug,
+    spec,
+    trajectory_runs,
+)
+from depthscope.trace import STACK, split_models, stack_traces
+
+
+def report_data(
+    traces: list[xr.Dataset], trajectories: list[xr.Dataset], settings
+) -> tuple[ReportData, xr.Dataset]:
+    """(the page's data, the models stacked along ``model``) of a report's traces and trajectories
+    (``pipelines.report.collect``); ``settings``: the ``ReportSettings``.
+
+    A report of trajectories alone takes each run's last step as its model (see
+    ``pipelines.report``).
+    """
+    k = settings.k
+    runs = trajectory_runs(trajectories)  # refuses a run given twice before anything is computed
+    members = [m for tr in trajectories for m in split_models(tr)]
+    if traces:
+        members = [*traces, *members]
+    else:
+        from depthscope.pipelines.report import _ranked, last_step
+
+        traces = [_ranked(last_step(tr), settings.energy) for tr in trajectories]
+    stacked = stack_traces(traces)
+    traces = split_models(stacked)  # unique labels
+    depth = depth_table(members, k) if several_depths(members) else None
+    tables = [summary(tr, k) for tr in trajectories]  # once per run: its table and its figures
+    sections = [
+        _overview(stacked, traces),
+        _scores(stacked, traces, k),
+        *_causal(traces),
+        *_trajectories(trajectories, runs, tables),
+        *_versus_depth(depth),
+        _rank(stacked, traces),
+        _models(traces, k),
+    ]
+    sections = [s for s in sections if s is not None]
+    read_depth = [
+        ReportFigure(spec("read-depth", trace_label(t)), "read-depth", {"trace": t, "views": v})
+        for t in traces
+        if (v := views(t)).sizes.get("view", 0)
+    ]
+    if read_depth:  # after the causal section where there is one, else after the scores
+        at = max(i for i, s in enumerate(sections) if s.anchor in ("weight-matters", "scores"))
+        sections[at] = replace(sections[at], content=[*sections[at].content, *read_depth])
+    data = ReportData(
+        models=[trace_label(t) for t in traces],
+        sections=sections,
+        settings=settings.table(traces, trajectories),
+        corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",
+        k=k,
+    )
+    return data, stacked
+
+
+def planned_figures(
+    stacked: xr.Dataset,
+    traces: list[xr.Dataset],
+    k: int,
+    trajectories: list[xr.Dataset] = (),
+    depth: xr.Dataset | None = None,
+) -> list[tuple[FigureSpec, Any]]:
+    """(description, function drawing the Figure) for every figure of the report, in page order
+    (a report of ``stacked``'s models, ``traces``, with ``trajectories``).
+    """
+    from depthscope.pipelines.report import ReportSettings
+
+    data, _ = report_data(list(traces), list(trajectories), ReportSettings(k=k))
+    return [(f.spec, f.draw) for f in data.figures()]
+
+
+def report_figures(
+    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
+) -> list[tuple[FigureSpec, Any]]:
+    """(description, matplotlib Figure) for every figure of the report, in page order."""
+    return [(s, draw()) for s, draw in planned_figures(stacked, traces, k, trajectories)]
+
+
+# --- the sections ---------------------------------------------------------------------------------
+
+
+def _f(x) -> float:
+    return float(x) if x is not None else float("nan")
+
+
+def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
+    signed = any(_is_signed(t) for t in traces)
+    scale = ", symmetric-log (weights are signed)" if signed else ""
+    return Section(
+        "overview",
+        "How each model mixes depth",
+        "overview",
+        [
+            ReportFigure(
+                spec("grid-weights"),
+                "grid",
+                {
+                    "data": row_normalized(stacked),
+                    "key": "weights",
+                    "value": "row-normalised weight",
+                    "scale": "log",
+                },
+            ),
+            ReportFigure(
+                spec("grid-share"),
+                "grid",
+                {
+                    "data": stacked["contribution_share"],
+                    "key": "share",
+                    "value": "share",
+                    "scale": "diverging",
+                },
+            ),
+            ReportFigure(spec("dilution"), "dilution", {"curves": dilution_curves(stacked)}),
+            ReportFigure(
+                spec("grid-mixing", scale=scale),
+                "grid",
+                {
+                    "data": stacked["mixing"],
+                    "key": "mixing",
+                    "value": "M",
+                    "scale": "symlog" if signed else "diverging",
+                    "symlog": signed,
+                },
+                folded="raw weights M (not row-normalised)",
+            ),
+        ],
+    )
+
+
+SCORES = Markup(
+    "Means over each group of consumer inputs (all sublayer inputs, attention inputs, MLP inputs, the inputs "
+    "of a hybrid's state-space, convolution or linear-attention mixers; DCA's three q/k/v views of one "
+    "attention input averaged first), and the read-out's own values. Dilution index = share &times; number "
+    "of available sources (1 = the uniform 1/T share). Pattern score: |M| mass on the embedding and the last "
+    "{k} sources over the uniform mass (1 = uniform; &gt; 1 = the input-and-recent-layers pattern)."
+)
+
+
+def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
+    g = s.sel
+    return {
+        "model": trace_label(t),
+        "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
+        "tokens": int(t.attrs.get("tokens", 0)),
+        "pattern": _f(g(group="sublayers")["pattern_score"]),
+        "pattern_attn": _f(g(group="attn")["pattern_score"]),
+        "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
+        "pattern_ssm": _f(g(group="ssm")["pattern_score"]),
+        "pattern_readout": _f(g(group="readout")["pattern_score"]),
+        "embed_index": _f(g(group="sublayers")["embed_index"]),
+        "latest_index": _f(g(group="sublayers")["latest_index"]),
+        "readout_embed_share": _f(g(group="readout")["embed_share"]),
+        "readout_latest_share": _f(g(group="readout")["latest_share"]),
+        "max_error": _f(s["max_residual_error"]),
+    }
+
+
+def _scores(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> Section:
+    columns = [
+        Column("model", "model", "text"),
+        Column("checkpoint / trace", "checkpoint", "text"),
+        Column("tokens", "tokens", "text"),
+        Column(f"pattern score (k={k})", "pattern", cls="pattern"),
+        Column("attention inputs", "pattern_attn"),
+        Column("MLP inputs", "pattern_mlp"),
+        Column("SSM inputs", "pattern_ssm"),
+        Column("read-out", "pattern_readout"),
+        Column("embedding dilution index", "embed_index"),
+        Column("latest-source dilution index", "latest_index"),
+        Column("read-out share: embedding", "readout_embed_share"),
+        Column("read-out share: latest", "readout_latest_share"),
+        Column("max residual error", "max_error", "sci"),
+    ]
+    rows = [_model_scores(t, summary(t, k)) for t in traces]
+    return Section(
+        "scores",
+        "Pattern scores and dilution indices",
+        "scores",
+        [
+            Note(SCORES.format(k=k)),
+            Table(columns, rows, anchor="summary", attr="model"),
+            ReportFigure(spec("pattern", k=k), "pattern", {"curves": pattern_curves(stacked, k)}),
+            ReportFigure(spec("retention"), "retention", {"data": retention(stacked)}),
+        ],
+    )
+
+
+CAUSAL = Markup(
+    "A heatmap says where a layer reads from, not whether that reading matters. Each cell's ablation effect "
+    "is the increase in loss (nats per token) when the source's term is removed from that one consumer's "
+    "input; Spearman's rho ranks it against the cell's contribution share and against its row-normalised "
+    "weight."
+)
+
+
+def _causal(traces: list[xr.Dataset]) -> list[Section]:
+    with_cells = [t for t in traces if "ablation_effect_cell" in t]
+    if not with_cells:
+        return []
+    rows = []
+    for t in with_cells:
+        rho = weight_effect_correlation(t)
+        cells = t["ablation_effect_cell"].stack(cell=("layer", "source")).dropna("cell")
+        top = cells.isel(cell=int(cells.argmax("cell")))
+        rows.append(
+            {
+                "model": trace_label(t),
+                "loss": _f(t.attrs.get("loss")),
+                "cells": int(rho["cells"]),
+                "rho_share": _f(rho["rho_share"]),
+                "rho_weight": _f(rho["rho_weight"]),
+                "top": f"{top['source'].item()} -> {top['layer'].item()}",
+                "top_effect": _f(top),
+            }
+        )
+    columns = [
+        Column("model", "model", "text"),
+        Column("loss", "loss", digits=4),
+        Column("cells", "cells", "text"),
+        Column("rho: share vs effect", "rho_share", cls="rho-share"),
+        Column("rho: weight vs effect", "rho_weight", cls="rho-weight"),
+        Column("largest effect", "top", "text"),
+        Column("its effect", "top_effect", digits=4),
+    ]
+    cells = {trace_label(t): weight_effect(t) for t in with_cells}
+    return [
+        Section(
+            "weight-matters",
+            "Does the weight matter?",
+            "does the weight matter?",
+            [
+                Note(CAUSAL),
+                Table(columns, rows, anchor="causal", attr="model"),
+                ReportFigure(spec("weight-effect"), "weight-effect", {"traces": with_cells, "cells": cells}),
+            ],
+        )
+    ]
+
+
+def _trajectories(trajectories, runs, tables) -> list[Section]:
+    if not trajectories:
+        return []
+    content: list = [
+        Note("Several checkpoints of one run, in step order: how the mixing pattern forms during training.")
+    ]
+    if len(trajectories) > 1:
+        content.append(
+            ReportFigure(
+                spec("trajectories"), "trajectories", {"tables": tables, "labels": [r.legend for r in runs]}
+            )
+        )
+    columns = [
+        Column("step", "step", "text"),
+        Column("training tokens", "tokens", "text"),
+        Column("validation loss", "val_loss", digits=4),
+        Column("pattern score", "pattern"),
+        Column("attention inputs", "pattern_attn"),
+        Column("MLP inputs", "pattern_mlp"),
+        Column("read-out", "pattern_readout"),
+        Column("read-out share: embedding", "readout_embed_share"),
+        Column("first-source dilution index", "first_index"),
+        Column("latest-source dilution index", "latest_index"),
+    ]
+    children = []
+    for tr, run, s in zip(trajectories, runs, tables):
+        rows = []
+        for i, m in enumerate(tr[STACK].values):
+            g = s.sel({STACK: m}).sel
+            rows.append(
+                {
+                    "step": int(tr["step"].values[i]),
+                    "tokens": int(tr["train_tokens"].values[i]) if "train_tokens" in tr.coords else 0,
+                    "val_loss": _f(tr["val_loss"].values[i]) if "val_loss" in tr.coords else float("nan"),
+                    "pattern": _f(g(group="sublayers")["pattern_score"]),
+                    "pattern_attn": _f(g(group="attn")["pattern_score"]),
+                    "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
+                    "pattern_readout": _f(g(group="readout")["pattern_score"]),
+                    "readout_embed_share": _f(g(group="readout")["embed_share"]),
+                    "first_index": _f(g(group="sublayers")["first_index"]),
+                    "latest_index": _f(g(group="sublayers")["latest_index"]),
+                }
+            )
+        weights = spec("trajectory-weights", run.heading, key=run.name)
+        children.append(
+            Section(
+                f"run-{run.name}",
+                run.heading,
+                content=[
+                    Table(columns, rows, cls="trajectory", attr="step"),
+                    ReportFigure(
+                        spec("trajectory", run.heading, key=run.name),
+                        "trajectory",
+                        {"table": s, "title": run.heading},
+                    ),
+                    ReportFigure(
+                        weights,
+                        "grid",
+                        {
+                            "data": row_normalized(tr),
+                            "key": weights.name,
+                            "value": "row-normalised weight",
+                            "scale": "log",
+                            "select": "step",
+                            "ncols": tr.sizes[STACK],
+                        },
+                    ),
+                ],
+            )
+        )
+    return [Section("trajectory", "Training trajectories", "trajectory", content, children)]
+
+
+DEPTH = Markup(
+    "The same schemes at several depths, each compared at the largest training step every depth reached "
+    "(equal tokens seen). Dilution predicts that learned depth weights matter more in deeper stacks: a "
+    "pattern score and a loss gain that grow with the blocks; the read-out's share of an early write beside "
+    "the uniform 1/T share."
+)
+
+
+def _versus_depth(table: xr.Dataset | None) -> list[Section]:
+    if table is None:
+        return []
+    rows = []
+    for g in map(str, table["group"].values):
+        for n in table["n_layers"].values:
+            r = table.sel(group=g, n_layers=n)
+            if not float(r["step"]) >= 0 and not np.isfinite(float(r["val_loss"])):
+                continue
+            lag = {v: _f(r["view_lag"].sel(view=v)) for v in ("q", "k", "v")}
+            rows.append(
+                {
+                    "group": g,
+                    "n_layers": int(n),
+                    "step": int(r["step"]) if float(r["step"]) >= 0 else "-",
+                    "val_loss": _f(r["val_loss"]),
+                    "loss_gain": _f(r["loss_gain"]),
+                    "pattern": _f(r["pattern_score"].sel(kind="sublayers")),
+                    "pattern_readout": _f(r["pattern_score"].sel(kind="readout")),
+                    "embed": _f(r["retention"].sel(source="embed")),
+                    "mlp0": _f(r["retention"].sel(source="0.mlp")),
+                    "baseline": _f(table["baseline"].sel(n_layers=n)),
+                    "rank": _f(r["rank_ratio"]),
+                    **lag,
+                }
+            )
+    columns = [
+        Column("scheme", "group", "text"),
+        Column("blocks", "n_layers", "text"),
+        Column("step", "step", "text"),
+        Column("validation loss", "val_loss", digits=4),
+        Column("loss gain", "loss_gain", digits=4),
+        Column("pattern score", "pattern"),
+        Column("read-out pattern", "pattern_readout"),
+        Column("read-out share: embedding", "embed"),
+        Column("block 0 MLP", "mlp0"),
+        Column("1/T", "baseline"),
+        Column("q lag", "q", digits=2),
+        Column("k lag", "k", digits=2),
+        Column("v lag", "v", digits=2),
+        Column("r*/d", "rank"),
+    ]
+    return [
+        Section(
+            "versus-depth",
+            "Versus depth",
+            "versus depth",
+            [
+                Note(DEPTH),
+                Table(columns, rows, anchor="depth"),
+                ReportFigure(spec("versus-depth"), "versus-depth", {"table": table}),
+            ],
+        )
+    ]
+
+
+RANK = Markup(
+    "DCA (arXiv 2502.06785, Sec. 4) predicts that learnable depth weights help most when the collective rank "
+    "r* (sum of the layers' ranks) is small compared with the width d. Ranks are effective ranks of each "
+    "sublayer's outputs over the captured tokens."
+)
+
+
+def _rank(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
+    rows, sentences = [], []
+    for t in traces:
+        if "collective_rank" not in t:
+            continue
+        label, d = trace_label(t), t.sizes["component"]
+        row: dict[str, Any] = {"model": label, "d": d}
+        for kind in ("numerical", "entropy", "participation"):
+            row[f"r_{kind}"] = _f(t["collective_rank"].sel(rank_kind=kind))
+            row[f"ratio_{kind}"] = _f(t["collective_rank_ratio"].sel(rank_kind=kind))
+        rows.append(row)
+        ratio = {"numerical": float(t["collective_rank_ratio"].sel(rank_kind="numerical"))}
+        sentences.append((label, conclusion({"label": label, "d": d, "ratio": ratio})))
+    content: list = [Note(RANK)]
+    if rows:
+        columns = [Column("model", "model", "text"), Column("d", "d", "text")]
+        for kind in ("numerical", "entropy", "participation"):
+            columns += [Column(f"r* {kind}", f"r_{kind}", digits=1), Column("r*/d", f"ratio_{kind}")]
+        content += [
+            Table(columns, rows, anchor="rank", attr="model"),
+            Note(items=sentences, cls="conclusions"),
+        ]
+    else:
+        content.append(
+            Note(Markup("No trace here holds output covariances (capture with <code>--rank</code>)."))
+        )
+    if "source_spectrum" in stacked:
+        content.append(ReportFigure(spec("rank"), "rank", {"profile": rank_profile(stacked)}))
+    return Section("rank-section", "Collective rank versus width", "collective rank", content)
+
+
+def _models(traces: list[xr.Dataset], k: int) -> Section:
+    children = []
+    columns = [
+        Column("consumer", "layer", "text"),
+        Column("sources", "n", "text"),
+        Column("1/T", "baseline"),
+        Column("embedding share", "embed_share"),
+        Column("latest share", "latest_share"),
+        Column("embedding index", "embed_index", digits=2),
+        Column("latest index", "latest_index", digits=2),
+        Column(f"pattern (k={k})", "pattern", digits=2),
+    ]
+    for t in traces:
+        label = trace_label(t)
+        table = consumer_table(t, k)
+        rows = [
+            {
+                "layer": str(r["layer"].item()),
+                "n": int(r["n_sources"]),
+                **{
+                    key: _f(r[var])
+                    for key, var in (
+                        ("baseline", "baseline"),
+                        ("embed_share", "embed_share"),
+                        ("latest_share", "latest_share"),
+                        ("embed_index", "embed_index"),
+                        ("latest_index", "latest_index"),
+                        ("pattern", "pattern_score"),
+                    )
+                },
+            }
+            for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
+        ]
+        deep = t.sizes["layer"] > DEEP
+        blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
+        content: list = [
+            ReportFigure(
+                spec("model", label, blocks=blocks if deep else ""),
+                "model",
+                {"trace": t, "blocks": block_view(t) if deep else None, "signed": _is_signed(t)},
+            )
+        ]
+        if has_native(t):
+            content.append(ReportFigure(spec("native", label), "native", {"trace": t}))
+        content.append(Table(columns, rows, cls="consumers", folded="per-consumer table"))
+        note = str(t.attrs.get("consumer_input", ""))
+        a = t.attrs
+        sub = f"scheme {a.get('scheme', '')}; {a.get('checkpoint', '')}; config {a.get('config', '')}"
+        children.append(
+            Section(
+                f"section-{slug(label)}",
+                model_heading(t),
+                content=content,
+                sub=sub + (f"; {note}" if note else ""),
+                model=label,
+            )
+        )
+    return Section("models", "Models", "models", children=children)
