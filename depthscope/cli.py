@@ -291,6 +291,49 @@ def schemes() -> None:
 
 
 @app.command()
+def claims(
+    directory: Annotated[
+        Path | None,
+        typer.Option(
+            "--dir", parser=_path, help="A several-seed zoo directory (default: the bundled seeds)."
+        ),
+    ] = None,
+) -> None:
+    """The claims table: each claim of the survey and its papers, ours over seeds, and a verdict."""
+    from depthscope.pipelines.claims import read_claims
+
+    c = read_claims(directory)
+    table = Table("claim", "source", "paper", "ours (mean ± sd over seeds)", "verdict", title="Claims")
+    for r in c.rows:
+        table.add_row(r["claim"], r["source"], r["paper"], r["ours"], r["verdict"])
+    out.print(table)
+    speed = Table("variant", "standard's steps / steps to its final loss", title="Steps to equal loss")
+    for r in c.speedups:
+        speed.add_row(r["variant"], r["ratio"])
+    out.print(speed)
+    cost = Table(
+        "variant",
+        "params",
+        "FLOPs/token",
+        "time/step",
+        "gain (nats/byte)",
+        "gain per +1% params",
+        "per +1% FLOPs",
+        "per +1% time",
+        title="Costs against the standard residual, and the gain per unit",
+    )
+    for r in c.costs:
+        cost.add_row(
+            *(
+                r[k]
+                for k in ("variant", "params", "flops", "time", "gain", "per_param", "per_flop", "per_time")
+            )
+        )
+    out.print(cost)
+    out.print(c.caveat)
+
+
+@app.command()
 def report(
     inputs: Annotated[
         list[Path] | None,

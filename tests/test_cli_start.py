@@ -22,7 +22,7 @@ ROOT = Path(__file__).parent.parent
 HEAVY = ("torch", "transformers", "xarray", "numpy", "matplotlib", "scipy")
 COMMANDS = [
     "train", "schemes", "report", "capture", "dilution", "plot", "inspect", "adapters", "zoo", "zoo list",
-    "zoo build", "rank", "rank threshold", "rank theory", "rank identity", "rank sweep",
+    "zoo build", "rank", "rank threshold", "rank theory", "rank identity", "rank sweep", "claims",
 ]  # fmt: skip
 
 PROBE = """

@@ -31,6 +31,7 @@ from depthscope._version import __version__
 from depthscope.atomic import atomic_path
 from depthscope.corpus import load_corpus
 from depthscope.errors import DepthscopeError
+from depthscope.pipelines.claims import MULTI_STREAM, stream_summary, write_costs
 from depthscope.pipelines.trajectory import capture_trajectory
 from depthscope.probes import capture
 from depthscope.probes.settings import CaptureSettings
@@ -123,6 +124,9 @@ def build(
         if up_to_date(out, old, want) and not _needs_steps(out, old, snapshots):
             log(f"zoo {name}: up to date, skipped")
             entry = old
+            if collection.seeds and e.scheme in MULTI_STREAM and "streams" not in entry:
+                corpus = corpus or load_corpus()
+                entry = _streams(out, entry, corpus)
         else:
             corpus = corpus or load_corpus()
 
@@ -158,10 +162,14 @@ def build(
             }
             if collection.seeds:
                 entry = _final_trace(out, entry, path, log)
+                entry = _streams(out, entry, corpus)
             log(f"zoo {name}: trained, validation loss {s['val_loss']:.4f} nats/byte")
         if snapshots:
             entry = _trajectory(out, entry, snapshots, recapture or not entry.get("trajectory"), log, e.key)
         existing = _merge_manifest(out, entry, names)
+    if collection.seeds and not only:  # every run is there: the variants' costs, side by side
+        configs = {e.name: _spec(collection, e, steps)["config"] for e in collection.entries}
+        write_costs(out, configs, log)
     return [existing[n] for n in names if n in existing]
 
 
@@ -170,6 +178,20 @@ def _read(out: Path) -> dict[str, dict[str, Any]]:
         return {m["name"]: m for m in zoo.read_manifest(out)}
     except DepthscopeError:
         return {}
+
+
+def _streams(out: Path, entry: dict[str, Any], corpus, model=None) -> dict[str, Any]:
+    """Record a multi-stream run's stream-collapse numbers (``streams``) in its entry, from the
+    model in hand or its checkpoint (kept, or under ``steps/`` where the build left it).
+    """
+    if entry["scheme"] not in MULTI_STREAM:
+        return entry
+    if model is None:
+        path = out / entry["file"] if entry["file"] else out / zoo.STEPS_DIR / f"{entry['name']}.safetensors"
+        if not path.is_file():
+            return entry
+        model = load_checkpoint(path)
+    return {**entry, "streams": stream_summary(model, corpus)}
 
 
 def _final_trace(out: Path, entry: dict[str, Any], path: Path, log) -> dict[str, Any]:
@@ -239,7 +261,10 @@ def _merge_manifest(out: Path, entry: dict[str, Any], names: list[str]) -> dict[
     with open(out / ".manifest.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         current = {**_read(out), entry["name"]: entry}
-        _write_manifest(out, [current[n] for n in names if n in current])
+        # the collection's order; runs this build does not know (a newer build's) kept after them
+        _write_manifest(
+            out, [current[n] for n in [*names, *(n for n in current if n not in names)] if n in current]
+        )
     return current
 
 

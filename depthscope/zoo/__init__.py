@@ -127,7 +127,7 @@ DEEP = Collection(
 )
 
 # Seeds (the survey's questions with error bars): the zoo's size and recipe, shortened to 1000
-# steps (2.0 M tokens) for every seed, seed 0 included, so that 3 seeds of 13 variants fit in a few
+# steps (2.0 M tokens) for every seed, seed 0 included, so that 3 seeds of 14 variants fit in a few
 # hours of 2 cores: the zoo's 4000 steps would take ~4 h per seed. Validation loss every 100 steps
 # (steps to equal loss). The grown baselines are the standard residual a little deeper (9 blocks)
 # and a little wider (width 72), which cost about what the schemes' extras cost. Checkpoints are
@@ -146,6 +146,7 @@ SEEDS = Collection(
         Entry("dca", "dca", {}),
         Entry("hc", "hc", {}),
         Entry("mhc", "mhc", {}),
+        Entry("muddformer", "muddformer", {}),
         Entry("attnres", "attnres", {}),
         Entry("shortswa-seq", "shortswa", {"axis": "sequence", "window": 16}),
         Entry("shortswa", "shortswa", {}),

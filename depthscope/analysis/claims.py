@@ -1,0 +1,205 @@
+"""The survey's questions with error bars: estimators over the runs of a several-seed collection.
+
+Inputs are the manifest entries of ``depthscope zoo build --collection seeds`` (one per run:
+``{variant}.seed{k}``, with ``val_curve`` [[step, loss], ...], ``val_loss``, ``params``,
+``step_seconds`` and ``config``) and each run's final trace. Everything here is a pure function of
+those; ``depthscope.pipelines.claims`` reads them from disk.
+
+* **Steps to equal loss** (DCA, arXiv 2502.06785: "the same perplexity up to 3x faster"): the
+  first step at which a run's validation loss reaches the final validation loss of the standard
+  residual of the same seed, linearly interpolated between the two measured points that bracket
+  it (the curve is measured every ``eval_every`` steps); the ratio is the standard run's steps over
+  that step (2 = the standard's final loss in half the steps). A run that never reaches it has no
+  ratio (NaN: it needs more steps than the run has, the ratio is below 1).
+* **Gains** are seed-paired: ``loss(standard, seed k) - loss(variant, seed k)`` (> 0: the variant
+  is better), so the seed's shared data order cancels.
+* **Costs** against the standard model of the same size: extra parameters, forward FLOPs per
+  token (matrix products counted by ``torch.utils.flop_counter``; elementwise mixing is not
+  counted, so a scheme whose mixing is elementwise shows its matrix cost only), and measured
+  seconds per training step (recorded by the runs, which shared the machine with another build:
+  the ratio is noisy, the parameters and FLOPs are exact).
+* **Verdicts** for n seeds with mean m and standard error se = sd / sqrt(n): a claimed direction
+  ``holds`` where m has the claimed sign, every seed agrees and |m| > 2 se; ``holds weakly`` where m
+  has the claimed sign without that; ``contradicted`` where the opposite sign holds by the same
+  test; ``not reproduced here`` otherwise. A claimed factor (3x) ``holds`` where the ratio's mean
+  reaches it with the same test against 1, ``holds weakly`` where it is significantly above 1 but
+  short of the factor. One seed is never a verdict (``one seed``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+BASELINE = "standard"
+SEED_SEP = ".seed"
+
+
+def variant(entry: Mapping[str, Any]) -> str:
+    """The variant a run belongs to (its name without ``.seed{k}``)."""
+    return str(entry["name"]).rsplit(SEED_SEP, 1)[0]
+
+
+def by_variant(entries: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, Mapping[str, Any]]]:
+    """Runs grouped by variant, then by seed, in manifest order."""
+    out: dict[str, dict[int, Mapping[str, Any]]] = {}
+    for e in entries:
+        out.setdefault(variant(e), {})[int(e["seed"])] = e
+    return out
+
+
+def steps_to_loss(curve: Sequence[Sequence[float]], target: float) -> float:
+    """The first step at which ``curve`` ([[step, loss], ...], ascending steps) reaches ``target``,
+    linearly interpolated between the bracketing measurements; the first measured step if the
+    first point already reaches it (an upper bound: nothing before it was measured); NaN if never.
+    """
+    if not math.isfinite(target):
+        return float("nan")
+    prev = None
+    for step, loss in curve:
+        if not math.isfinite(loss):
+            return float("nan")
+        if loss <= target:
+            if prev is None:
+                return float(step)
+            (s0, l0) = prev
+            return float(s0 + (step - s0) * (l0 - target) / (l0 - loss))
+        prev = (step, loss)
+    return float("nan")
+
+
+def speedups(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]], baseline: str = BASELINE
+) -> dict[str, list[float]]:
+    """Per variant, per seed shared with the baseline: the baseline's steps over the steps the
+    variant needs to reach the baseline's final validation loss (NaN where it never does).
+    """
+    base = runs[baseline]
+    out = {}
+    for name, seeds in runs.items():
+        vals = []
+        for seed, e in seeds.items():
+            if seed not in base or "val_curve" not in e:
+                continue
+            steps = steps_to_loss(e["val_curve"], float(base[seed]["val_loss"]))
+            vals.append(float(base[seed]["steps"]) / steps if steps > 0 else float("nan"))
+        out[name] = vals
+    return out
+
+
+def paired(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    value: Callable[[Mapping[str, Any]], float],
+    a: str,
+    b: str,
+) -> list[float]:
+    """``value(a's run) - value(b's run)`` for every seed both have."""
+    return [value(runs[a][s]) - value(runs[b][s]) for s in runs[a] if s in runs.get(b, {})]
+
+
+def gains(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]], baseline: str = BASELINE
+) -> dict[str, list[float]]:
+    """Seed-paired validation-loss gains over the baseline (> 0: lower loss than the baseline)."""
+    loss = lambda e: float(e["val_loss"])  # noqa: E731
+    return {name: paired(runs, loss, baseline, name) for name in runs}
+
+
+def stats(values: Sequence[float]) -> dict[str, float]:
+    """Mean, sample sd and n of the finite values (and how many were not finite)."""
+    x = np.asarray(values, dtype=np.float64)
+    ok = x[np.isfinite(x)]
+    n = len(ok)
+    return {
+        "mean": float(ok.mean()) if n else float("nan"),
+        "sd": float(ok.std(ddof=1)) if n > 1 else float("nan"),
+        "n": n,
+        "missing": int(len(x) - n),
+    }
+
+
+def fmt(s: Mapping[str, float], digits: int = 3) -> str:
+    """``mean ± sd (n)``, or ``mean (1 seed)``."""
+    if s["n"] == 0:
+        return "-"
+    miss = f", {s['missing']} never" if s.get("missing") else ""
+    if s["n"] == 1:
+        return f"{s['mean']:.{digits}f} (1 seed{miss})"
+    return f"{s['mean']:.{digits}f} ± {s['sd']:.{digits}f} (n={s['n']}{miss})"
+
+
+def verdict(values: Sequence[float], *, null: float = 0.0, claimed: float | None = None) -> str:
+    """The verdict on a claim that ``values`` (one per seed) exceed ``null`` (and reach
+    ``claimed``, for a factor): see the module docstring.
+    """
+    x = np.asarray(values, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) == 0:
+        return "not measured"
+    if len(x) == 1:
+        return "one seed"
+    d = x - null
+    m, se = d.mean(), d.std(ddof=1) / math.sqrt(len(d))
+    clear = abs(m) > 2 * se and (np.all(d > 0) or np.all(d < 0))
+    if m > 0 and clear:
+        if claimed is not None and x.mean() < claimed:
+            return "holds weakly"
+        return "holds"
+    if m < 0 and clear:
+        return "contradicted"
+    if m > 0:
+        return "holds weakly"
+    return "not reproduced here"
+
+
+def flops_per_token(config: Mapping[str, Any]) -> float:
+    """Forward FLOPs per token of a model of ``config`` at its full context (matrix products, as
+    ``torch.utils.flop_counter.FlopCounterMode`` counts them; weights do not matter).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from depthscope.schemes import DepthModel, ModelConfig
+
+    cfg = ModelConfig.from_dict(dict(config))
+    model = DepthModel(cfg).eval()
+    tokens = torch.zeros(1, cfg.ctx, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(tokens)
+    return counter.get_total_flops() / cfg.ctx
+
+
+def costs(
+    runs: Mapping[str, Mapping[int, Mapping[str, Any]]],
+    flops: Mapping[str, float],
+    baseline: str = BASELINE,
+) -> dict[str, dict[str, Any]]:
+    """Per variant: its parameters, FLOPs per token and seconds per step as fractions above the
+    baseline's (+0.05 = 5% more), the seed-paired gain, and the gain per +1% of each cost.
+    """
+    base = runs[baseline]
+    b_params = np.mean([e["params"] for e in base.values()])
+    b_time = np.mean([e.get("step_seconds") or np.nan for e in base.values()])
+    out = {}
+    g = gains(runs, baseline)
+    for name, seeds in runs.items():
+        params = np.mean([e["params"] for e in seeds.values()]) / b_params - 1
+        fl = flops[name] / flops[baseline] - 1
+        time = np.mean([e.get("step_seconds") or np.nan for e in seeds.values()]) / b_time - 1
+        gain = stats(g[name])
+        per = {
+            key: gain["mean"] / (100 * extra) if extra > 1e-9 else float("nan")
+            for key, extra in (("params", params), ("flops", fl), ("time", time))
+        }
+        out[name] = {
+            "extra_params": float(params),
+            "extra_flops": float(fl),
+            "extra_time": float(time),
+            "gain": gain,
+            "gain_per_percent": per,
+        }
+    return out

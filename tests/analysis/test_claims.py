@@ -1,0 +1,148 @@
+"""The claims estimators: steps to equal loss, seed-paired gains, costs and verdicts, on planted runs."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from depthscope.analysis import claims as C
+from depthscope.pipelines.claims import build_claims
+
+
+def run(name, seed, curve, params=1000, step_seconds=0.2, steps=400):
+    return {
+        "name": f"{name}.seed{seed}",
+        "seed": seed,
+        "steps": steps,
+        "val_curve": curve,
+        "val_loss": curve[-1][1],
+        "params": params,
+        "step_seconds": step_seconds,
+        "config": {},
+    }
+
+
+def test_steps_to_loss_interpolates_between_the_bracketing_points():
+    curve = [[100, 3.0], [200, 2.0], [300, 1.5], [400, 1.0]]
+    assert C.steps_to_loss(curve, 2.0) == 200
+    assert C.steps_to_loss(curve, 1.75) == pytest.approx(250)  # halfway from 2.0 to 1.5
+    assert C.steps_to_loss(curve, 1.2) == pytest.approx(360)
+    assert C.steps_to_loss(curve, 3.5) == 100  # reached at the first measurement: an upper bound
+    assert math.isnan(C.steps_to_loss(curve, 0.9))  # never reached
+    assert math.isnan(C.steps_to_loss(curve, float("nan")))
+    assert math.isnan(C.steps_to_loss([[100, float("nan")], [200, 1.0]], 1.5))
+
+
+def test_a_planted_twice_as_fast_scheme_reads_as_2x_and_its_gain_is_seed_paired():
+    runs = {}
+    for seed in range(3):
+        shift = 0.01 * seed  # the seed moves both runs alike: pairing cancels it
+        base = [[100 * i, 3.0 - 0.5 * i + shift] for i in range(1, 5)]  # final 1.0 + shift at step 400
+        fast = [[100 * i, 3.0 - 1.0 * i + shift] for i in range(1, 5)]  # 1.0 + shift at step 200
+        runs.setdefault("standard", {})[seed] = run("standard", seed, base)
+        runs.setdefault("fast", {})[seed] = run("fast", seed, fast, params=1100, step_seconds=0.3)
+    speed = C.speedups(runs)
+    assert speed["fast"] == pytest.approx([2.0, 2.0, 2.0]) and speed["standard"] == pytest.approx([1.0] * 3)
+    assert C.gains(runs)["fast"] == pytest.approx([2.0, 2.0, 2.0])  # (1.0 + shift) - (-1.0 + shift)
+    cost = C.costs(runs, {"standard": 100.0, "fast": 150.0})["fast"]
+    assert cost["extra_params"] == pytest.approx(0.1) and cost["extra_flops"] == pytest.approx(0.5)
+    assert cost["extra_time"] == pytest.approx(0.5)
+    assert cost["gain_per_percent"]["params"] == pytest.approx(2.0 / 10)
+    assert C.verdict(speed["fast"], null=1.0, claimed=3.0) == "holds weakly"  # 2x is short of 3x
+
+
+def test_verdicts():
+    assert C.verdict([0.1, 0.12, 0.11]) == "holds"
+    assert C.verdict([0.1, -0.05, 0.11]) == "holds weakly"  # right sign, seeds disagree
+    assert C.verdict([-0.1, -0.12, -0.11]) == "contradicted"
+    assert C.verdict([-0.1, 0.05, -0.02]) == "not reproduced here"
+    assert C.verdict([3.5, 3.2, 3.4], null=1.0, claimed=3.0) == "holds"
+    assert C.verdict([0.3]) == "one seed"
+    assert C.verdict([float("nan")] * 3) == "not measured"
+    assert C.verdict([0.1, 0.12, float("inf")]) == "holds"  # non-finite seeds are left out, and counted
+    assert C.stats([1.0, float("inf"), 3.0]) == {
+        "mean": 2.0,
+        "sd": pytest.approx(math.sqrt(2)),
+        "n": 2,
+        "missing": 1,
+    }
+    assert C.fmt(C.stats([1.0, 3.0]), 1) == "2.0 ± 1.4 (n=2)" and C.fmt(C.stats([]), 1) == "-"
+
+
+def test_the_table_answers_each_question_from_planted_runs():
+    runs, numbers = {}, {}
+    for seed in range(3):
+        base = [[100 * i, 3.0 - 0.5 * i] for i in range(1, 5)]
+        for name, drop, params in (
+            ("standard", 0.5, 1000),
+            ("dca", 0.6, 1010),
+            ("standard-9blocks", 0.52, 1125),
+            ("shortswa", 0.45, 1050),
+            ("shortswa-seq", 0.55, 1050),
+            ("hc", 0.58, 1020),
+        ):
+            curve = [[s, 3.0 - drop * i + 0.001 * seed] for i, (s, _) in enumerate(base, 1)]
+            runs.setdefault(name, {})[seed] = run(name, seed, curve, params=params)
+        runs["hc"][seed]["streams"] = {
+            "n_streams": 4,
+            "dominant_share": 0.9,
+            "participation_ratio": 1.2,
+            "mean_res_distance": 0.1 + 0.01 * seed,
+            "distinct_streams": 1.05,
+            "mean_cosine": 0.99,
+        }
+        numbers.setdefault("dca", {})[seed] = {
+            "pattern": 1.5 + 0.01 * seed,
+            "views": {"q": 2.0, "k": 2.5, "v": 2.0},
+        }
+        numbers.setdefault("hc", {})[seed] = {"pattern": 0.9 + 0.01 * seed}
+    flops = dict.fromkeys(runs, 100.0)
+    claims = build_claims(runs, numbers, flops)
+    by = {r["claim"]: r for r in claims.rows}
+    dca_fast = by["DCA reaches the standard residual's final loss in fewer steps"]
+    assert dca_fast["verdict"] == "holds weakly"  # planted: faster, but far from 3x
+    assert by["ShortSWA is better on the sequence axis than on the depth axis"]["verdict"] == "holds"
+    assert by["dca: learned weights favour the input and the most recent layers"]["verdict"] == "holds"
+    assert by["hc: learned weights favour the input and the most recent layers"]["verdict"] == "contradicted"
+    assert (
+        by["DCA's q, k and v inputs read from different depths"]["verdict"] == "holds"
+    )  # k reads 0.5 deeper
+    assert by["hc: one dominant stream carries most of the read-out"]["verdict"] == "holds"
+    assert by["hc: H_res stays near the identity"]["verdict"] == "holds"
+    assert by["hc: the streams collapse into one (the same state in every stream)"]["verdict"] == "holds"
+    grown = [r for r in claims.rows if r["claim"].startswith("dca gains more than")]
+    assert len(grown) == 1 and grown[0]["verdict"] == "holds"  # 0.6 per step beats the 9-block 0.52
+    assert claims.seeds == dict.fromkeys(runs, 3)
+    assert {r["variant"] for r in claims.speedups} == set(runs) - {"standard"}
+
+
+def test_the_claims_command_prints_the_table_of_a_built_collection(tmp_path, capsys):
+    from depthscope import zoo
+    from depthscope.cli import app
+    from depthscope.pipelines.zoo import build
+
+    tiny = zoo.Collection(
+        name="seeded",
+        directory=tmp_path,
+        size=dict(n_layers=1, d_model=16, n_heads=2, ctx=32),
+        steps=4,
+        entries=(zoo.Entry("standard", "standard"), zoo.Entry("hc", "hc")),
+        batch=2,
+        seeds=(0, 1),
+        eval_every=2,
+        kept_seeds=(0,),
+    )
+    build(tmp_path, collection=tiny, progress=False, log=lambda _: None)
+    costs = json.loads((tmp_path / "costs.json").read_text())["variants"]
+    assert (
+        set(costs) == {"standard", "hc"}
+        and costs["hc"]["flops_per_token"] > costs["standard"]["flops_per_token"]
+    )
+    assert all(zoo.read_manifest(tmp_path)[i]["streams"]["n_streams"] == 4 for i in (2, 3))  # hc's runs
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(app, ["claims", "--dir", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    assert "hc: H_res stays near the identity" in result.output and "Steps to equal loss" in result.output
