@@ -14,10 +14,8 @@ those; ``depthscope.pipelines.claims`` reads them from disk.
 * **Gains** are seed-paired: ``loss(standard, seed k) - loss(variant, seed k)`` (> 0: the variant
   is better), so the seed's shared data order cancels.
 * **Costs** against the standard model of the same size: extra parameters, forward FLOPs per
-  token (matrix products counted by ``torch.utils.flop_counter``; elementwise mixing is not
-  counted, so a scheme whose mixing is elementwise shows its matrix cost only), and measured
-  seconds per training step (recorded by the runs, which shared the machine with another build:
-  the ratio is noisy, the parameters and FLOPs are exact).
+  token and seconds per training step (measured by ``depthscope.pipelines.claims``), as fractions
+  above the standard's, and the gain per +1% of each.
 * **Verdicts** for n seeds with mean m and standard error se = sd / sqrt(n): a claimed direction
   ``holds`` where m has the claimed sign, every seed agrees and |m| > 2 se; ``holds weakly`` where m
   has the claimed sign without that; ``contradicted`` where the opposite sign holds by the same
@@ -153,24 +151,6 @@ def verdict(values: Sequence[float], *, null: float = 0.0, claimed: float | None
     if m > 0:
         return "holds weakly"
     return "not reproduced here"
-
-
-def flops_per_token(config: Mapping[str, Any]) -> float:
-    """Forward FLOPs per token of a model of ``config`` at its full context (matrix products, as
-    ``torch.utils.flop_counter.FlopCounterMode`` counts them; weights do not matter).
-    """
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from depthscope.schemes import DepthModel, ModelConfig
-
-    cfg = ModelConfig.from_dict(dict(config))
-    model = DepthModel(cfg).eval()
-    tokens = torch.zeros(1, cfg.ctx, dtype=torch.long)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(tokens)
-    return counter.get_total_flops() / cfg.ctx
 
 
 def costs(

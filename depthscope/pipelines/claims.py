@@ -6,6 +6,11 @@ and the cost table per variant, all computed once here and drawn by the report
 (``depthscope report``'s "Claims, with seeds" section) and printed by ``depthscope claims``. The
 estimators are ``depthscope.analysis.claims``; this module only gathers their inputs.
 
+Costs: forward FLOPs per token are matrix products as ``torch.utils.flop_counter`` counts them
+(elementwise mixing is not counted, so a scheme whose mixing is elementwise shows its matrix cost
+only); seconds per training step are measured side by side at the end of the build (``costs.json``),
+since the runs' own times were taken under whatever else the machine ran.
+
 Stream collapse (arXiv 2606.03483) needs the streams themselves, which a trace does not keep: the
 zoo build measures them on each multi-stream run (``stream_summary``) and records the numbers in
 the run's manifest entry (``streams``), so that runs whose checkpoints are not kept still count.
@@ -16,6 +21,7 @@ Python standard library), 3 seeds; the papers trained 100 M - 10 B parameter mod
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,6 +71,24 @@ def stream_summary(model: Any, corpus: Any) -> dict[str, float]:
 COSTS = "costs.json"
 
 
+def flops_per_token(config: Mapping[str, Any]) -> float:
+    """Forward FLOPs per token of a model of ``config`` at its full context (matrix products, as
+    ``torch.utils.flop_counter.FlopCounterMode`` counts them; weights do not matter).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from depthscope.schemes import DepthModel, ModelConfig
+
+    cfg = ModelConfig.from_dict(dict(config))
+    model = DepthModel(cfg).eval()
+    tokens = torch.zeros(1, cfg.ctx, dtype=torch.long)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(tokens)
+    return counter.get_total_flops() / cfg.ctx
+
+
 def measure_costs(configs: dict[str, dict[str, Any]], rounds: int = 5, steps: int = 3) -> dict[str, dict]:
     """Forward FLOPs per token and seconds per training step of each config, side by side.
 
@@ -101,7 +125,7 @@ def measure_costs(configs: dict[str, dict[str, Any]], rounds: int = 5, steps: in
     return {
         name: {
             "config": dict(configs[name]),
-            "flops_per_token": C.flops_per_token(configs[name]),
+            "flops_per_token": flops_per_token(configs[name]),
             "step_seconds": float(np.median(times[name])),
         }
         for name in models
@@ -138,7 +162,7 @@ def read_claims(directory: str | Path | None = None) -> Claims:
     configs = {name: next(iter(seeds.values()))["config"] for name, seeds in runs.items()}
     measured = read_costs(directory, configs)
     flops = (
-        {name: C.flops_per_token(c) for name, c in configs.items()}
+        {name: flops_per_token(c) for name, c in configs.items()}
         if measured is None
         else {name: m["flops_per_token"] for name, m in measured.items()}
     )
