@@ -184,7 +184,7 @@ LensOpt = Annotated[
     ),
 ]
 AblateOpt = Annotated[
-    Literal["sources", "cells"] | None,
+    Literal["sources", "cells", "off"] | None,
     typer.Option(
         help="Also the loss increase when a source is removed from every later consumer (sources) or from "
         "one consumer (cells): one forward per source or cell."
@@ -366,15 +366,19 @@ def report(
         ),
     ] = None,
     logits: Annotated[
-        Literal["auto", "on", "off"],
-        typer.Option(help="Logit attribution and lens (auto: on for depthscope's own models, cheap there)."),
-    ] = "auto",
-    ablate: Annotated[
-        Literal["auto", "off", "sources", "cells"],
+        bool | None,
         typer.Option(
-            help="Ablations for 'Does the weight matter?' (auto: cells on depthscope's own models)."
+            help="Logit attribution and lens (unset: on for depthscope's own models, cheap there).",
+            show_default=False,
         ),
-    ] = "auto",
+    ] = None,
+    ablate: Annotated[
+        Literal["sources", "cells", "off"] | None,
+        typer.Option(
+            help="Ablations for 'Does the weight matter?' (unset: cells on depthscope's own models).",
+            show_default=False,
+        ),
+    ] = None,
     ablate_tokens: AblateTokensOpt = 512,
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
@@ -382,24 +386,24 @@ def report(
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
     inputs = _inputs(inputs or [], corpus, revision)
+    from depthscope.pipelines.capture import capture_settings
     from depthscope.pipelines.report import ReportSettings, build_report
-    from depthscope.probes.settings import CaptureSettings
 
-    captured = CaptureSettings(
-        n_tokens=tokens,
+    captured = capture_settings(
+        tokens=tokens,
         batch_size=batch_size,
         seed=seed,
         ctx=ctx,
         skip_positions=skip_positions,
         ablate_tokens=ablate_tokens,
     )
-    settings = ReportSettings(
+    settings = ReportSettings(  # unset (None): "auto", chosen per model
         capture=captured,
         k=k,
         corpus=str(corpus) if corpus else None,
         trajectory=trajectory,
-        logits=logits,
-        ablate=ablate,
+        logits="auto" if logits is None else "on" if logits else "off",
+        ablate="auto" if ablate is None else ablate,
         trust_remote_code=trust_remote_code,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
@@ -471,12 +475,10 @@ def capture(
     """Capture a trace: what each layer's input is made of, in the delta basis."""
     _output_file(out_path, checkpoint, *([corpus] if corpus else []))
     [checkpoint] = _inputs([checkpoint], corpus, revision)
-    from depthscope.pipelines.capture import CaptureJob, run_capture
-    from depthscope.probes.load import Placement
-    from depthscope.probes.settings import CaptureSettings, Partial
+    from depthscope.pipelines.capture import CaptureJob, capture_settings, run_capture
 
-    settings = CaptureSettings(
-        n_tokens=tokens,
+    settings = capture_settings(
+        tokens=tokens,
         batch_size=batch_size,
         seed=seed,
         ctx=ctx,
@@ -484,11 +486,14 @@ def capture(
         rank=rank,
         logits=logits,
         lens=lens,
-        ablate=ablate,
+        ablate=None if ablate == "off" else ablate,
         ablate_mean=ablate_mean,
         ablate_tokens=ablate_tokens,
-        placement=Placement(device=device, dtype=dtype, device_map=device_map),
-        partial=Partial(save_every=checkpoint_every, resume=resume),
+        device=device,
+        dtype=dtype,
+        device_map=device_map,
+        checkpoint_every=checkpoint_every,
+        resume=resume,
     )
     job = CaptureJob(
         str(checkpoint),
@@ -889,29 +894,19 @@ def rank_measure(
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
     [path] = _inputs([path], corpus, revision)
-    from depthscope.analysis.rank import rank_summary
-    from depthscope.inputs import input_kind
-    from depthscope.probes import capture as run_capture
-    from depthscope.probes.load import load_model
-    from depthscope.trace import load_trace, split_models
+    from depthscope.pipelines.capture import capture_settings
+    from depthscope.pipelines.rank import measure
 
-    if input_kind(path) == "trace":
-        traces = split_models(load_trace(path))
-    else:
-        traces = [
-            run_capture(
-                load_model(path, trust_remote_code=trust_remote_code, progress=not quiet and not as_json),
-                corpus,
-                n_tokens=tokens,
-                rank=True,
-                progress=not quiet and not as_json,
-                checkpoint=str(path),
-            )
-        ]
-    for t in traces:
-        if "source_spectrum" not in t:
-            raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")
-    results = [rank_summary(t, energy, kappa, variant.value) for t in traces]
+    results = measure(
+        path,
+        capture_settings(tokens=tokens, rank=True),
+        corpus,
+        energy,
+        kappa,
+        variant.value,
+        progress=not quiet and not as_json,
+        trust_remote_code=trust_remote_code,
+    )
     if as_json:
         _emit_json(results[0] if len(results) == 1 else results)
         return

@@ -114,7 +114,7 @@ def test_ctrl_c_during_capture_exits_130_and_keeps_the_partial(ckpt, tmp_path):
 
 def test_ctrl_c_during_a_report_leaves_nothing(ckpt, tmp_path):
     proc = cli_process(
-        ["report", ckpt, "--out", tmp_path / "rep", "--logits", "off", "--ablate", "off", *LONG], tmp_path
+        ["report", ckpt, "--out", tmp_path / "rep", "--no-logits", "--ablate", "off", *LONG], tmp_path
     )
     rc, err = interrupt_when(proc, lambda: any(p.name.startswith(".rep.") for p in tmp_path.iterdir()))
     assert rc == 130 and err.strip() == "interrupted", err

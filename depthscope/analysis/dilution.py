@@ -104,15 +104,6 @@ def pattern_score(trace: xr.Dataset, k: int = 2) -> xr.DataArray:
     return out
 
 
-def latest_source(trace: xr.Dataset) -> xr.DataArray:
-    """Label of the latest available source of each consumer."""
-    avail = trace["mixing"].notnull()
-    idx = (avail * np.arange(trace.sizes["source"])).max("source")
-    return trace["source"][idx].drop_vars(
-        [c for c in trace["source"].coords if c != "source"], errors="ignore"
-    )
-
-
 def share_of(trace: xr.Dataset, which: str) -> xr.DataArray:
     """Contribution share per consumer of ``embed`` (all embedding sources), the ``first``
     sublayer source, or the ``latest`` available source.

@@ -28,12 +28,52 @@ from depthscope.inputs import hub_snapshot, input_kind
 from depthscope.probes import capture
 from depthscope.probes.load import Placement, declared_context, load_model
 from depthscope.probes.partial import partial_path
-from depthscope.probes.settings import CaptureSettings, check_window
+from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
 from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
 
 STOP_GRACE = 10.0  # seconds a worker has to leave after SIGTERM before it is killed
+
+
+def capture_settings(
+    *,
+    tokens: int,
+    batch_size: int = 16,
+    seed: int = 0,
+    ctx: int | None = None,
+    skip_positions: int | None = None,
+    rank: bool = False,
+    logits: bool = False,
+    lens: bool = False,
+    ablate: str | None = None,
+    ablate_mean: bool = False,
+    ablate_tokens: int | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    device_map: str | None = None,
+    checkpoint_every: int = 0,
+    resume: bool = False,
+) -> CaptureSettings:
+    """The CaptureSettings of the command line's flat options, for every command that captures
+    (``capture``, ``report``, ``rank``): the one place the options become settings, placement and
+    partial state, validated once by the settings themselves.
+    """
+    return CaptureSettings(
+        n_tokens=tokens,
+        batch_size=batch_size,
+        seed=seed,
+        ctx=ctx,
+        skip_positions=skip_positions,
+        rank=rank,
+        logits=logits,
+        lens=lens,
+        ablate=ablate,
+        ablate_mean=ablate_mean,
+        ablate_tokens=ablate_tokens,
+        placement=Placement(device=device, dtype=dtype, device_map=device_map),
+        partial=Partial(save_every=checkpoint_every, resume=resume),
+    )
 
 
 @dataclass(frozen=True)

@@ -503,13 +503,6 @@ class Accumulator:
             out[f"native.{name}.{','.join(dims)}"] = arr
         return out
 
-    @classmethod
-    def from_state(cls, layout: Layout, state: dict[str, np.ndarray]) -> Accumulator:
-        """An accumulator holding a saved ``state`` (a partial capture or a shard's)."""
-        acc = cls(layout, covariance="cov.n" in state)
-        acc.merge(state)
-        return acc
-
     def merge(self, state: dict[str, np.ndarray]) -> None:
         """Add another accumulator's ``state`` (tokens that come after this one's) into this one.
 

@@ -399,15 +399,8 @@ class Taps:
     after it would cost a fifth of a small LM's forward for nothing.
     """
 
-    def __init__(
-        self,
-        adapter: Adapter,
-        acc: Accumulator,
-        skip: int,
-        probe: LogitProbe | None = None,
-        stop: bool = False,
-    ):
-        self.ad, self.acc, self.skip, self.probe, self.stop = adapter, acc, skip, probe, stop
+    def __init__(self, adapter: Adapter, acc: Accumulator, skip: int, probe: LogitProbe | None = None):
+        self.ad, self.acc, self.skip, self.probe = adapter, acc, skip, probe
         self.n_sources = len(adapter.sources)
         self.fired = np.zeros(self.n_sources, dtype=bool)
         self.pending: dict[int, dict[str, Any]] = {}

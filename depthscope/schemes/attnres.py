@@ -22,7 +22,7 @@ source (embedding + sublayer outputs).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,6 @@ class BlockState:
     entries: list[Tensor]
     normed: list[Tensor]
     partial: Tensor | None = None
-    extra: dict = field(default_factory=dict)
 
 
 def entry_of_source(cfg: ModelConfig, site: Site) -> list[int]:
