@@ -55,6 +55,10 @@ class Claims:
     costs: list[dict[str, Any]]
     caveat: str = CAVEAT
     seeds: dict[str, int] = field(default_factory=dict)
+    # per variant: the validation curves' steps and, per seed, the loss minus the standard's of the
+    # same seed at each step (seed-paired: < 0 is better), and the speed-ups per seed
+    curves: dict[str, dict[str, Any]] = field(default_factory=dict)
+    speed: dict[str, list[float]] = field(default_factory=dict)
 
 
 def stream_summary(model: Any, corpus: Any) -> dict[str, float]:
@@ -217,13 +221,16 @@ def _view_rows(name: str, numbers: dict[int, dict[str, Any]], claim: str, source
             per_view.setdefault(v, []).append(lag)
     if not per_view:
         return []
-    names = list(per_view)
-    verdicts = []
+    names = [v for v in per_view if len(per_view[v]) == len(numbers)]
+    verdicts = []  # (verdict, pair): the pairs of ways whose seed-paired difference is consistent
     for i, a in enumerate(names):
         for b in names[i + 1 :]:
             d = np.subtract(per_view[a], per_view[b])
-            verdicts.append(max(C.verdict(d), C.verdict(-d), key=_strength))
+            verdicts.append((max(C.verdict(d), C.verdict(-d), key=_strength), f"{a}-{b}"))
     ours = "; ".join(f"{v} {C.fmt(C.stats(per_view[v]), 2)}" for v in names)
+    apart = [pair for v, pair in verdicts if v == "holds"]
+    ours += f" ({len(apart)} of {len(verdicts)} pairs apart on every seed: {', '.join(apart) or 'none'})"
+    verdicts = [v for v, _ in verdicts]
     return [
         {
             "claim": claim,
@@ -409,4 +416,30 @@ def build_claims(
         for n, c in cost.items()
         if n != C.BASELINE
     ]
-    return Claims(rows, speed_rows, cost_rows, seeds={n: len(s) for n, s in runs.items()})
+    return Claims(
+        rows,
+        speed_rows,
+        cost_rows,
+        seeds={n: len(s) for n, s in runs.items()},
+        curves=_paired_curves(runs),
+        speed={n: v for n, v in speed.items() if n != C.BASELINE},
+    )
+
+
+def _paired_curves(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    base = runs[C.BASELINE]
+    out = {}
+    for name, seeds in runs.items():
+        if name == C.BASELINE:
+            continue
+        steps, diffs = None, []
+        for seed, e in seeds.items():
+            if seed not in base or "val_curve" not in e or "val_curve" not in base[seed]:
+                continue
+            mine, theirs = dict(map(tuple, e["val_curve"])), dict(map(tuple, base[seed]["val_curve"]))
+            shared = sorted(set(mine) & set(theirs))
+            steps = shared if steps is None else [s for s in steps if s in shared]
+            diffs.append({s: mine[s] - theirs[s] for s in shared})
+        if steps:
+            out[name] = {"steps": steps, "diff": [[d[s] for s in steps] for d in diffs]}
+    return out
