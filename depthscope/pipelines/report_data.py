@@ -64,7 +64,7 @@ def report_data(
     if traces:
         members = [*traces, *members]
     else:
-        from depthscope.pipelines.report import _ranked, last_step
+        from depthscope.pipelines.report_settings import _ranked, last_step
 
         traces = [_ranked(last_step(tr), settings.energy) for tr in trajectories]
     stacked = stack_traces(traces)
@@ -109,7 +109,7 @@ def planned_figures(
     """(description, function drawing the Figure) for every figure of the report, in page order
     (a report of ``stacked``'s models, ``traces``, with ``trajectories``).
     """
-    from depthscope.pipelines.report import ReportSettings
+    from depthscope.pipelines.report_settings import ReportSettings
 
     data, _ = report_data(list(traces), list(trajectories), ReportSettings(k=k))
     return [(f.spec, f.draw) for f in data.figures()]
