@@ -36,6 +36,7 @@ from depthscope.analysis.dilution import mean_retention, relative_retention
 from depthscope.errors import DepthscopeError
 from depthscope.figures import interactive as ia
 from depthscope.figures.causal import native_figure, read_depth_figure, weight_effect_figure
+from depthscope.figures.claims import plot_claims
 from depthscope.figures.curves import (
     SHARE_LINES,
     TRAJECTORY_GROUPS,
@@ -82,6 +83,14 @@ def _is_signed(t: xr.Dataset) -> bool:
 
 # (title, caption) of every figure kind; {label}, {k}, {scale} are filled in
 CAPTIONS = {
+    "claims": (
+        "Each variant against the standard residual, over seeds",
+        "Left: validation loss minus the standard residual's of the same seed, along training (mean over "
+        "seeds; band: min..max; dashed: the standard grown a block deeper or 8 features wider). Right: the "
+        "standard's steps over the steps each variant needs to reach the standard's final validation loss "
+        "(linear interpolation between the validation points, every 100 steps); dots are seeds, bars their "
+        "mean, the dashed line DCA's claimed 3x. ",
+    ),
     "grid-weights": (
         "Depth-mixing weights of every model (row-normalised)",
         "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's input "
@@ -434,6 +443,8 @@ def _pattern_charts(out, cid, curves: xr.Dataset):
 
 
 def _retention_charts(out, cid, data: xr.DataArray):
+    if STACK in data.dims and data.sizes[STACK] == 1 and "source" in data.dims:  # one model: per source
+        data = data.isel({STACK: 0}, drop=True)
     if STACK in data.dims:
         panels = [("retention", label, part) for label, _, part in by_model(data)]
         palette, series = _model_colors(data), "model"
@@ -653,6 +664,7 @@ KINDS: dict[str, tuple[Callable[..., Any], Callable[..., list] | None]] = {
     "trajectory": (lambda table, title: plot_trajectory(table, title=title), _trajectory_charts),
     "versus-depth": (lambda table: depth_figure(table), _depth_charts),
     "rank": (_rank_draw, _rank_charts),
+    "claims": (lambda curves, speed, schemes: plot_claims(curves, speed, schemes), None),  # a PNG
     "model": (lambda trace, blocks=None, signed=False: model_figure(trace, blocks), _model_charts),
     "native": (lambda trace: native_figure(trace), None),  # drawn as the paper draws it: a PNG
 }

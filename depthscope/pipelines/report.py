@@ -174,7 +174,7 @@ def build_report(
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     try:
         traces, trajectories = collect(paths, settings, steps, progress=progress)
-        data, stacked = report_data(traces, trajectories, settings)
+        data, stacked = report_data(traces, trajectories, settings, claims=_bundled_claims(inputs))
         figures = data.figures()
         pngs = {}
         with bar("report: figures", len(figures), enabled=progress) as pb:
@@ -207,6 +207,17 @@ def build_report(
             with contextlib.suppress(OSError):
                 d.rmdir()
     return out_dir / "index.html"
+
+
+def _bundled_claims(inputs: list) -> object:
+    """The claims of the bundled several-seed collection, for the report of the bundled zoo (no
+    inputs given) where that collection is built; else None.
+    """
+    if inputs or not (zoo.SEEDS.directory / zoo.MANIFEST).is_file():
+        return None
+    from depthscope.pipelines.claims import read_claims
+
+    return read_claims()
 
 
 def trajectory_runs_of(trajectories: list[xr.Dataset]):

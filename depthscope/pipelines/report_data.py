@@ -50,13 +50,14 @@ from depthscope.trace import STACK, split_models, stack_traces
 
 
 def report_data(
-    traces: list[xr.Dataset], trajectories: list[xr.Dataset], settings
+    traces: list[xr.Dataset], trajectories: list[xr.Dataset], settings, claims=None
 ) -> tuple[ReportData, xr.Dataset]:
     """(the page's data, the models stacked along ``model``) of a report's traces and trajectories
     (``pipelines.report.collect``); ``settings``: the ``ReportSettings``.
 
     A report of trajectories alone takes each run's last step as its model (see
-    ``pipelines.report``).
+    ``pipelines.report``). ``claims``: a ``pipelines.claims.Claims`` to show in a section of its
+    own (the report of the bundled zoo shows the several-seed collection's).
     """
     k = settings.k
     runs = trajectory_runs(trajectories)  # refuses a run given twice before anything is computed
@@ -78,6 +79,7 @@ def report_data(
         *_trajectories(trajectories, runs, tables),
         *_versus_depth(depth),
         _rank(stacked, traces),
+        _claims(claims) if claims is not None else None,
         _models(traces, k),
     ]
     sections = [s for s in sections if s is not None]
@@ -457,6 +459,52 @@ def _rank(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
     if "source_spectrum" in stacked:
         content.append(ReportFigure(spec("rank"), "rank", {"profile": rank_profile(stacked)}))
     return Section("rank-section", "Collective rank versus width", "collective rank", content)
+
+
+def _claims(claims) -> Section:
+    from depthscope import zoo
+
+    text = [
+        Column("claim", "claim", "text"),
+        Column("source", "source", "text"),
+        Column("paper", "paper", "text"),
+        Column("ours (mean ± sd over seeds)", "ours", "text"),
+        Column("verdict", "verdict", "text", cls="verdict"),
+    ]
+    speed = [
+        Column("variant", "variant", "text"),
+        Column("standard's steps / steps to its final loss", "ratio", "text"),
+    ]
+    costs = [
+        Column("variant", "variant", "text"),
+        Column("params", "params", "text"),
+        Column("FLOPs/token", "flops", "text"),
+        Column("time/step", "time", "text"),
+        Column("gain (nats/byte)", "gain", "text"),
+        Column("gain per +1% params", "per_param", "text"),
+        Column("per +1% FLOPs", "per_flop", "text"),
+        Column("per +1% time", "per_time", "text"),
+    ]
+    schemes = {e.name: e.scheme for e in zoo.SEEDS.entries}
+    return Section(
+        "claims",
+        "Claims, with seeds",
+        "claims",
+        [
+            Note(
+                Markup(
+                    "{} Verdicts: see <code>depthscope.analysis.claims</code>; "
+                    "<code>depthscope claims</code> prints this table."
+                ).format(claims.caveat)
+            ),
+            Table(text, claims.rows, anchor="claims-table", cls="claims"),
+            ReportFigure(
+                spec("claims"), "claims", {"curves": claims.curves, "speed": claims.speed, "schemes": schemes}
+            ),
+            Table(speed, claims.speedups, anchor="claims-speed"),
+            Table(costs, claims.costs, anchor="claims-costs"),
+        ],
+    )
 
 
 def _models(traces: list[xr.Dataset], k: int) -> Section:

@@ -146,3 +146,28 @@ def test_the_claims_command_prints_the_table_of_a_built_collection(tmp_path, cap
     result = CliRunner().invoke(app, ["claims", "--dir", str(tmp_path)])
     assert result.exit_code == 0, result.output
     assert "hc: H_res stays near the identity" in result.output and "Steps to equal loss" in result.output
+
+
+def test_the_report_shows_the_claims_section_with_its_table_figure_and_caveat():
+    from pathlib import Path
+
+    from depthscope.figures.report import render_page
+    from depthscope.pipelines.report import ReportSettings
+    from depthscope.pipelines.report_data import report_data
+    from depthscope.trace import load_trace
+
+    runs = {}
+    for seed in range(3):
+        for name, drop in (("standard", 0.5), ("dca", 0.6)):
+            curve = [[100 * i, 3.0 - drop * i + 0.001 * seed] for i in range(1, 5)]
+            runs.setdefault(name, {})[seed] = run(name, seed, curve)
+    claims = build_claims(runs, {}, {"standard": 100.0, "dca": 101.0})
+    trace = load_trace(Path(__file__).parent.parent / "fixtures" / "reference" / "dca.nc")
+    data, _ = report_data([trace], [], ReportSettings(), claims=claims)
+    [section] = [s for s in data.sections if s.anchor == "claims"]
+    assert [f.spec.name for f in section.figures()] == ["claims"]
+    page = render_page(data, {"claims": b"PNG"})
+    assert 'id="claims"' in page and claims.caveat.split(":")[0] in page
+    assert "DCA reaches the standard residual&#39;s final loss in fewer steps" in page
+    assert page.count('class="verdict"') >= len(claims.rows)  # a verdict cell per claim
+    assert "holds weakly" in page  # dca: 4/3 faster on every seed, short of 3x
