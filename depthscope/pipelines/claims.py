@@ -409,9 +409,9 @@ def build_claims(
             "flops": f"{100 * c['extra_flops']:+.1f}%",
             "time": f"{100 * c['extra_time']:+.0f}%",
             "gain": C.fmt(c["gain"]),
-            "per_param": f"{c['gain_per_percent']['params']:.4f}",
-            "per_flop": f"{c['gain_per_percent']['flops']:.4f}",
-            "per_time": f"{c['gain_per_percent']['time']:.4f}",
+            "per_param": _per(c["gain_per_percent"]["params"]),
+            "per_flop": _per(c["gain_per_percent"]["flops"]),
+            "per_time": _per(c["gain_per_percent"]["time"]),
         }
         for n, c in cost.items()
         if n != C.BASELINE
@@ -424,6 +424,10 @@ def build_claims(
         curves=_paired_curves(runs),
         speed={n: v for n, v in speed.items() if n != C.BASELINE},
     )
+
+
+def _per(value: float) -> str:
+    return f"{value:.4f}" if np.isfinite(value) else "-"
 
 
 def _paired_curves(runs: dict[str, dict[int, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
