@@ -768,7 +768,9 @@ def _zoo_table(entries: list[dict], prefix: str, title: str) -> None:
         table.columns[k].overflow = "fold"
         table.columns[k].min_width = min(
             40,
-            max((len(prefix + m["name"]) if k == 0 else len(m["file"])) for m in entries) if entries else 4,
+            max((len(prefix + m["name"]) if k == 0 else len(m["file"] or "-")) for m in entries)
+            if entries
+            else 4,
         )
     for m in entries:
         c = m["config"]
