@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from depthscope.probes.accumulate import Terms
 from depthscope.probes.adapters.base import evaluating
+from depthscope.probes.terms import Split, Terms
 
 SCALE = {"mixing_std": "mixing_abs"}  # a spread of weights constant over tokens is their rounding
 TABLE = ("mixing", "mixing_abs", "mixing_std", "contribution_share", "norm_share")
@@ -28,6 +28,8 @@ def record(model, ad, tokens: torch.Tensor) -> dict[str, dict]:
         def fn(t):
             if isinstance(t, Terms):  # the adapter reuses its buffers: copied now
                 got[kind][key] = (t.full().double().clone(), t.scale.double().clone())
+            elif isinstance(t, Split):  # per-feature weights in two parts, whole here
+                got[kind][key] = t.full().double()
             else:
                 got[kind][key] = t.detach().double().clone()
 

@@ -44,6 +44,8 @@ from depthscope.probes.partial import (
 )
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
+from depthscope.probes.terms import Split, Terms
+from depthscope.probes.workspace import Workspace
 from depthscope.progress import bar
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
 from depthscope.trace.labels import READOUT
@@ -282,7 +284,8 @@ class Run:
         self.ablate_windows = None if tokens is None else math.ceil(tokens / window)  # None: all
         # a model whose consumers all hand their terms (post-LN) needs no copy of the source outputs
         values = not all(c.terms for c in ad.consumers)
-        self.acc = Accumulator(ad.layout(), covariance=settings.rank, values=values)
+        self.workspace = Workspace()  # the buffers kept from batch to batch, lent to the adapter
+        self.acc = Accumulator(ad.layout(), covariance=settings.rank, values=values, workspace=self.workspace)
         self.probe = LogitProbe(ad, skip, lens=settings.lens) if settings.causal else None
         ablate = settings.ablate
         self.ablation = Ablation(ad, skip, ablate, settings.ablate_mean) if ablate else None
@@ -299,7 +302,7 @@ class Run:
         ad = self.ad
         self.taps.new_batch(chunk)
         output = None
-        with ad.attach(model, self.callbacks), self._stopping():
+        with ad.attached(model, self.callbacks, self.workspace), self._stopping():
             try:
                 output = ad.forward(model, chunk)
             except _Stop:  # the batch is complete: the rest of the forward (the logits) is not needed
@@ -499,7 +502,7 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            if spec.terms and key == "w":  # a Terms: source-major, positions in its dims 1 and 2
+            if key == "w" and isinstance(t, (Terms, Split)):  # its own cut, without a copy
                 got[key] = t.cut(self.skip)
             else:
                 got[key] = self._cut(t)
@@ -524,14 +527,19 @@ class Taps:
             terms = w.to(V.device, V.dtype)
             if self.probe is not None and spec.kind == READOUT:
                 self._readout(spec, h, "terms", terms.full().flatten(1, 2))
-            self.acc.consumer_terms(i, self._flat(h), terms)
+            self.acc.consumer(i, self._flat(h), terms)
+        elif isinstance(w, Split):  # per-feature weights in two parts: never formed whole
+            w = w.to(V.device, V.dtype).flat()
+            if self.probe is not None and spec.kind == READOUT:
+                self._readout(spec, h, "feature", w.full())
+            self.acc.consumer(i, self._flat(h), w)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
             self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)
             self.acc.consumer(i, self._flat(h), w)
         elif i in self.static:
             self._readout(spec, h, "static", self.static[i])
-            self.acc.consumer(i, self._flat(h), self.static[i], static=True)
+            self.acc.consumer(i, self._flat(h), self.static[i])
         else:
             self._readout(spec, h, "unit", None)
             self.acc.consumer(i, self._flat(h))

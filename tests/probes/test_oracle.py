@@ -10,6 +10,7 @@ import torch
 
 from depthscope.probes import capture
 from depthscope.probes.adapters import resolve
+from depthscope.probes.adapters.grn import SUFFIX
 from depthscope.probes.capture import Run
 from depthscope.probes.settings import CaptureSettings
 from depthscope.schemes.base import variants
@@ -42,6 +43,27 @@ def test_every_family_equals_the_oracle(family):
     tokens = torch.randint(2, ad.vocab, (4, min(16, ad.ctx)), generator=torch.Generator().manual_seed(1))
     trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
     assert_agrees(trace, oracle(model, ad, tokens), what=name)
+
+
+@pytest.mark.parametrize("variant", ["grn-v2", "grn-v3", "dca", "dca-k2"])
+def test_split_weights_are_the_mixers_weights(variant):
+    """Every per-feature consumer's two-part weights (static b + per-token gate, the engine's fast
+    path) are, formed whole, exactly the weights its mixer reports through ``hook_weights``."""
+    _, scheme, options = next(v for v in variants() if v[0] == variant)
+    cfg = tiny(scheme, options)
+    model = perturb(build(cfg, dtype=torch.float64), others=0.05)
+    ad = resolve(model)
+    split, whole, taps = {}, {}, []
+    for c in ad.consumers:
+        assert c.weights is None or c.weights.endswith(SUFFIX), c.label
+        if c.weights is not None:
+            taps.append((c.weights, lambda t, k=c.label: split.__setitem__(k, t.full())))
+            taps.append((c.weights.removesuffix(SUFFIX), lambda t, k=c.label: whole.__setitem__(k, t)))
+    with torch.no_grad(), ad.attach(model, taps):
+        model(random_tokens(cfg, batch=2, pos=8))
+    assert len(whole) == len(ad.consumers) and split.keys() == whole.keys()
+    for label, w in whole.items():
+        assert torch.equal(split[label], w), label
 
 
 def test_merged_shards_and_resumed_partials_equal_the_oracle(tmp_path):

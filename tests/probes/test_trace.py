@@ -47,7 +47,7 @@ def planted(acc: Accumulator, w=None, static: bool = False) -> xr.Dataset:
     else:
         ww = w if w.ndim == 3 else w[..., None]
         h = (ww * v.transpose(0, 1)).sum(1)
-    acc.consumer(0, h, w, static=static)
+    acc.consumer(0, h, w)
     err, finite, folded = acc.end_batch()
     assert finite and folded == {0} and err[0] == 0.0
     acc.add_tokens(2)

@@ -357,6 +357,15 @@ class Adapter:
     # causal LMs, which park an attention sink there (SmolLM2: 99% of the squared norm at the
     # input of layer 12 sits at position 0); 0 for models without one
     skip_positions: int = 0
+    # ``attach`` takes a third argument, the engine's ``probes.workspace.Workspace``: the buffers an
+    # adapter needs from batch to batch are lent by the engine, never kept by the adapter
+    workspace: bool = False
+
+    def attached(self, model: Any, taps: list[tuple[str, Callback]], workspace: Any = None):
+        """``attach``, lending ``workspace`` to an adapter that takes one."""
+        if self.workspace and workspace is not None and _takes_three(self.attach):
+            return self.attach(model, taps, workspace)
+        return self.attach(model, taps)  # (an attach replaced by another family's takes two)
 
     def layout(self) -> Layout:
         """The trace axes."""
@@ -369,3 +378,14 @@ class Adapter:
             source_depth=[s.depth for s in self.sources],
             source_kind=[s.kind for s in self.sources],
         )
+
+
+def _takes_three(fn: Callable) -> bool:
+    """Whether ``fn`` takes a third positional argument (an ``attach`` that borrows a workspace)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 3

@@ -50,7 +50,6 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.accumulate import Terms
 from depthscope.probes.adapters.base import (
     Adapter,
     Callback,
@@ -62,6 +61,8 @@ from depthscope.probes.adapters.base import (
     router,
 )
 from depthscope.probes.adapters.hf import model_name, model_type, pretrained, text_encoder
+from depthscope.probes.terms import Terms
+from depthscope.probes.workspace import Workspace
 from depthscope.schemes import names
 
 FAMILY = "post-ln"
@@ -230,7 +231,6 @@ def build(model: Any, found: Layout | None = None) -> Adapter:
     )
     offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if plan.layout.padded_positions else 0
     n_dense = sum(s.kind != names.BIAS for s in srcs)  # the biases are carried as vectors
-    keep: dict = {}  # the terms' buffers, from batch to batch
     return Adapter(
         family=FAMILY,
         sources=srcs,
@@ -247,7 +247,8 @@ def build(model: Any, found: Layout | None = None) -> Adapter:
         ctx=int(getattr(cfg, "max_position_embeddings", 0) or 1 << 16) - offset,
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model, "a post-LN encoder's token ids are word pieces, not bytes"),
-        attach=lambda m, taps: _attach(m, taps, plan, len(srcs), n_dense, keep),
+        attach=lambda m, taps, ws=None: _attach(m, taps, plan, len(srcs), n_dense, ws or Workspace()),
+        workspace=True,  # the terms' buffers, from batch to batch
         forward=_chunked_forward(plan.chunk) if plan.chunk else call_model,
         views=False,  # a post-LN layer's input is the stream itself
     )
@@ -288,12 +289,12 @@ class _Terms:
 
     GROUPS = ("const", "window")
 
-    def __init__(self, send, n_sources: int, n_dense: int, n_embed: int, hold: bool, keep: dict):
+    def __init__(self, send, n_sources: int, n_dense: int, n_embed: int, hold: bool, workspace: Workspace):
         self.send, self.hold = send, hold
         self.sizes = {"dense": n_dense, "const": n_sources, "window": n_embed, "scale": n_sources}
-        # kept by the adapter from batch to batch (each batch attaches anew; one at a time): the
-        # buffers ("embed" before a projection, "stream") and the index tensors
-        self.buffers: dict[str, dict[str, Tensor]] = keep.setdefault("buffers", {})
+        # the engine's, lent for the batch and kept by it from batch to batch: the buffers ("embed"
+        # before a projection, "stream") and the index tensors
+        self.ws = workspace
         self.buf: dict[str, Tensor] = {}
         self.count: dict[str, int] = {}  # live terms per group ("dense", "const", "window")
         self.at: dict[str, list[int]] = {}  # the source index of each live term, per group
@@ -301,7 +302,6 @@ class _Terms:
         self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
         self.parts: list[Tensor] = []  # chunks of the MLP's write
         self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
-        self._indices: dict[tuple, Tensor] = keep.setdefault("indices", {})
 
     def _buffers(self, slot: str, lead: tuple[int, int], d: int, like: Tensor) -> dict[str, Tensor]:
         shapes = {
@@ -310,13 +310,7 @@ class _Terms:
             "window": (self.sizes["window"], 1, lead[1], d),
             "scale": (self.sizes["scale"], *lead),
         }
-        have = self.buffers.get(slot)
-        if have is None or any(
-            have[k].shape != shape or have[k].dtype != like.dtype or have[k].device != like.device
-            for k, shape in shapes.items()
-        ):
-            have = self.buffers[slot] = {k: like.new_empty(shape) for k, shape in shapes.items()}
-        return have
+        return {k: self.ws.buffer(("post-ln", slot, k), shape, like) for k, shape in shapes.items()}
 
     def start(self, key: str, t: Tensor) -> None:
         """A new batch, from its first source [batch, pos, d]."""
@@ -391,11 +385,8 @@ class _Terms:
         """The vector 1/d [d] in ``like``'s dtype and device: a matrix-vector product with it is the
         mean of every row (kept: one per width, dtype and device).
         """
-        key = ("mean", like.shape[-1], like.dtype, like.device)
-        have = self._indices.get(key)
-        if have is None:
-            have = self._indices[key] = like.new_full((like.shape[-1],), 1.0 / like.shape[-1])
-        return have
+        key = ("post-ln mean", like.shape[-1], like.dtype, like.device)
+        return self.ws.constant(key, lambda: like.new_full((like.shape[-1],), 1.0 / like.shape[-1]))
 
     def project(self, linear: torch.nn.Linear, bias_key: str) -> None:
         """Map every term through ``linear``'s weight into the stream's width (the map is linear, so
@@ -433,11 +424,8 @@ class _Terms:
 
     def _index(self, group: str, device: torch.device) -> Tensor:
         """The source indices of a group's live terms, as a tensor (the same in every batch: cached)."""
-        key = (group, tuple(self.at[group]), device)
-        have = self._indices.get(key)
-        if have is None:
-            have = self._indices[key] = torch.tensor(key[1], dtype=torch.long, device=device)
-        return have
+        key = ("post-ln index", group, tuple(self.at[group]), device)
+        return self.ws.constant(key, lambda: torch.tensor(key[2], dtype=torch.long, device=device))
 
     def consumer(self, key: str, h: Tensor) -> None:
         """Consumer ``key``'s input and its terms (views, folded by the engine at once)."""
@@ -452,10 +440,10 @@ class _Terms:
 
 @contextlib.contextmanager
 def _attach(
-    model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int, n_dense: int, keep: dict
+    model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int, n_dense: int, ws: Workspace
 ):
     state = _Terms(
-        router(taps), n_sources, n_dense, len(plan.layout.embeddings), plan.project is not None, keep
+        router(taps), n_sources, n_dense, len(plan.layout.embeddings), plan.project is not None, ws
     )
     with module_attach(model, _hooks(model, plan, state)):
         yield

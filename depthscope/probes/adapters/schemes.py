@@ -14,7 +14,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, head_of
+from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, head_of, tl_attach
+from depthscope.probes.adapters.grn import SUFFIX, split_attach, split_weights
 from depthscope.schemes import DepthModel, consumers, sources
 from depthscope.schemes.base import VOCAB, variant_label
 
@@ -61,13 +62,13 @@ def build(model: DepthModel) -> Adapter:
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
     fixed = static_weights(model) if model.scheme.is_static(cfg.options) else {}
+    splits = split_weights(model)  # GRN-v2/v3 and DCA: per-feature weights in two parts
     cons = []
     for c in consumers(cfg):
         w = fixed.get(c.label)
-        if w is None:  # per-token weights, from the mixer's hook
-            spec = ConsumerSpec(
-                c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, c.hook_weights
-            )
+        if w is None:  # per-token weights, from the mixer's hook (or split, from the gate's)
+            tap = c.hook_weights + SUFFIX if c.hook_weights in splits else c.hook_weights
+            spec = ConsumerSpec(c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, tap)
         else:  # unit (None) or static scalars: the engine's one Gram product per batch
             unit = all(x == 1.0 for x in w)
             spec = ConsumerSpec(
@@ -99,4 +100,5 @@ def build(model: DepthModel) -> Adapter:
         native=native,
         static_native=lambda: model.scheme.static_native(model),
         head=head_of(model.ln_final, model.unembed),
+        attach=split_attach(splits) if splits else tl_attach,
     )

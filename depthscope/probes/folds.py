@@ -1,0 +1,269 @@
+"""How each kind of consumer weights is folded into the trace's sums: one small object per kind.
+
+Every fold has the same two steps, which the accumulator (``probes.accumulate``) calls:
+``consumer(i, h, w)`` when consumer i's input h [T, d] and weights w arrive (its rebuild error at
+once, while h is in memory) and ``end_batch()`` for what waits for the whole batch (products over
+every consumer of the kind at once). What a fold reads of the batch (the source buffer
+``V`` [S, T, d], the per-token norms ``norms`` [S, T]) and the sums it adds into are the
+accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's sources, d = d_model.
+
+* ``Gram``: unit weights (standard residuals, every Hugging Face decoder) and static weights w [n]:
+  the rebuild is the running sum of the sources (or sum_s w_s v_s); dots and norms come at the end
+  from G = sum_t V_t V_t^T (one [S, T d] x [T d, S] product): dots[l, s] = w_s (G w)_s and
+  |rebuilt_l|^2 = w^T G w.
+* ``PerToken``: weights W [T, n] (AttnRes, unrolled HC/mHC streams): one batched product rebuilds,
+  and the per-token Grams G_t = V_t V_t^T (in token chunks) give the dots at the end.
+* ``PerFeature``: weights [T, n, d], or ``Split`` into a static per-feature part b [n, d] and a
+  per-token gate g [T, n] (DCA's GRN-v2/v3), in cache-sized token chunks.
+* ``Carried``: a post-LN consumer's ``Terms``, already in memory: whole-tensor passes, and the
+  per-token mixing of every such consumer folded at the batch's end in one set of products.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from depthscope.probes.terms import Split, Terms
+
+if TYPE_CHECKING:
+    from depthscope.probes.accumulate import Accumulator
+
+CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
+
+
+class Fold:
+    """One weight kind: ``consumer`` as each consumer arrives, ``end_batch`` once a batch."""
+
+    def __init__(self, acc: Accumulator):
+        self.acc = acc
+        self.rows: list = []  # this batch's consumers of the kind, with what end_batch needs
+
+    def consumer(self, i: int, h: Tensor, w) -> None:
+        """Fold consumer i: input h [T, d] and its weights ``w``."""
+        raise NotImplementedError
+
+    def end_batch(self) -> None:
+        """Fold what waits for the whole batch; then forget the batch's consumers."""
+        self.rows = []
+
+
+class Gram(Fold):
+    """Unit (w None) and static (w [n]) weights: dots and norms from the sources' Gram matrix."""
+
+    def start_batch(self) -> None:
+        """A new batch: no running sum yet."""
+        self.R: Tensor | None = None  # running sum of the first sources, built when a unit consumer asks
+        self.in_r = 0  # how many sources R holds
+
+    def _running_sum(self, n: int) -> Tensor:
+        """sum_{s < n} v_s: the running sum grown to n sources (consumers come in order, so each source
+        is added once; nothing is summed for a model without unit consumers).
+        """
+        V = self.acc.V  # noqa: N806
+        if self.R is None:
+            self.R = torch.zeros_like(V[0])
+            self.in_r = 0
+        if self.in_r > n:
+            return V[:n].sum(0)
+        for j in range(self.in_r, n):
+            self.R += V[j]
+        self.in_r = n
+        return self.R
+
+    def consumer(self, i: int, h: Tensor, w: Tensor | None) -> None:
+        """Fold consumer i: input h [T, d] and its weights ``w``."""
+        n, V = self.acc.n_of(i), self.acc.V  # noqa: N806
+        if w is None:
+            rebuilt = self._running_sum(n)
+        else:
+            w = w.to(V.dtype)
+            rebuilt = torch.einsum("s,std->td", w, V[:n])
+        self.acc.fold_error(i, h, rebuilt)
+        self.rows.append((i, w))
+
+    def end_batch(self) -> None:
+        """Fold what waits for the whole batch; then forget the batch's consumers."""
+        acc = self.acc
+        if self.rows:
+            S, T, d = acc.V.shape  # noqa: N806
+            flat = acc.V.view(S, T * d)
+            G = (flat @ flat.T).to(acc.dtype)  # noqa: N806
+            N = acc.norms.sum(1, dtype=acc.V.dtype).to(acc.dtype)  # noqa: N806  (sum_t |v_s|)
+            W = G.new_zeros(len(self.rows), S)  # noqa: N806
+            for r, (i, w) in enumerate(self.rows):
+                W[r, : acc.n_of(i)] = 1.0 if w is None else w.to(acc.dtype)
+            dots = W * (W @ G)
+            idx = torch.tensor([i for i, _ in self.rows], device=G.device)
+            acc.add_rows(idx, dots, W.abs() * N)
+            acc.moments.add(idx, W, torch.zeros_like(W), W.abs(), T)
+        self.R = None
+        super().end_batch()
+
+
+class PerToken(Fold):
+    """Per-token weights W [T, n]: one batched product rebuilds; per-token Grams give the dots."""
+
+    def consumer(self, i: int, h: Tensor, w: Tensor) -> None:
+        """Fold consumer i: input h [T, d] and its weights ``w``."""
+        acc = self.acc
+        n, V = acc.n_of(i), acc.V  # noqa: N806
+        w = w.to(V.dtype)
+        rebuilt = torch.bmm(w.unsqueeze(1), V[:n].transpose(0, 1)).squeeze(1)
+        acc.fold_error(i, h, rebuilt)
+        acc.fold_norms(i, acc.total(w.abs() * acc.norms[:n].T, 0))
+        acc.moments.add_tokens(i, w, w.abs())
+        self.rows.append((i, w))
+
+    def end_batch(self) -> None:
+        """Fold what waits for the whole batch; then forget the batch's consumers."""
+        acc = self.acc
+        if self.rows:
+            S, T, _ = acc.V.shape  # noqa: N806
+            W = acc.V.new_zeros(T, len(self.rows), S)  # noqa: N806
+            for r, (_, w) in enumerate(self.rows):
+                W[:, r, : w.shape[1]] = w
+            step = max(1, CHUNK_BYTES // (4 * S * max(S, acc.d_model)))
+            dots = W.new_zeros(len(self.rows), S, dtype=acc.dtype)
+            for a in range(0, T, step):
+                b = min(T, a + step)
+                Vt = acc.V[:, a:b].transpose(0, 1)  # noqa: N806  [t, S, d]
+                Gt = torch.bmm(Vt, Vt.transpose(1, 2))  # noqa: N806  [t, S, S]
+                Wt = W[a:b]  # noqa: N806
+                dots += acc.total(Wt * torch.bmm(Wt, Gt), 0)
+            idx = torch.tensor([i for i, _ in self.rows], device=dots.device)
+            acc.add_rows(idx, dots)
+        super().end_batch()
+
+
+class PerFeature(Fold):
+    """Per-feature weights, whole [T, n, d] or ``Split`` (b [n, d] + g [T, n]), folded in token chunks
+    (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the rebuild, the dots
+    with it (one matrix-vector product), norms and the error, each from the chunk in cache. Split
+    weights are formed a chunk at a time, w = b + g, in cache too: the sources are read from memory
+    once per consumer, where whole weights cost their own [T, n, d] in memory besides, and their
+    building before. Their feature means (of w and |w|) need no pass at all (``split_means``).
+    """
+
+    def consumer(self, i: int, h: Tensor, w: Tensor | Split) -> None:
+        """Fold consumer i: input h [T, d] and its weights ``w``."""
+        acc, n, V = self.acc, self.acc.n_of(i), self.acc.V  # noqa: N806
+        T, d = h.shape  # noqa: N806
+        split = isinstance(w, Split)
+        if split:
+            static, gate = w.static.to(V.dtype).unsqueeze(1), w.gate.to(V.dtype)
+            weights = lambda a, z: static + gate[a:z].T.unsqueeze(-1)  # noqa: E731  [n, t, d]
+        else:
+            w = w.to(V.dtype)
+            weights = lambda a, z: w[a:z].transpose(0, 1)  # noqa: E731
+        step = max(1, CHUNK_BYTES // (4 * n * d))
+        dots = h.new_zeros(n, dtype=acc.dtype)
+        cn = h.new_zeros(n, dtype=acc.dtype)
+        hh = err = h.new_zeros((), dtype=acc.dtype)
+        means = []  # feature means of whole weights and of their magnitudes, while in cache
+        for a in range(0, T, step):
+            b = min(T, a + step)
+            chunk = weights(a, b)  # [n, t, d]
+            if not split:
+                means.append(torch.stack([chunk.sum(-1), chunk.abs().sum(-1)]))
+            c = V[:n, a:b] * chunk  # V first, its source-major layout
+            rebuilt = c.sum(0)
+            dots = dots + (c.flatten(1) @ rebuilt.flatten()).to(acc.dtype)  # one matrix-vector product
+            cn = cn + acc.total(torch.linalg.vector_norm(c, dim=-1), 1)
+            hh = hh + acc.sq(rebuilt)
+            err = err + acc.sq(h[a:b] - rebuilt.to(h.dtype))
+        acc.add_rows(i, dots, cn, hh)
+        acc.add_error(i, err, acc.sq(h))
+        if split:
+            acc.moments.add_tokens(i, *split_means(w.static.to(acc.dtype), w.gate.to(acc.dtype)))
+        else:
+            m = torch.cat(means, dim=2).transpose(1, 2) / d  # [2, T, n]
+            acc.moments.add_tokens(i, m[0], m[1])
+
+
+def split_means(b: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """The feature means of w = b + g and of |w| per token, [T, n] each, for b [n, d] and g [T, n],
+    without forming w: mean_f (b_f + g) = mean(b) + g, and with b sorted, k of its d values below -g
+    and P_k their sum, sum_f |b_f + g| = (sum(b) - 2 P_k) + g (d - 2 k), a search and a gather.
+    """
+    d = b.shape[1]
+    sorted_b = b.sort(1).values  # [n, d]
+    prefix = torch.nn.functional.pad(sorted_b.cumsum(1), (1, 0))  # [n, d + 1]: P_0 = 0 ... P_d
+    k = torch.searchsorted(sorted_b, -g.T.contiguous())  # [n, T]: how many b_f < -g
+    magnitude = prefix[:, -1:] - 2 * prefix.gather(1, k) + g.T * (d - 2 * k)
+    return b.mean(1) + g, (magnitude / d).T
+
+
+class Carried(Fold):
+    """Post-LN consumers: their ``Terms`` directly (h = sum_s c_s to rounding).
+
+    The dense terms are already in memory, so each statistic is one whole-tensor pass over them: the
+    dots with the rebuilt input as matrix-vector products (one per window where the windows are views
+    with a gap of skipped positions), the norms as one reduction; nothing of their size is allocated
+    (token chunks measured slower here: per-chunk calls dominate). A vector term c_s[t] = a_s[t] v_s
+    costs no pass over T x d per term: dots_s = sum <v_s, sum_t a_s[t] r_t> (one product of the
+    factors with the rebuilt input for the whole group), norms_s = sum_t |a_s[t]| |v_s|. Each
+    consumer's per-token mixing is copied into a workspace buffer [consumer, source, T] (the adapter
+    updates its own in place) and folded for all of them at the batch's end.
+    """
+
+    def consumer(self, i: int, h: Tensor, terms: Terms) -> None:
+        """Fold consumer i: input h [T, d] and its weights ``w``."""
+        acc = self.acc
+        n = terms.scale.shape[0]
+        dense, r = terms.dense, terms.rebuilt
+        dot = torch.zeros(n, dtype=acc.dtype, device=r.device)
+        cnorm = torch.zeros_like(dot)
+        m = dense.shape[0]
+        if m:
+            if dense[0].is_contiguous():  # one matrix-vector product
+                dd = dense.reshape(m, -1) @ r.reshape(-1)
+            else:  # one per window: the windows are views with a gap of skipped positions
+                dd = sum(c.reshape(m, -1) @ rb.reshape(-1) for c, rb in zip(dense.unbind(1), r.unbind(0)))
+            dot.index_add_(0, terms.dense_at, dd.to(acc.dtype))
+            cnorm.index_add_(
+                0, terms.dense_at, acc.total(torch.linalg.vector_norm(dense, dim=-1).reshape(m, -1), 1)
+            )
+        for v, at in terms.vecs:
+            a = terms.scale[at]  # [k, batch, pos]
+            if v.shape[2] == 1:  # the same at every token: <v_s, sum_t a_s[t] r_t>, one product
+                y = a.reshape(a.shape[0], -1) @ r.reshape(-1, r.shape[-1])  # [k, d]
+                dot.index_add_(0, at, acc.total(y * v.reshape(y.shape), 1))
+            else:  # the same in every window: <v_s[p], r[b, p]> per token, then weighted by a_s
+                dot.index_add_(0, at, acc.total((torch.einsum("bpd,spd->sbp", r, v[:, 0]) * a).flatten(1), 1))
+            cnorm.index_add_(0, at, acc.total((a.abs() * torch.linalg.vector_norm(v, dim=-1)).flatten(1), 1))
+        r = r.reshape(-1, r.shape[-1])
+        acc.add_rows(i, dot, cnorm, acc.sq(r))
+        acc.fold_error(i, h, r)
+        mixing = terms.scale.reshape(n, -1)
+        S, T = acc.V.shape[0], mixing.shape[1]  # noqa: N806
+        if not self.rows:  # a consumer's columns past its n stay 0
+            self.buf = acc.workspace.buffer("carried mixing", (acc.n_layers, S, T), mixing).zero_()
+        self.buf[i, :n] = mixing
+        self.rows.append(i)
+
+    def end_batch(self) -> None:
+        """Fold what waits for the whole batch; then forget the batch's consumers."""
+        if self.rows:
+            idx = torch.tensor(self.rows, device=self.buf.device)
+            w = self.buf.index_select(0, idx).to(self.acc.dtype)  # [R, S, T]
+            self.acc.moments.add_tokens(idx.to(self.acc.device), w.transpose(1, 2), w.abs().transpose(1, 2))
+        super().end_batch()
+
+
+def kind_of(w) -> str:
+    """The fold of a consumer's weights: None (unit) or [n] (static): ``gram``; [T, n]: ``token``;
+    [T, n, d] or ``Split``: ``feature``; ``Terms``: ``carried``.
+    """
+    if isinstance(w, Terms):
+        return "carried"
+    if isinstance(w, Split):
+        return "feature"
+    if w is None or w.ndim == 1:
+        return "gram"
+    return "token" if w.ndim == 2 else "feature"
+
+
+FOLDS = {"gram": Gram, "token": PerToken, "feature": PerFeature, "carried": Carried}

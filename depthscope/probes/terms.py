@@ -1,0 +1,94 @@
+"""What an adapter may hand the engine instead of plain weights tensors.
+
+``Terms``: a post-LN consumer's terms. A LayerNorm acts on each token as a fixed linear map times
+that token's 1/sigma, so every source's term can be carried through the later LayerNorms exactly
+(``probes.adapters.post_ln``); ``Terms`` is how they travel, source-major, with the terms that are
+one vector per position kept as vectors.
+
+``Split``: per-feature weights that are a static per-feature part plus a per-token scalar
+(GRN-v2/v3 and DCA, ``probes.adapters.grn``), handed in those two parts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Terms:
+    """A consumer's terms c[l, s] for its n sources, source-major, in two forms.
+
+    ``dense`` [m, batch, pos, d]: the terms held whole (sources ``dense_at`` [m]). ``vecs``: groups
+    (vec [k, b, p, d], at [k]) of terms that are one vector per position scaled per token,
+    c_s[t] = scale_s[t] * vec_s, where (b, p) broadcasts against (batch, pos): (1, 1) for a vector
+    the same at every token, (1, pos) for one the same in every window (a position embedding). A
+    LayerNorm acts on a token as a fixed linear map, gamma * (x - mean(x)), times that token's scalar
+    1/sigma_t, so such a term keeps its form through every later LayerNorm and is carried as b p d
+    numbers, not batch pos d. ``scale`` [n, batch, pos]: every term's accumulated per-token factor
+    (what ``mixing`` reports; inside the dense terms already, applied to the vector terms).
+    ``rebuilt`` [batch, pos, d]: the sum of the terms, carried by the same linear maps as they.
+    ``cut`` drops the first positions of every window without copying.
+    """
+
+    dense: Tensor
+    dense_at: Tensor
+    vecs: tuple[tuple[Tensor, Tensor], ...]
+    scale: Tensor
+    rebuilt: Tensor
+
+    def cut(self, skip: int) -> Terms:
+        """The same terms without the first ``skip`` positions of every window (views)."""
+        if not skip:
+            return self
+        vecs = tuple((v[:, :, skip:] if v.shape[2] > 1 else v, at) for v, at in self.vecs)
+        return Terms(
+            self.dense[:, :, skip:], self.dense_at, vecs, self.scale[:, :, skip:], self.rebuilt[:, skip:]
+        )
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Terms:
+        """On ``device``, the terms in ``dtype`` (the factors keep theirs); itself where they are."""
+        if self.rebuilt.device == device and self.rebuilt.dtype == dtype and self.dense.dtype == dtype:
+            return self
+        vecs = tuple((v.to(device, dtype), at.to(device)) for v, at in self.vecs)
+        return Terms(
+            self.dense.to(device, dtype), self.dense_at.to(device), vecs, self.scale.to(device),
+            self.rebuilt.to(device, dtype),
+        )  # fmt: skip
+
+    def full(self) -> Tensor:
+        """Every term whole: [n, batch, pos, d] (for the read-out's logit attribution, once a batch)."""
+        out = self.dense.new_empty((*self.scale.shape, self.rebuilt.shape[-1]))
+        out[self.dense_at] = self.dense
+        for v, at in self.vecs:
+            out[at] = self.scale[at].unsqueeze(-1) * v
+        return out
+
+
+@dataclass(frozen=True)
+class Split:
+    """Per-feature weights w[..., s, f] = static[s, f] + gate[..., s] (arXiv 2502.06785, Sec. 3: a
+    GRN-v3 coefficient b_i + relu(w . N(g_i))), never formed whole: ``static`` [n, d_model],
+    ``gate`` [batch, pos, n] (``flat``: [T, n]).
+    """
+
+    static: Tensor
+    gate: Tensor
+
+    def cut(self, skip: int) -> Split:
+        """Without the first ``skip`` positions of every window (a view)."""
+        return Split(self.static, self.gate[:, skip:]) if skip else self
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Split:
+        """Both parts on ``device`` in ``dtype``."""
+        return Split(self.static.to(device, dtype), self.gate.to(device, dtype))
+
+    def flat(self) -> Split:
+        """The gate's (batch, pos) flattened to tokens: [T, n]."""
+        return Split(self.static, self.gate.flatten(0, 1))
+
+    def full(self) -> Tensor:
+        """The whole weights [..., n, d_model] (the read-out's logit attribution; the tests)."""
+        return self.static + self.gate.unsqueeze(-1)
