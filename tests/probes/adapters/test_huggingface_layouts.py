@@ -178,7 +178,7 @@ def test_a_hybrids_ssm_sources_are_a_group_of_their_own(tmp_path):
     """jamba: mamba mixers are ``ssm`` sources and consumers; summaries and the report group them
     like attention and MLP (a pure decoder has no such group: NaN)."""
     from depthscope.analysis import summary
-    from depthscope.figures.report import _model_row
+    from depthscope.pipelines.report_data import _model_scores
 
     trace = capture(saved(tmp_path, "jamba"), tokens(), skip_positions=0)
     kinds = dict(zip(trace["source"].values, trace["source_kind"].values))
@@ -188,7 +188,7 @@ def test_a_hybrids_ssm_sources_are_a_group_of_their_own(tmp_path):
     ] * 2
     s = summary(trace, k=1)
     assert np.isfinite(float(s["pattern_score"].sel(group="ssm")))
-    assert np.isfinite(_model_row(trace, 1)["pattern_ssm"])
+    assert np.isfinite(_model_scores(trace, s)["pattern_ssm"])  # the report's scores table
     plain = capture(saved(tmp_path, "llama"), tokens(), skip_positions=0)
     assert np.isnan(float(summary(plain, k=1)["pattern_score"].sel(group="ssm")))
 
