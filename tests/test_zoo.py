@@ -97,3 +97,34 @@ def test_zoo_list_shows_every_collection_with_its_directory_and_whole_names(caps
     for coll in bundled.COLLECTIONS.values():
         assert str(coll.directory) in text
     assert "deep/attnres-block8" in text and "attnres-block4.safetensors" in text  # never cut
+
+
+SEEDED = zoo.read_manifest(zoo.SEEDS.directory)
+
+
+def test_the_seeds_collection_holds_three_seeds_of_every_variant_and_the_grown_baselines():
+    assert [m["name"] for m in SEEDED] == zoo.SEEDS.names()
+    by_variant: dict[str, list[int]] = {}
+    for m in SEEDED:
+        by_variant.setdefault(m["name"].rsplit(".seed", 1)[0], []).append(m["seed"])
+    assert all(sorted(s) == [0, 1, 2] for s in by_variant.values())
+    schemes = {m["scheme"] for m in SEEDED}
+    assert len(schemes) >= 8 and "muddformer" in schemes
+    sizes = {
+        m["name"].rsplit(".seed", 1)[0]: (m["config"]["n_layers"], m["config"]["d_model"]) for m in SEEDED
+    }
+    assert (
+        sizes["standard"] == (8, 64)
+        and sizes["standard-9blocks"] == (9, 64)
+        and sizes["standard-w72"] == (8, 72)
+    )
+    for m in SEEDED:
+        assert [s for s, _ in m["val_curve"]] == list(range(100, 1001, 100))
+        assert m["val_curve"][-1][1] == m["val_loss"] and np.isfinite(m["val_loss"])
+        trace = zoo.SEEDS.directory / m["trace"]["file"]
+        assert zoo.sha256(trace) == m["trace"]["sha256"]
+        assert bool(m["file"]) == (m["seed"] == 0)  # checkpoints are kept for seed 0 only
+        if m["file"]:
+            assert zoo.sha256(zoo.SEEDS.directory / m["file"]) == m["sha256"]
+        if m["scheme"] in ("hc", "mhc"):
+            assert m["streams"]["n_streams"] == 4 and 1 <= m["streams"]["participation_ratio"] <= 4 + 1e-9
