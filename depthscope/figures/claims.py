@@ -13,6 +13,8 @@ import numpy as np
 
 from depthscope.figures.style import scheme_color, style_axes, styled, subplots
 
+STYLES = ("-", ":", "-.")  # the first, second, third variant of one scheme
+GROWN_STYLES = ("--", "-.", ":")  # the standard residual grown deeper, wider
 DCA_CLAIM = 3.0  # DCA (arXiv 2502.06785): the same perplexity up to 3x faster
 
 
@@ -29,11 +31,19 @@ def plot_claims(curves: dict[str, dict[str, Any]], speed: dict[str, list[float]]
     fig, (left, right) = subplots(1, 2, figsize=(11.0, 4.2), width_ratios=(1.5, 1.0))
     style_axes(left)
     style_axes(right)
+    seen: dict[str, int] = {}  # variants of one scheme share its colour: told apart by line style
+    styles = {}
+    for name in [*curves, *speed]:
+        if name not in styles:
+            scheme = schemes.get(name, name)
+            k = seen[scheme] = seen.get(scheme, -1) + 1
+            styles[name] = (GROWN_STYLES if scheme == "standard" else STYLES)[k % 3]
     for name, c in curves.items():
         diff = np.asarray(c["diff"], dtype=float)
         colour = scheme_color(schemes.get(name, name))
-        dashed = "--" if name.startswith("standard") else "-"
-        left.plot(c["steps"], diff.mean(0), color=colour, ls=dashed, lw=1.4, label=f"{name} (n={len(diff)})")
+        left.plot(
+            c["steps"], diff.mean(0), color=colour, ls=styles[name], lw=1.4, label=f"{name} (n={len(diff)})"
+        )
         if len(diff) > 1:
             left.fill_between(c["steps"], diff.min(0), diff.max(0), color=colour, alpha=0.12, lw=0)
     left.axhline(0, color="black", lw=0.8)
@@ -46,7 +56,8 @@ def plot_claims(curves: dict[str, dict[str, Any]], speed: dict[str, list[float]]
         x = np.asarray(speed[name], dtype=float)
         x = x[np.isfinite(x)]
         colour = scheme_color(schemes.get(name, name))
-        right.barh(i, x.mean(), color=colour, alpha=0.35)
+        hatch = {"-": None, "--": None}.get(styles[name], "///")  # a scheme's second variant hatched
+        right.barh(i, x.mean(), color=colour, alpha=0.35, hatch=hatch)
         right.plot(x, np.full(len(x), i), "o", color=colour, ms=4)
     right.set_yticks(range(len(names)), names)
     right.invert_yaxis()

@@ -237,9 +237,18 @@ def _view_rows(name: str, numbers: dict[int, dict[str, Any]], claim: str, source
             "source": source,
             "paper": paper,
             "ours": f"mean read depth (sublayers back): {ours}",
-            "verdict": max(verdicts, key=_strength) if verdicts else "not measured",
+            # "differ" holds where some pair is apart on every seed (either sign); else not reproduced
+            "verdict": _apart_verdict(verdicts),
         }
     ]
+
+
+def _apart_verdict(verdicts: list[str]) -> str:
+    if not verdicts:
+        return "not measured"
+    if "holds" in verdicts:
+        return "holds"
+    return "one seed" if "one seed" in verdicts else "not reproduced here"
 
 
 STRENGTH = {"holds": 3, "holds weakly": 2, "contradicted": 1, "not reproduced here": 0, "one seed": -1}
