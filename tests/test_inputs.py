@@ -67,9 +67,12 @@ def numbers(trace: xr.Dataset) -> xr.Dataset:
 def test_zoo_names_are_the_names_zoo_list_prints(capsys):
     names = zoo_names()
     assert [n for n in names if "/" not in n] == [m["name"] for m in zoo.read_manifest()]
-    assert [n for n in names if "/" in n] == [
+    assert [n for n in names if n.startswith("deep/")] == [
         f"deep/{m['name']}" for m in zoo.read_manifest(zoo.DEEP.directory)
     ]
+    kept = [f"seeds/{m['name']}" for m in zoo.read_manifest(zoo.SEEDS.directory) if m["file"]]
+    assert [n for n in names if n.startswith("seeds/")] == kept  # seed 0 of each variant: its checkpoint
+    assert names["seeds/dca.seed0"] == zoo.SEEDS.directory / "dca.seed0.safetensors"
     assert names["denseformer"] == zoo.ZOO_DIR / "denseformer.safetensors"
     assert names["deep/hc"] == zoo.DEEP.directory / "hc.safetensors"
     assert input_kind("denseformer") == input_kind("deep/hc") == "zoo"

@@ -21,15 +21,12 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from depthscope.probes.terms import Split, Terms
-
-if TYPE_CHECKING:
-    from depthscope.probes.accumulate import Accumulator
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
 
@@ -37,7 +34,7 @@ CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1
 class Fold:
     """One weight kind: ``consumer`` as each consumer arrives, ``end_batch`` once a batch."""
 
-    def __init__(self, acc: Accumulator):
+    def __init__(self, acc: Any):  # the probes.accumulate.Accumulator that owns the fold
         self.acc = acc
         self.rows: list = []  # this batch's consumers of the kind, with what end_batch needs
 

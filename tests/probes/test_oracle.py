@@ -46,9 +46,13 @@ def test_every_family_equals_the_oracle(family):
 
 
 @pytest.mark.parametrize("variant", ["grn-v2", "grn-v3", "dca", "dca-k2"])
-def test_split_weights_are_the_mixers_weights(variant):
+def test_split_weights_are_the_mixers_weights(variant, monkeypatch):
     """Every per-feature consumer's two-part weights (static b + per-token gate, the engine's fast
-    path) are, formed whole, exactly the weights its mixer reports through ``hook_weights``."""
+    path, off by default: ``adapters.schemes.SPLIT_GRN``) are, formed whole, exactly the weights
+    its mixer reports through ``hook_weights``."""
+    from depthscope.probes.adapters import schemes as own
+
+    monkeypatch.setattr(own, "SPLIT_GRN", True)
     _, scheme, options = next(v for v in variants() if v[0] == variant)
     cfg = tiny(scheme, options)
     model = perturb(build(cfg, dtype=torch.float64), others=0.05)
