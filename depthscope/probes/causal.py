@@ -44,6 +44,7 @@ from torch import Tensor
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters.base import Adapter, Head
 from depthscope.probes.settings import ABLATE
+from depthscope.probes.terms import Split, whole
 
 TARGETS = ("correct", "top1", "margin")
 
@@ -336,8 +337,8 @@ class Ablation(Sums):
             return hook
 
         def on_weights(i: int):
-            def hook(t: Tensor) -> None:
-                weights[i] = t
+            def hook(t: Tensor | Split) -> None:
+                weights[i] = whole(t)  # (an ablation's term needs them whole)
 
             return hook
 

@@ -137,60 +137,133 @@ class PerToken(Fold):
 
 class PerFeature(Fold):
     """Per-feature weights, whole [T, n, d] or ``Split`` (b [n, d] + g [T, n]), folded in token chunks
-    (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the rebuild, the dots
-    with it (one matrix-vector product), norms and the error, each from the chunk in cache. Split
-    weights are formed a chunk at a time, w = b + g, in cache too: the sources are read from memory
-    once per consumer, where whole weights cost their own [T, n, d] in memory besides, and their
-    building before. Their feature means (of w and |w|) need no pass at all (``split_means``).
+    (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
+    into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
+    dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuilt
+    input's norm and error once at the end. Split weights are formed a chunk at a time, w = b + g,
+    in cache too: the sources are read from memory once per consumer, where whole weights cost their
+    own [T, n, d] in memory besides, and their building before. Their feature means (of w and |w|)
+    need no pass at all (``split_means``). Five operations a chunk, nothing allocated but [n] and
+    [n, t] results: at a few hundred chunks a batch the calls, not only the arithmetic, are the cost.
+
+    Two consumers sharing a ``Split.base`` (a DCA block's query view and its MLP, which reads the
+    same weighted terms plus the attention's output) are folded together: the first waits (its input
+    held, not copied: only depthscope's own models hand such weights, and they never change a tensor
+    in place) until the second arrives, or the batch ends, and the terms are formed once for both.
     """
+
+    def __init__(self, acc: Any):
+        super().__init__(acc)
+        self.waiting: dict[str, tuple[int, Tensor, Split]] = {}  # base -> (consumer, input, weights)
 
     def consumer(self, i: int, h: Tensor, w: Tensor | Split) -> None:
         """Fold consumer i: input h [T, d] and its weights ``w``."""
+        if isinstance(w, Split) and w.base is not None:
+            if not w.extra:  # its extension comes later in the forward
+                self.waiting[w.base] = (i, h, w)
+                return
+            if w.base in self.waiting:
+                self._fold(*self.waiting.pop(w.base), also=(i, h, w))
+                return
+        self._fold(i, h, w)
+
+    def end_batch(self) -> None:
+        """Fold the consumers still waiting for an extension; then forget the batch's consumers."""
+        for i, h, w in self.waiting.values():
+            self._fold(i, h, w)
+        self.waiting = {}
+        super().end_batch()
+
+    def _fold(
+        self, i: int, h: Tensor, w: Tensor | Split, also: tuple[int, Tensor, Split] | None = None
+    ) -> None:
+        """Fold consumer i, and ``also`` the consumer whose weights extend its own by unit weights on
+        the sources after its n.
+        """
         acc, n, V = self.acc, self.acc.n_of(i), self.acc.V  # noqa: N806
         T, d = h.shape  # noqa: N806
+        step = max(1, CHUNK_BYTES // (V.element_size() * n * d))
+        ws, size = acc.workspace, (max(step * n * d, CHUNK_BYTES // V.element_size()),)
+        terms = ws.buffer("feature terms", size, V)
+        rebuilt = ws.buffer("feature rebuilt", (T, d), V)
         split = isinstance(w, Split)
         if split:
-            static, gate = w.static.to(V.dtype).unsqueeze(1), w.gate.to(V.dtype)
-            weights = lambda a, z: static + gate[a:z].T.unsqueeze(-1)  # noqa: E731  [n, t, d]
+            static = w.static.to(V.dtype).unsqueeze(1)  # [n, 1, d]
+            gate = w.gate.to(V.dtype).T.unsqueeze(-1)  # [n, T, 1]
+            formed = ws.buffer("feature weights", size, V)
         else:
             w = w.to(V.dtype)
-            weights = lambda a, z: w[a:z].transpose(0, 1)  # noqa: E731
-        step = max(1, CHUNK_BYTES // (4 * n * d))
-        dots = h.new_zeros(n, dtype=acc.dtype)
-        cn = h.new_zeros(n, dtype=acc.dtype)
-        hh = err = h.new_zeros((), dtype=acc.dtype)
-        means = []  # feature means of whole weights and of their magnitudes, while in cache
+        if also is not None:  # the extension: rebuilt2 = rebuilt + its unit sources; dots with both
+            m = acc.n_of(also[0])
+            rebuilt2 = ws.buffer("feature rebuilt (extension)", (T, d), V)
+        dots, norms, means, dots2 = [], [], [], []  # per chunk: [n], [n, t], [2, n, t] (whole weights)
         for a in range(0, T, step):
             b = min(T, a + step)
-            chunk = weights(a, b)  # [n, t, d]
-            if not split:
+            shape = (n, b - a, d)
+            if split:
+                chunk = torch.add(static, gate[:, a:b], out=formed[: n * (b - a) * d].view(shape))
+            else:
+                chunk = w[a:b].transpose(0, 1)
                 means.append(torch.stack([chunk.sum(-1), chunk.abs().sum(-1)]))
-            c = V[:n, a:b] * chunk  # V first, its source-major layout
-            rebuilt = c.sum(0)
-            dots = dots + (c.flatten(1) @ rebuilt.flatten()).to(acc.dtype)  # one matrix-vector product
-            cn = cn + acc.total(torch.linalg.vector_norm(c, dim=-1), 1)
-            hh = hh + acc.sq(rebuilt)
-            err = err + acc.sq(h[a:b] - rebuilt.to(h.dtype))
-        acc.add_rows(i, dots, cn, hh)
+            c = torch.mul(V[:n, a:b], chunk, out=terms[: n * (b - a) * d].view(shape))  # V first: its layout
+            r = torch.sum(c, 0, out=rebuilt[a:b])
+            dots.append(torch.mv(c.view(n, -1), r.view(-1)))
+            norms.append(torch.linalg.vector_norm(c, dim=-1))
+            if also is not None:
+                unit = V[n:m, a:b]
+                r2 = torch.add(r, unit.sum(0), out=rebuilt2[a:b])
+                dots2.append(
+                    torch.cat([torch.mv(c.view(n, -1), r2.view(-1)), unit.reshape(m - n, -1) @ r2.view(-1)])
+                )
+        norms = acc.total(torch.cat(norms, 1), 1)
+        if also is not None:
+            j, h2, w2 = also
+            norms2 = torch.cat([norms, acc.total(acc.norms[n:m], 1)])
+            self._add(j, h2, w2, acc.total(torch.stack(dots2), 0), norms2, rebuilt2)
+        self._add(i, h, w if split else None, acc.total(torch.stack(dots), 0), norms, rebuilt, means)
+
+    def _add(
+        self, i: int, h: Tensor, w: Split | None, dots: Tensor, norms: Tensor, rebuilt: Tensor, means=None
+    ):
+        """Add consumer i's sums: its dots and norms [n], its rebuilt input's norm and error (the
+        buffer ``rebuilt`` becomes the error), its weights' moments (``Split`` w, or the whole weights'
+        feature means per chunk).
+        """
+        acc = self.acc
+        hh = acc.sq(rebuilt)
+        err = acc.sq(rebuilt.sub_(h))
+        acc.add_rows(i, dots, norms, hh)
         acc.add_error(i, err, acc.sq(h))
-        if split:
-            acc.moments.add_tokens(i, *split_means(w.static.to(acc.dtype), w.gate.to(acc.dtype)))
+        if w is not None:
+            # the static part is the same in every batch: sorted once a capture
+            ordered = acc.workspace.constant(
+                ("feature static", i), lambda: sorted_static(w.static.to(acc.dtype))
+            )
+            acc.moments.add_tokens(i, *split_means(ordered, w.gate.to(acc.dtype)))
         else:
-            m = torch.cat(means, dim=2).transpose(1, 2) / d  # [2, T, n]
+            m = torch.cat(means, dim=2).transpose(1, 2) / h.shape[1]  # [2, T, n]
             acc.moments.add_tokens(i, m[0], m[1])
 
 
-def split_means(b: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
-    """The feature means of w = b + g and of |w| per token, [T, n] each, for b [n, d] and g [T, n],
-    without forming w: mean_f (b_f + g) = mean(b) + g, and with b sorted, k of its d values below -g
-    and P_k their sum, sum_f |b_f + g| = (sum(b) - 2 P_k) + g (d - 2 k), a search and a gather.
+def sorted_static(b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """What ``split_means`` needs of a static part b [n, d]: b sorted along features, the prefix sums
+    P_0 = 0 ... P_d of the sorted values [n, d + 1], and the mean [n].
     """
-    d = b.shape[1]
-    sorted_b = b.sort(1).values  # [n, d]
-    prefix = torch.nn.functional.pad(sorted_b.cumsum(1), (1, 0))  # [n, d + 1]: P_0 = 0 ... P_d
-    k = torch.searchsorted(sorted_b, -g.T.contiguous())  # [n, T]: how many b_f < -g
+    ordered = b.sort(1).values
+    return ordered, torch.nn.functional.pad(ordered.cumsum(1), (1, 0)), b.mean(1)
+
+
+def split_means(static: tuple[Tensor, Tensor, Tensor], g: Tensor) -> tuple[Tensor, Tensor]:
+    """The feature means of w = b + g and of |w| per token, [T, n] each, for b [n, d] (given as
+    ``sorted_static(b)``) and g [T, n], without forming w: mean_f (b_f + g) = mean(b) + g, and with b
+    sorted, k of its d values below -g and P_k their sum, sum_f |b_f + g| = (sum(b) - 2 P_k) + g (d - 2 k),
+    a search and a gather.
+    """
+    ordered, prefix, mean = static
+    d = ordered.shape[1]
+    k = torch.searchsorted(ordered, -g.T.contiguous())  # [n, T]: how many b_f < -g
     magnitude = prefix[:, -1:] - 2 * prefix.gather(1, k) + g.T * (d - 2 * k)
-    return b.mean(1) + g, (magnitude / d).T
+    return mean + g, (magnitude / d).T
 
 
 class Carried(Fold):

@@ -37,25 +37,28 @@ class Moments:
         self.sums = {k: t.to(device, dtype) for k, t in self.sums.items()}
         self.seen = self.seen.to(device, dtype)
 
-    def add(self, idx, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b: int) -> None:
+    def add(self, idx, m_b: Tensor, m2_b: Tensor, abs_b: Tensor, n_b) -> None:
         """Merge a batch's weight means ``m_b``, their M2 and mean magnitudes (each [n] for one
-        consumer ``idx``, or [R, n] for consumers ``idx`` [R], each once) over its ``n_b`` tokens into
-        the first n sources. Whole rows (n = S) are exact too: a source a consumer does not read has
-        weight 0 in every batch.
+        consumer ``idx``, or [R, n] for consumers ``idx`` [R], each once) over its ``n_b`` tokens (a
+        number, or [R] per consumer) into the first n sources. Whole rows (n = S) are exact too: a
+        source a consumer does not read has weight 0 in every batch. Into an empty summary the batch's
+        numbers are taken as they are (a fraction of exactly 1), so a shard's merge moves no bit.
         """
         s, n = self.sums, m_b.shape[-1]
-        n_a = self.seen[idx].unsqueeze(-1)
-        frac = n_b / (n_a + n_b)
+        n_a = self.seen[idx]
+        n_b = torch.as_tensor(n_b, dtype=n_a.dtype, device=n_a.device).expand_as(n_a)
+        frac = (n_b / torch.clamp(n_a + n_b, min=1.0)).unsqueeze(-1)
         delta = m_b - s["mix"][idx, :n]
         s["mix"][idx, :n] += delta * frac
-        s["mix_sq"][idx, :n] += m2_b + delta.pow(2) * n_a * frac
+        s["mix_sq"][idx, :n] += m2_b + delta.pow(2) * n_a.unsqueeze(-1) * frac
         s["mix_abs"][idx, :n] += (abs_b - s["mix_abs"][idx, :n]) * frac
         self.seen[idx] += n_b
 
     def add_tokens(self, idx, w: Tensor, w_abs: Tensor) -> None:
         """Merge per-token weights ``w`` [..., T, n] (and their magnitudes) of consumer(s) ``idx``."""
         w = w.to(self.seen.dtype)
-        m_b = w.mean(-2)
+        first = w[..., :1, :]  # shifted by the first token: weights the same at every token (a GRN-v2's)
+        m_b = first.squeeze(-2) + (w - first).mean(-2)  # have exactly that mean, in any shard
         m2_b = (w - m_b.unsqueeze(-2)).pow(2).sum(-2)
         self.add(idx, m_b, m2_b, w_abs.to(self.seen.dtype).mean(-2), w.shape[-2])
 
@@ -68,14 +71,8 @@ class Moments:
     def merge(self, state: dict[str, np.ndarray]) -> None:
         """Add another run's ``state`` (its tokens after this one's), per consumer by the tokens seen."""
         dev = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64)).to(self.seen)  # noqa: E731
-        n_a, n_b = self.seen, dev(state["seen"])
-        n = torch.clamp(n_a + n_b, min=1.0)[:, None]
-        s = self.sums
-        delta = dev(state["sums.mix"]) - s["mix"]
-        s["mix_sq"] += dev(state["sums.mix_sq"]) + delta.pow(2) * (n_a * n_b)[:, None] / n
-        for key in ("mix", "mix_abs"):
-            s[key] += (dev(state[f"sums.{key}"]) - s[key]) * n_b[:, None] / n
-        self.seen += n_b
+        every = torch.arange(len(self.seen), device=self.seen.device)
+        self.add(every, *(dev(state[f"sums.{k}"]) for k in ("mix", "mix_sq", "mix_abs")), dev(state["seen"]))
 
 
 class Covariance:

@@ -33,6 +33,7 @@ from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters import Adapter
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.capture import LOW_PRECISION, _adapter, tolerance, unwrap
+from depthscope.probes.terms import whole
 
 
 def _ids(ad: Adapter, text_or_ids: Any, tokenizer: Any) -> tuple[Tensor, list[str]]:
@@ -86,7 +87,7 @@ def inspect(
 
     def keep(store: dict, k: int):
         def hook(t: Tensor) -> None:
-            t = t.detach()
+            t = whole(t).detach()  # (Split weights formed whole: a prompt is a few tokens)
             store[k] = (t.float() if t.dtype in LOW_PRECISION else t).double().cpu()
 
         return hook

@@ -11,7 +11,7 @@ one vector per position kept as vectors.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -72,23 +72,35 @@ class Split:
     """Per-feature weights w[..., s, f] = static[s, f] + gate[..., s] (arXiv 2502.06785, Sec. 3: a
     GRN-v3 coefficient b_i + relu(w . N(g_i))), never formed whole: ``static`` [n, d_model],
     ``gate`` [batch, pos, n] (``flat``: [T, n]).
+
+    ``base``: a key shared by two consumers whose weights agree: the one with ``extra`` 0 and the one
+    with the same static and gate on those sources plus ``extra`` sources of weight 1 after them (a DCA
+    block's query view and its MLP, which reads the query's input plus the attention's output). The
+    engine then forms their terms once (``probes.folds.PerFeature``).
     """
 
     static: Tensor
     gate: Tensor
+    base: str | None = None
+    extra: int = 0
 
     def cut(self, skip: int) -> Split:
         """Without the first ``skip`` positions of every window (a view)."""
-        return Split(self.static, self.gate[:, skip:]) if skip else self
+        return replace(self, gate=self.gate[:, skip:]) if skip else self
 
     def to(self, device: torch.device, dtype: torch.dtype) -> Split:
         """Both parts on ``device`` in ``dtype``."""
-        return Split(self.static.to(device, dtype), self.gate.to(device, dtype))
+        return replace(self, static=self.static.to(device, dtype), gate=self.gate.to(device, dtype))
 
     def flat(self) -> Split:
         """The gate's (batch, pos) flattened to tokens: [T, n]."""
-        return Split(self.static, self.gate.flatten(0, 1))
+        return replace(self, gate=self.gate.flatten(0, 1))
 
     def full(self) -> Tensor:
         """The whole weights [..., n, d_model] (the read-out's logit attribution; the tests)."""
         return self.static + self.gate.unsqueeze(-1)
+
+
+def whole(w: Tensor | Split) -> Tensor:
+    """Weights as one tensor: ``Split`` ones formed whole (for what reads a few tokens, or needs them so)."""
+    return w.full() if isinstance(w, Split) else w

@@ -28,23 +28,40 @@ SUFFIX = ":split"  # a consumer's weights tap that delivers ``Split`` weights: i
 def split_weights(model: DepthModel) -> dict[str, tuple[str, Callable[[Tensor], Split]]]:
     """For each per-feature consumer of a GRN-v2/v3 or DCA model, by its ``hook_weights``: the hook
     that fires with its per-token part (the gate; v2 has none: the consumer's ``hook_in``) and how
-    that hook's value [batch, pos, entry] (or its input) becomes its ``Split`` weights.
+    that hook's value [batch, pos, entry] (or its input) becomes its ``Split`` weights. A block's MLP
+    reads its query GRN's weights plus 1 on its own attention: the two share a ``Split.base`` (the
+    GRN's path) where their source -> entry indices agree.
     """
     if model.cfg.scheme != "dca" or model.cfg.options.grn == "v1":
         return {}
+    extended = set()  # paths of the GRNs a SkipMixer reads with the GRN's own index
+    for path, module in model.named_modules():
+        if isinstance(module, SkipMixer):
+            grn_path = _path_of(model, _query(model, path))
+            if torch.equal(module.index, _index(model, grn_path)):
+                extended.add(grn_path)
     out = {}
     for path, module in model.named_modules():
         if isinstance(module, GRN) and hasattr(module, "hook_weights"):
             grn, index, extra = module, _index(model, path), 0
         elif isinstance(module, SkipMixer):  # its block's (query) GRN, plus 1 on its own attention
-            attn = model.get_submodule(path.rsplit(".", 1)[0] + ".attn_mix")
-            grn, index, extra = (attn.q if isinstance(attn, DCAAttentionMixer) else attn), module.index, 1
+            grn, index, extra = _query(model, path), module.index, 1
         else:
             continue
+        grn_path = _path_of(model, grn)
         gated = grn.variant == "v3"
-        fire = f"{_path_of(model, grn)}.hook_gate" if gated else f"{path}.hook_in"
-        out[f"{path}.hook_weights"] = (fire, _splitter(grn, index, extra, gated))
+        fire = f"{grn_path}.hook_gate" if gated else f"{path}.hook_in"
+        base = grn_path if grn_path in extended else None
+        out[f"{path}.hook_weights"] = (fire, _splitter(grn, index, extra, gated, base))
     return out
+
+
+def _query(model: Any, skip_path: str) -> GRN:
+    """The GRN whose output a block's MLP reads (its skip): the block's attention's query view, or the
+    attention mixer itself where it is one GRN (v2, v3).
+    """
+    attn = model.get_submodule(skip_path.rsplit(".", 1)[0] + ".attn_mix")
+    return attn.q if isinstance(attn, DCAAttentionMixer) else attn
 
 
 def _index(model: Any, path: str) -> Tensor:
@@ -57,7 +74,9 @@ def _path_of(model: Any, module: Any) -> str:
     return next(p for p, m in model.named_modules() if m is module)
 
 
-def _splitter(grn: GRN, index: Tensor, extra: int, gated: bool) -> Callable[[Tensor], Split]:
+def _splitter(
+    grn: GRN, index: Tensor, extra: int, gated: bool, base: str | None
+) -> Callable[[Tensor], Split]:
     def split(t: Tensor) -> Split:
         static = grn.b.detach().index_select(0, index)  # [n, d]
         if gated:  # t: the gates [batch, pos, entry]
@@ -67,7 +86,7 @@ def _splitter(grn: GRN, index: Tensor, extra: int, gated: bool) -> Callable[[Ten
         if extra:
             static = torch.cat([static, static.new_ones(extra, static.shape[1])])
             gate = torch.cat([gate, gate.new_zeros(*gate.shape[:2], extra)], -1)
-        return Split(static.to(gate.dtype), gate)
+        return Split(static.to(gate.dtype), gate, base, extra)
 
     return split
 

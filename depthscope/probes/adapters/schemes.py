@@ -22,7 +22,7 @@ from depthscope.schemes.base import VOCAB, variant_label
 FAMILY = "depthscope"
 PRIORITY = 0
 READS = "depthscope's own models (every scheme): each mixer's hook_weights, already in the delta basis"
-SPLIT_GRN = False  # hand GRN weights to the engine as ``Split`` (see ``build``)
+SPLIT_GRN = True  # hand GRN weights to the engine as ``Split`` (see ``build``); False: whole [T, n, d]
 TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's metadata, when it has them
 
 
@@ -63,9 +63,9 @@ def build(model: DepthModel) -> Adapter:
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
     fixed = static_weights(model) if model.scheme.is_static(cfg.options) else {}
-    # GRN-v2/v3 and DCA: per-feature weights in two parts (static + gate), never formed whole. Off
-    # for now: the logit attribution and ablations, ``probes.inspect`` and the merging of worker
-    # shards still take whole weight tensors, and fail on ``Split`` ones.
+    # GRN-v2/v3 and DCA: per-feature weights in two parts (static + gate), never formed whole by the
+    # engine (what needs them whole, the read-out's attribution, ablations and ``inspect``, calls
+    # ``probes.terms.whole``).
     splits = split_weights(model) if SPLIT_GRN else {}
     cons = []
     for c in consumers(cfg):
