@@ -225,21 +225,17 @@ class PerFeature(Fold):
     def _add(
         self, i: int, h: Tensor, w: Split | None, dots: Tensor, norms: Tensor, rebuilt: Tensor, means=None
     ):
-        """Add consumer i's sums: its dots and norms [n], its rebuilt input's norm and error (the
-        buffer ``rebuilt`` becomes the error), its weights' moments (``Split`` w, or the whole weights'
+        """Add consumer i's sums: its dots and norms [n], its rebuild error (the buffer ``rebuilt``
+        becomes the error), its weights' moments (``Split`` w, or the whole weights'
         feature means per chunk).
         """
         acc = self.acc
-        hh = acc.sq(rebuilt)
-        err = acc.sq(rebuilt.sub_(h))
-        acc.add_rows(i, dots, norms, hh)
-        acc.add_error(i, err, acc.sq(h))
-        if w is not None:
+        acc.add_rows(i, dots, norms)  # |rebuilt|^2: the dots' sum, which it equals
+        acc.add_error(i, acc.sq(rebuilt.sub_(h)), acc.sq(h))
+        if w is not None:  # in the data's precision, summed in the moments' (float64)
             # the static part is the same in every batch: sorted once a capture
-            ordered = acc.workspace.constant(
-                ("feature static", i), lambda: sorted_static(w.static.to(acc.dtype))
-            )
-            acc.moments.add_tokens(i, *split_means(ordered, w.gate.to(acc.dtype)))
+            ordered = acc.workspace.constant(("feature static", i), lambda: sorted_static(w.static))
+            acc.moments.add_tokens(i, *split_means(ordered, w.gate))
         else:
             m = torch.cat(means, dim=2).transpose(1, 2) / h.shape[1]  # [2, T, n]
             acc.moments.add_tokens(i, m[0], m[1])
