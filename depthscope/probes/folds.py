@@ -139,10 +139,10 @@ class PerFeature(Fold):
     """Per-feature weights, whole [T, n, d] or ``Split`` (b [n, d] + g [T, n]), folded in token chunks
     (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
     into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
-    dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuilt
-    input's norm and error once at the end. Split weights are formed a chunk at a time, w = b + g,
-    in cache too: the sources are read from memory once per consumer, where whole weights cost their
-    own [T, n, d] in memory besides, and their building before. Their feature means (of w and |w|)
+    dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuild
+    error once at the end (|rebuilt|^2 is the dots' sum). Split weights are formed a chunk at a time,
+    w = b + g, in cache too: the sources are read from memory once per consumer, where whole weights cost
+    their own [T, n, d] in memory besides, and their building before. Their feature means (of w and |w|)
     need no pass at all (``split_means``). Five operations a chunk, nothing allocated but [n] and
     [n, t] results: at a few hundred chunks a batch the calls, not only the arithmetic, are the cost.
 
