@@ -54,6 +54,7 @@ from depthscope.inputs import (
     resolve_short_name,
     resolve_zoo,
 )
+from depthscope.probes.gguf_header import read_gguf_header
 from depthscope.resources import require_memory
 
 # sizes in a config.json that must be positive integers (names of the families depthscope reads)
@@ -229,6 +230,9 @@ def declared_context(path: str | Path) -> int | None:
         snap = cached_hub(str(path))
         return declared_context(snap.path) if snap is not None else None
     path = Path(path)
+    if kind == "gguf":  # its header checked against the file: a hostile one is refused here, in one line
+        found = read_gguf_header(path).context_length
+        return found if found is not None and found > 0 else None
     found: Any = None
     with contextlib.suppress(Exception):  # an unreadable file: the load says why, in one line
         if kind == "checkpoint":
@@ -238,12 +242,6 @@ def declared_context(path: str | Path) -> int | None:
         elif kind == "model-dir":
             config = json.loads((path / "config.json").read_text())
             found = next((config[k] for k in CONTEXT_KEYS if type(config.get(k)) is int), None)
-        elif kind == "gguf" and importlib.util.find_spec("gguf") is not None:
-            from gguf import GGUFReader
-
-            fields = GGUFReader(path).fields
-            key = next((k for k in fields if k.endswith(".context_length")), None)
-            found = int(fields[key].contents()) if key else None
     return found if type(found) is int and found > 0 else None
 
 
@@ -338,12 +336,35 @@ def load_hf_directory(
     except Exception as err:  # transformers raises many types for broken or unsupported weights
         raise DepthscopeError(
             f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
+            + _older(config, remote)
         ) from None
     _check_loading(path, type(model).__name__, info)
     model.tokenizer = _tokenizer(path, trust_remote_code=remote)
     if remote:
         model.depthscope_source = {"trust_remote_code": 1}
     return (model if "device_map" in kwargs else placement.place(model)).eval()
+
+
+def _older(config: dict, remote: bool) -> str:
+    """What to add to a failed load of custom code written for an older transformers than installed."""
+    import transformers
+
+    wrote = config.get("transformers_version")
+    if not remote or not isinstance(wrote, str):
+        return ""
+    try:
+        older = tuple(int(x) for x in wrote.split(".")[:2]) < tuple(
+            int(x) for x in transformers.__version__.split(".")[:2]
+        )
+    except ValueError:
+        return ""
+    if not older:
+        return ""
+    return (
+        f"; its own code was written for transformers {wrote:.20}, older than the installed "
+        f"{transformers.__version__}: build the model in a spec file's load() (depthscope capture DIR "
+        "--spec FILE.py; docs/reference.md#modelspec)"
+    )
 
 
 def _held_elements(path: Path) -> int | None:
@@ -439,9 +460,13 @@ def load_torch(path: Path) -> Any:
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
+    except pickle.UnpicklingError:
         raise DepthscopeError(
-            f"{path}: refused: holds more than tensors and plain containers ({_first_line(err)})"
+            f"{path}: refused: it holds more than tensors and plain containers (a pickled module: loading it "
+            "would run code, which depthscope never does for a file); read it from Python with a ModelSpec, "
+            "or "
+            f"name a spec file whose load() unpickles it: depthscope capture {path} --spec FILE.py "
+            "(`depthscope spec MODEL --spec FILE.py` prints a spec to start from)"
         ) from None
     except Exception as err:  # a truncated or corrupt zip, ...
         raise DepthscopeError(f"{path}: not a readable PyTorch file ({type(err).__name__})") from None
@@ -503,6 +528,7 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
         raise DepthscopeError(
             f"{path}: reading .gguf files needs {' and '.join(missing)}: pip install gguf accelerate"
         )
+    read_gguf_header(path)  # every size its header claims checked before transformers' reader allocates it
     import torch
     import transformers
 
@@ -586,8 +612,11 @@ def _tokenizer(directory: Path, trust_remote_code: bool = False, **kwargs) -> An
         return None
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
+
+
 def _first_line(err: Exception) -> str:
-    return (str(err).splitlines() or [""])[0][:200]
+    return (ANSI.sub("", str(err)).splitlines() or [""])[0][:200]
 
 
 def load_bridge(directory: str | Path) -> Any:
