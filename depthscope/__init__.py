@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from depthscope import probes, zoo
     from depthscope.probes.adapters.registry import Family, register_family
     from depthscope.probes.adapters.spec import ModelSpec
+    from depthscope.probes.adapters.suggest import suggest_spec
     from depthscope.probes.load import load_model as load
     from depthscope.schemes import DepthModel, ModelConfig
 
@@ -26,6 +27,7 @@ _LAZY = {
     "DepthModel": ("depthscope.schemes", "DepthModel"),
     "ModelConfig": ("depthscope.schemes", "ModelConfig"),
     "ModelSpec": ("depthscope.probes.adapters.spec", "ModelSpec"),  # read any module: where it writes, reads
+    "suggest_spec": ("depthscope.probes.adapters.suggest", "suggest_spec"),  # a ModelSpec to start from
     "probes": ("depthscope.probes", None),
     "Family": ("depthscope.probes.adapters.registry", "Family"),  # a model family, as a value
     "register_family": ("depthscope.probes.adapters.registry", "register_family"),
@@ -40,6 +42,7 @@ __all__ = [
     "load",
     "probes",
     "register_family",
+    "suggest_spec",
     "zoo",
     "__version__",
 ]

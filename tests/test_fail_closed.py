@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from safetensors.torch import load_file, save_file
 
 from depthscope.cli import main
+from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
 from depthscope.probes.partial import digest, partial_path
 from depthscope.resources import cores
@@ -184,7 +185,7 @@ def partial_of(ckpt: Path, tmp_path: Path) -> Path:
 
     handle = model.register_forward_pre_hook(fail)
     partial = tmp_path / "p.partial"
-    with pytest.raises(RuntimeError):
+    with pytest.raises(DepthscopeError, match=r"forward failed on batch \d .*RuntimeError: stopped"):
         capture(model, n_tokens=128, ctx=32, batch_size=1, partial=partial, save_every=1)
     handle.remove()
     return partial

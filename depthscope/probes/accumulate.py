@@ -162,6 +162,8 @@ class Accumulator:
         """Consumer i's whole input [batch, pos, d] (skipped positions included): how much of its
         squared norm sits at the first position of the windows (an attention sink shows here).
         """
+        if h.dtype in (torch.float16, torch.bfloat16):  # a float16 dot overflows past 65,504
+            h = h.float()
         self.sums["first_sq"][i].add_(self.sq(h[:, 0]))
         self.sums["full_sq"][i].add_(self.sq(h))
 

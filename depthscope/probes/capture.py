@@ -32,7 +32,8 @@ from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
-from depthscope.probes.adapters.spec import ModelSpec, build_spec
+from depthscope.probes.adapters.spec import NAME as SPEC
+from depthscope.probes.adapters.spec import ModelSpec, build_spec, first_line, with_forward
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.load import source_attrs
 from depthscope.probes.partial import (
@@ -101,7 +102,7 @@ def capture(
     model, tokenizer = unwrap(model, tokenizer)
     if spec is not None and adapter is not None:
         raise DepthscopeError("give an adapter or a spec, not both")
-    ad = _adapter(model, spec if spec is not None else adapter, tokenizer, forward)
+    ad = _adapter(model, spec if spec is not None else adapter, tokenizer, forward, data)
     if settings.causal:  # before the slow work: a model without an LM head is refused at once
         require_head(ad, "--logits" if settings.logits else "--lens" if settings.lens else "--ablate")
     windows, corpus_name, skip = _windows(ad, data, settings)
@@ -171,13 +172,22 @@ def _settings(settings: CaptureSettings | None, options: dict[str, Any]) -> Capt
     return CaptureSettings(**options, partial=partial)
 
 
-def _adapter(model: Any, adapter: str | Adapter | ModelSpec | None, tokenizer: Any, forward: Any) -> Adapter:
-    """The model's adapter, with the tokenizer or forward the caller gives (a copy: never mutated)."""
-    ad = build_spec(model, adapter) if isinstance(adapter, ModelSpec) else resolve(model, adapter)
+def _adapter(
+    model: Any, adapter: str | Adapter | ModelSpec | None, tokenizer: Any, forward: Any, data: Any = None
+) -> Adapter:
+    """The model's adapter, with the tokenizer or forward the caller gives (a copy: never mutated).
+    A spec (given or discovered) runs its probe with ``forward`` too, and takes its window length
+    from token ids [batch, pos] where the model does not say it.
+    """
+    ctx = int(data.shape[1]) if isinstance(data, Tensor) and data.ndim == 2 else None
+    if isinstance(adapter, ModelSpec):
+        ad = build_spec(model, with_forward(adapter, forward), ctx=ctx)
+    else:
+        ad = resolve(model, adapter, ctx=ctx, forward=forward)
+        if forward is not None and ad.family != SPEC:
+            ad = dataclasses.replace(ad, forward=lambda _model, tokens: forward(tokens))
     if tokenizer is not None:
         ad = dataclasses.replace(ad, encode=encoder(tokenizer))
-    if forward is not None:
-        ad = dataclasses.replace(ad, forward=lambda _model, tokens: forward(tokens))
     return ad
 
 
@@ -302,18 +312,20 @@ class Run:
         ad = self.ad
         self.taps.new_batch(chunk)
         output = None
-        with ad.attached(model, self.callbacks, self.workspace), self._stopping():
-            try:
-                output = ad.forward(model, chunk)
-            except _Stop:  # the batch is complete: the rest of the forward (the logits) is not needed
-                pass
+        with _model_failure(b, chunk):
+            with ad.attached(model, self.callbacks, self.workspace), self._stopping():
+                try:
+                    output = ad.forward(model, chunk)
+                except _Stop:  # the batch is complete: the rest of the forward (the logits) is not needed
+                    pass
         self.taps.end_batch(b)
         if self.probe is not None:
             self.probe.end_batch(ad.logits(output))
         if self.ablation is not None:
             n = len(chunk) if self.ablate_windows is None else min(len(chunk), self.ablate_windows - first)
             if n > 0:  # the first windows of the capture, by global index: sharding does not move them
-                self.ablation.run(model, chunk[:n])
+                with _model_failure(b, chunk):
+                    self.ablation.run(model, chunk[:n])
         self.acc.add_tokens(chunk.shape[0] * (chunk.shape[1] - self.skip))
 
     @contextlib.contextmanager
@@ -388,6 +400,23 @@ def tolerance(dtype: torch.dtype | None) -> float:
     return LOW_PRECISION.get(dtype, TOLERANCE)
 
 
+@contextlib.contextmanager
+def _model_failure(b: int, chunk: Tensor) -> Iterator[None]:
+    """The model's own exception in a batch's forward as one line (depthscope's own errors, and
+    Ctrl-C, pass as they are): a cache sized for another batch, a shape the code did not expect.
+    """
+    try:
+        yield
+    except DepthscopeError:
+        raise
+    except Exception as err:
+        raise DepthscopeError(
+            f"the model's forward failed on batch {b} (token ids {list(chunk.shape)}): "
+            f"{type(err).__name__}: {first_line(err)} (a cache or buffer sized for a smaller batch? lower "
+            "--batch-size, or size it in the spec file's setup())"
+        ) from None
+
+
 class _Stop(Exception):
     """Raised by the last tap of a batch when nothing after the read-out's input is needed."""
 
@@ -434,6 +463,9 @@ class Taps:
         """Start a batch of windows ``chunk`` [batch, pos]."""
         self.pending, self.natives = {}, set()
         self.fired[:] = False
+        # (batch, pos) of the analysed tokens, from the windows themselves: whichever source fires first
+        # (a position embedding [1, pos, d] called before the token embedding) is checked against it
+        self.shape = None if chunk is None else (int(chunk.shape[0]), int(chunk.shape[1]) - self.skip)
         self.folded = 0
         self.acc.start_batch()
         if self.probe is not None:
@@ -481,15 +513,15 @@ class Taps:
             self.dtype = self.dtype or t.dtype
             if t.dtype in LOW_PRECISION:  # sums of half-precision terms are formed in float32
                 t = t.float()
-            if not self.fired.any():
+            if self.shape is None:
                 self.shape = (t.shape[0], t.shape[1])
             if t.shape[0] == 1 and self.shape[0] > 1:  # shared over the batch (GPT-2's position embedding)
                 t = t.expand(self.shape[0], *t.shape[1:])
-            if self.fired.any() and self.acc.V is not None:
-                want = (*self.shape, self.acc.V.shape[-1])
-                if tuple(t.shape) != want or t.device != self.acc.V.device:
-                    label = self.ad.sources[j].label
-                    raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
+            started = self.fired.any() and self.acc.V is not None
+            want = (*self.shape, self.acc.V.shape[-1] if started else t.shape[-1])
+            if t.ndim != 3 or tuple(t.shape) != want or (started and t.device != self.acc.V.device):
+                label = self.ad.sources[j].label
+                raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
             self.acc.source(j, self._flat(t))
             self.fired[j] = True
 

@@ -52,6 +52,12 @@ TARGETS = ("correct", "top1", "margin")
 def require_head(ad: Adapter, what: str) -> Head:
     """The adapter's final norm and unembedding; DepthscopeError naming ``what`` if the model has none."""
     if ad.head is None:
+        if ad.family == "spec":
+            raise DepthscopeError(
+                f"{what} needs the model's LM head: name it in the spec, ModelSpec(head=('FINAL_NORM', "
+                "'UNEMBEDDING')) (module paths; by default the read-out module and lm_head, which this "
+                "model does not have)"
+            )
         raise DepthscopeError(
             f"{what} needs the model's LM head, and this {ad.family} model has none (an encoder?)"
         )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
 from depthscope.probes.adapters import resolve
 from depthscope.probes.adapters.grn import SUFFIX
@@ -105,7 +106,8 @@ def test_merged_shards_and_resumed_partials_equal_the_oracle(tmp_path):
     partial = tmp_path / "p.partial"
     options = {"batch_size": 2, "rank": True, "partial": partial, "progress": False}
     capture(model, tokens, **options, save_every=1)
-    with pytest.raises(RuntimeError):  # stopped after the second batch: the partial has two of three
+    # stopped after the second batch (the model's own failure, in one line): the partial has two of three
+    with pytest.raises(DepthscopeError, match=r"forward failed on batch 2 .*RuntimeError: stopped"):
         stop_after(model, 2, lambda: capture(model, tokens, **options, save_every=1))
     assert_agrees(capture(model, tokens, **options, resume=True), expect, what="resumed")
 

@@ -53,8 +53,13 @@ def _detects(family: Family, model: Any) -> bool:
     return bool(family.detect(model))
 
 
-def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
-    """The adapter of ``model``: the one given, the family named, or the first family that detects it."""
+def resolve(
+    model: Any, adapter: str | Adapter | None = None, ctx: int | None = None, forward: Any = None
+) -> Adapter:
+    """The adapter of ``model``: the one given, the family named, the first family that detects it,
+    or the spec discovery guesses (``suggest``; ``ctx``: the window length where the model does not say;
+    ``forward``: how discovery runs the model).
+    """
     if isinstance(adapter, Adapter):
         return adapter
     known = families()
@@ -65,24 +70,29 @@ def resolve(model: Any, adapter: str | Adapter | None = None) -> Adapter:
     for family in known.values():
         if _detects(family, model):
             return _built(family, model)
-    from depthscope.probes.adapters.spec import build_spec, guess_spec
+    from depthscope.probes.adapters.spec import SPEC_COMMAND, build_spec
+    from depthscope.probes.adapters.suggest import suggest_spec
 
-    guessed = guess_spec(model)
+    guessed = suggest_spec(model, forward, check=False).spec
     why = ""
-    if guessed is not None:  # a plain module shaped like a pre-norm decoder: read as its spec says
+    if guessed is not None:  # a plain module shaped like a decoder: read as the guessed spec says
         try:
-            ad = build_spec(model, guessed)
+            ad = build_spec(model, guessed, ctx=ctx)
             ad.attrs["spec_origin"] = "discovered"
             return ad
         except DepthscopeError as err:
-            why = f" (read as {guessed.describe()['writes']}: {str(err).removeprefix('ModelSpec: ')})"
+            why = f"; read as {_short(guessed)}: {str(err).removeprefix('ModelSpec: ')}"
     raise DepthscopeError(
-        f"cannot capture a {type(model).__name__}: no adapter knows it "
-        f"(known families: {', '.join(known)}){why}; name where it writes and reads: "
-        "capture(model, data, spec=depthscope.ModelSpec(embed=['wte'], "
-        "writes={'attn': 'blocks.*.attn', 'mlp': 'blocks.*.mlp'}, reads={'attn': 'blocks.*.ln_1', "
-        "'mlp': 'blocks.*.ln_2', 'readout': 'ln_f'})), see README.md#reading-your-own-model"
+        f"cannot capture a {type(model).__name__}: no adapter knows it (known families: {', '.join(known)})"
+        f"{why}; name where it writes and reads with a ModelSpec: {SPEC_COMMAND}, in the model's own module "
+        "names (docs/reference.md#modelspec)"
     )
+
+
+def _short(spec: Any) -> str:
+    """A spec in one line: ModelSpec(embed=[...], writes={...}, reads={...})."""
+    d = spec.describe()
+    return f"ModelSpec(embed={d['embed']}, writes={d['writes']}, reads={d['reads']})"
 
 
 def describe() -> list[dict[str, str]]:

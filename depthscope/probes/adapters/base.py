@@ -20,6 +20,7 @@ duration of a ``with`` block and removes every handle in its ``finally``; the en
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,35 +87,95 @@ def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.Abstra
     return model.hooks(fwd_hooks=[(name, wrap(fn)) for name, fn in taps])
 
 
+# How a module's tensor lays out the tokens of a forward on ids [batch, pos], found once on the probe:
+# [batch, pos, d] (or [1, pos, d], shared over the batch); [pos, d] shared over the batch (a position
+# embedding of arange(pos)); [batch * pos, d] (a MoE block or OPT's MLP flattens the tokens); or
+# [pos, batch, d] (a time-first stream, fairseq's layout).
+LAYOUTS = ("bpd", "pd", "flat", "pbd")
+
+
+def stream_layout(shape: tuple[int, ...], batch: int, pos: int) -> str | None:
+    """The layout (``LAYOUTS``) of a tensor of ``shape`` in a forward on ids [batch, pos], or None."""
+    if len(shape) == 3 and shape[1] == pos and shape[0] in (1, batch):
+        return "bpd"
+    if len(shape) == 3 and shape[:2] == (pos, batch) and batch != pos:
+        return "pbd"
+    if len(shape) == 2 and shape[0] == batch * pos and batch > 1:
+        return "flat"
+    if len(shape) == 2 and shape[0] == pos:
+        return "pd"
+    return None
+
+
+def to_stream(t: Tensor, layout: str, tokens: tuple[int, int] | None) -> Tensor:
+    """A tensor of ``layout`` as [batch or 1, pos, d] (a view) in a forward on ids of shape ``tokens``."""
+    if layout == "pbd":
+        return t.transpose(0, 1)
+    if layout == "pd" or (layout == "flat" and t.shape[0] != math.prod(tokens or (0,))):
+        return t.unsqueeze(0)  # (a batch of one window: [pos, d] whichever the layout)
+    if layout == "flat":
+        return t.view(*tokens, t.shape[-1]) if t.is_contiguous() else t.reshape(*tokens, t.shape[-1])
+    return t
+
+
+def from_stream(new: Tensor, layout: str, original: Tensor) -> Tensor:
+    """A replacement [batch or 1, pos, d] put back in the layout of the ``original`` it replaces."""
+    if layout == "pbd":
+        return new.transpose(0, 1)
+    return new.reshape(original.shape) if new.shape != original.shape else new
+
+
 @contextlib.contextmanager
-def module_attach(model: Any, taps: list[tuple[str, Callback]]):
+def module_attach(
+    model: Any,
+    taps: list[tuple[str, Callback]],
+    *,
+    layouts: dict[str, str] | None = None,
+    tokens: Callable[[], tuple[int, int] | None] | None = None,
+):
     """Callbacks on plain ``nn.Module``s. A tap is ``"path:out"`` (the module's output, its first
-    element if it returns a tuple) or ``"path:in"`` (its first input, positional or the
-    ``hidden_states`` keyword); either in the token shape [batch, pos, d] of the forward in flight
-    when the module flattens the tokens (``token_view``). A callback may return a replacement
-    tensor. Every handle is removed in the ``finally``.
+    element if it returns a tuple) or ``"path:in"`` (its first input: positional, else the
+    ``hidden_states`` keyword, else its first floating-point tensor keyword); either seen as
+    [batch, pos, d] of the forward in flight: by the tap's layout in ``layouts`` (``stream_layout``),
+    else flattened tokens [batch x pos, d] are unflattened (``token_view``). ``tokens`` gives the
+    (batch, pos) of the forward in flight (default: the shape of the model's first argument). A
+    callback may return a replacement tensor, put back in the module's own layout. Every handle is
+    removed in the ``finally``.
     """
-    tokens: list[tuple[int, int]] = []  # (batch, pos) of the model's forward in flight
+    noted: list[tuple[int, int]] = []  # (batch, pos) of the model's forward in flight
 
     def note(module, args, kwargs):
         ids = args[0] if args else kwargs.get("input_ids")
-        tokens[:] = [tuple(ids.shape)] if isinstance(ids, Tensor) and ids.ndim == 2 else []
+        noted[:] = [tuple(ids.shape)] if isinstance(ids, Tensor) and ids.ndim == 2 else []
 
-    handles = [model.register_forward_pre_hook(note, with_kwargs=True)]
+    shape = tokens or (lambda: noted[0] if noted else None)
+    handles = [] if tokens else [model.register_forward_pre_hook(note, with_kwargs=True)]
     try:
         for tap, fn in taps:
             path, _, where = tap.rpartition(":")
             module = model.get_submodule(path)
+            view = _view((layouts or {}).get(tap), shape)
             if where == "out":
-                handles.append(module.register_forward_hook(_output_hook(fn, tokens)))
+                handles.append(module.register_forward_hook(_output_hook(fn, view)))
             elif where == "in":
-                handles.append(module.register_forward_pre_hook(_input_hook(fn, tokens), with_kwargs=True))
+                handles.append(module.register_forward_pre_hook(_input_hook(fn, view), with_kwargs=True))
             else:
                 raise ValueError(f"tap {tap!r} must end in ':in' or ':out'")
         yield
     finally:
         for h in handles:
             h.remove()
+
+
+def _view(layout: str | None, shape: Callable[[], tuple[int, int] | None]):
+    """(seen, back): how a tap sees a module's tensor, and how a replacement goes back."""
+    if layout is None:
+        return (lambda t: token_view(t, shape())), (
+            lambda new, seen, original: new.reshape(original.shape) if seen is not original else new
+        )
+    return (lambda t: to_stream(t, layout, shape())), (
+        lambda new, seen, original: from_stream(new, layout, original)
+    )
 
 
 def token_view(t: Any, tokens: tuple[int, int] | None) -> Any:
@@ -126,18 +187,16 @@ def token_view(t: Any, tokens: tuple[int, int] | None) -> Any:
     return t
 
 
-def _replaced(new: Tensor, seen: Tensor, original: Tensor) -> Tensor:
-    return new.reshape(original.shape) if seen is not original else new
+def _output_hook(fn: Callback, view):
+    see, back = view
 
-
-def _output_hook(fn: Callback, tokens: list):
     def hook(module, args, out):
         first = out[0] if isinstance(out, (tuple, list)) else out  # a list: GPT-1's blocks return one
-        seen = token_view(first, tokens[0] if tokens else None)
+        seen = see(first)
         new = fn(seen)
         if new is None:
             return None
-        new = _replaced(new, seen, first)
+        new = back(new, seen, first)
         if isinstance(out, list):
             return [new, *out[1:]]
         return (new, *out[1:]) if isinstance(out, tuple) else new
@@ -145,23 +204,37 @@ def _output_hook(fn: Callback, tokens: list):
     return hook
 
 
-def first_input(args: tuple, kwargs: dict) -> Any:
-    """What a ``"path:in"`` tap sees of a call: its first positional argument, else its
-    ``hidden_states`` keyword (None if it has neither).
+def input_slot(args: tuple, kwargs: dict) -> tuple[int | str | None, Any]:
+    """Where a ``"path:in"`` tap finds a call's input, and the input: its first positional argument,
+    else its ``hidden_states`` keyword, else its first floating-point tensor keyword (``ln(x=h)``);
+    (None, None) if it has none of them.
     """
-    return args[0] if args else kwargs.get("hidden_states")
+    if args:
+        return 0, args[0]
+    if "hidden_states" in kwargs:
+        return "hidden_states", kwargs["hidden_states"]
+    key = next((k for k, v in kwargs.items() if isinstance(v, Tensor) and v.is_floating_point()), None)
+    return (key, kwargs[key]) if key is not None else (None, None)
 
 
-def _input_hook(fn: Callback, tokens: list):
+def first_input(args: tuple, kwargs: dict) -> Any:
+    """What a ``"path:in"`` tap sees of a call (``input_slot``'s value; None if it has none)."""
+    return input_slot(args, kwargs)[1]
+
+
+def _input_hook(fn: Callback, view):
+    see, back = view
+
     def hook(module, args, kwargs):
-        positional = bool(args)
-        first = args[0] if positional else kwargs["hidden_states"]
-        seen = token_view(first, tokens[0] if tokens else None)
+        key, first = input_slot(args, kwargs)
+        if key is None:
+            return None
+        seen = see(first)
         new = fn(seen)
         if new is None:
             return None
-        new = _replaced(new, seen, first)
-        return ((new, *args[1:]), kwargs) if positional else (args, {**kwargs, "hidden_states": new})
+        new = back(new, seen, first)
+        return ((new, *args[1:]), kwargs) if key == 0 else (args, {**kwargs, key: new})
 
     return hook
 

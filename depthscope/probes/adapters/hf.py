@@ -18,6 +18,16 @@ def pretrained(model: Any) -> bool:
     return isinstance(model, PreTrainedModel)
 
 
+def input_embedding(model: Any) -> Any:
+    """The model's token embedding (``get_input_embeddings``), or None: custom modeling code written
+    for an older transformers may not define it (transformers then raises NotImplementedError).
+    """
+    try:
+        return model.get_input_embeddings()
+    except Exception:  # noqa: BLE001 - whatever it raises, the model does not say
+        return None
+
+
 def model_type(model: Any) -> Any:
     """``model.config.model_type``, or None where the model has no config or its config will not say
     (transformers' per-layer configs refuse some attributes).

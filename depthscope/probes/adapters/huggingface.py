@@ -42,7 +42,8 @@ from depthscope.probes.adapters.base import (
     head_of,
     module_attach,
 )
-from depthscope.probes.adapters.hf import model_name, pretrained, text_encoder
+from depthscope.probes.adapters.hf import input_embedding, model_name, pretrained, text_encoder
+from depthscope.probes.adapters.spec import SPEC_COMMAND
 from depthscope.probes.adapters.structure import (
     Embed,
     Plan,
@@ -353,8 +354,8 @@ def plan_of(model: Any, probe: Probe) -> Plan:
     if layout is not None:
         plan = layout_plan(model, layout, model_type)
     else:
-        embedding = model.get_input_embeddings()
-        path = next((p for p, m in model.named_modules() if m is embedding), None)
+        embedding = input_embedding(model)
+        path = next((p for p, m in model.named_modules() if m is embedding), None) if embedding else None
         plan = discover(model, probe, path)
     check(plan, probe)
     return plan
@@ -364,7 +365,7 @@ def build(model: Any) -> Adapter:
     """The adapter of a decoder from its checked plan: static weights where writes are scaled."""
     cfg = text_config(model)
     model_type = str(getattr(model.config, "model_type", ""))
-    embedding = model.get_input_embeddings()
+    embedding = input_embedding(model)
     vocab = int(getattr(embedding, "num_embeddings", None) or config_value(cfg, "vocab_size") or 0)
     if vocab < 1:
         raise Refused(
@@ -384,8 +385,13 @@ def build(model: Any) -> Adapter:
                 also = f"; nor as a post-LN model: {post}"
             else:
                 return post_ln.build(model, found)
+        spec = (
+            ""
+            if model_type in LAYOUTS
+            else "; name where it writes and reads in a spec file: " + SPEC_COMMAND
+        )
         raise Refused(
-            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}"
+            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}{spec}"
         ) from None
     sources, consumers = specs(plan, probe)
     name = model_name(model)

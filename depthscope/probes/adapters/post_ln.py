@@ -60,7 +60,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.hf import model_name, model_type, pretrained, text_encoder
+from depthscope.probes.adapters.hf import input_embedding, model_name, model_type, pretrained, text_encoder
 from depthscope.probes.terms import Terms
 from depthscope.probes.workspace import Workspace
 from depthscope.schemes import names
@@ -637,7 +637,8 @@ def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
         )
         embed_ln = norms[-1] if project is not None else None
     target = embed_ln.input if embed_ln is not None else first.input
-    word = next((p for p, m in modules.items() if m is model.get_input_embeddings()), None)
+    embedding = input_embedding(model)
+    word = next((p for p, m in modules.items() if m is embedding), None) if embedding is not None else None
     called = [c for c in before if isinstance(c.module, torch.nn.Embedding) and probe.count.get(c.path) == 1]
     values = _outputs(model, probe, [c.path for c in called])  # [batch or 1, pos, width], 2-D ones too
     embeds = [

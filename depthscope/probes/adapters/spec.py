@@ -12,39 +12,41 @@ for the layer index::
     )
     trace = depthscope.probes.capture(model, data, spec=spec)
 
-and depthscope finds every consumer's weights over the sources written before it from the
-activations themselves, on one probe forward of random token ids (batch 2 x 8 positions), trying
-in turn:
+One probe forward of random token ids (batch 2 x 8 positions) records every named module's first
+input and output, and depthscope
 
-1. unit weights: the input is the plain sum of the sources (a standard residual);
-2. static scalars: one least-squares fit over every token of the probe (DenseFormer's DWA, a
-   scaled residual);
-3. per-token scalars: a least-squares fit per token, recomputed on every batch of the capture from
-   the sources and the input (AttnRes, hyper-connections and mHC unrolled into the delta basis,
-   MUDDFormer's dynamic dense weights).
+1. checks their shapes: each must be a view of the stream, [batch, pos, d_model] ([1, pos, d] or
+   [pos, d]: shared over the batch, a position embedding of ``arange``; [batch * pos, d]: a block
+   that flattens the tokens, a MoE layer; [pos, batch, d]: a time-first stream), all of one width,
+   else it is refused naming the module and the shape it gave;
+2. finds each consumer's weights over the sources written before it from the activations
+   themselves (``fit``): unit (a standard residual), static scalars (DenseFormer's DWA, a scaled
+   residual) or per-token scalars (AttnRes, hyper-connections and mHC unrolled into the delta
+   basis, MUDDFormer's dynamic dense weights), **chosen by the evidence** (the richer hypothesis is
+   kept only when it explains significantly more, by an F test in float64) and refused where the
+   activations do not determine them (dependent sources, more per-token-weighted sources than the
+   width) or where no scalar combination rebuilds the input (per-feature weights: give them as
+   ``weights=``; a read of something not named).
 
-The first that rebuilds the input within the probe's tolerance (relative 1e-5 in float32) is kept;
-a consumer that none rebuilds (per-feature weights, a read that is not a combination of the
-named writes) is refused in one line naming it and the residual left. The capture engine then
-checks the identity on every batch, as for every family, so a fit that held on the probe and
-fails on real text is refused there.
+The capture engine then checks the identity on every batch, as for every family, and per-token
+weights are solved again on every batch with the same identifiability rule, token by token.
 
 Sources may be increments (a sublayer's output) or whole states (a block's output, which
-DenseFormer averages): the engine only needs each input to be a combination of them. A source of
-shape [pos, d_model] (``wpe(arange(T))``, shared over the batch) is a source like any other.
+DenseFormer averages): the engine only needs each input to be a combination of them. A module may
+be named under several read keys (MUDDFormer's layer 0 reads its query, key and value from one
+``attention_norm``, later layers from ``attention_norms.0/1/2``): one consumer per key.
 
-Choices where the papers are silent (written down here and in the README): the per-token fit is
-the minimum-norm least-squares solution; where the sources available to a consumer are linearly
-dependent on some token, its weights there are not determined by the activations, and the
-consumer is refused rather than given one of many answers. Labels: ``embed`` for the first
-embedding, ``embed.NAME`` for the others (NAME the module's last path part); ``{i}.{key}`` for a
-write or read of layer ``i`` under the key it is named by (``0.attn``, ``3.attn.q``); ``readout``.
-A key's kind is its first dotted part (``attn``, ``mlp``, ``swa``, ``ssm`` or ``block``).
+Labels: ``embed`` for the first embedding, ``embed.NAME`` for the others (NAME the module's last
+path part); ``{i}.{key}`` for a write or read of layer ``i`` under the key it is named by (``0.attn``,
+``3.attn.q``), ``i`` the ``*`` of its pattern or else the first number in its path; ``readout``. A
+key's kind is its first dotted part (``attn``, ``mlp``, ``swa``, ``ssm`` or ``block``). A module
+read with a keyword argument (``self.ln(x=h)``) is read through that argument.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -55,6 +57,7 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
+from depthscope.probes.adapters import fit
 from depthscope.probes.adapters.base import (
     Adapter,
     Callback,
@@ -64,17 +67,22 @@ from depthscope.probes.adapters.base import (
     evaluating,
     head_of,
     input_device,
+    input_slot,
     module_attach,
     router,
+    stream_layout,
+    to_stream,
 )
-from depthscope.probes.adapters.structure import FLOAT_TOLERANCE, PROBE_SHAPE, PROBE_TOLERANCE, error
+from depthscope.probes.adapters.structure import FLOAT_TOLERANCE, PROBE_SHAPE, PROBE_TOLERANCE
 from depthscope.trace.labels import BLOCK, EMBED, READOUT, SUBLAYER_KINDS, Kind
 
 NAME = "spec"  # the adapter's family attr (this module is no family: it defines no FAMILY)
 KEY_KINDS: tuple[Kind, ...] = (*SUBLAYER_KINDS, BLOCK)
-DEPENDENT = 1e-6  # smallest singular value over largest below this: the sources are dependent
 CONTEXT_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", "ctx")
-DOCS = "README.md#reading-your-own-model"
+DOCS = "docs/reference.md#modelspec"
+SPEC_COMMAND = "`depthscope spec MODEL` (Python: depthscope.suggest_spec(model)) prints one to start from"
+
+Patterns = str | Sequence[str]
 
 
 @dataclass(frozen=True)
@@ -82,17 +90,18 @@ class ModelSpec:
     """Where a model writes and where it reads, in module paths (``*``: the layer index).
 
     Args:
-        embed: modules whose outputs are the sources before the first layer (token embedding
+        embed: module(s) whose outputs are the sources before the first layer (token embedding
             first; a position embedding of shape [pos, d_model] is shared over the batch).
         writes: kind -> pattern(s) of modules whose outputs are sources (``"blocks.*.attn"``);
             kinds: attn, mlp, swa, ssm, or block (a whole block's output, a state).
         reads: key -> pattern(s) of modules whose INPUT is a consumer; ``readout`` names the
             module reading the final stream (the final norm). A key is a kind or a kind with a
-            view (``"attn.q"``, ``"attn.k"``, ``"attn.v"`` for separate query, key, value inputs).
+            view (``"attn.q"``, ``"attn.k"``, ``"attn.v"`` for separate query, key, value inputs);
+            one module may be named under several keys.
         head: (final norm, unembedding) paths for logits (default: the read-out module and
             ``lm_head`` where both exist).
         ctx, vocab: the context length and vocabulary (default: read from the model's config or
-            embeddings).
+            embeddings; the context also from the token ids a capture is given).
         label, scheme: the trace's label and scheme attrs (default: the model's class name,
             ``"custom"``).
         forward: how to call the model on token ids [batch, pos] (default ``model(ids)``).
@@ -101,11 +110,13 @@ class ModelSpec:
             (``*``), ``sources`` [n, batch, pos, d] the sources available, ``h`` [batch, pos, d]
             its input; it returns [batch, pos, n] or [batch, pos, n, d] (or [n] / [n, d]: the same
             at every token). The identity is checked like any other, on the probe and every batch.
+
+    A pattern is a string or a list of strings, wherever one is taken.
     """
 
-    embed: Sequence[str]
-    writes: Mapping[str, str | Sequence[str]]
-    reads: Mapping[str, str | Sequence[str]]
+    embed: Patterns
+    writes: Mapping[str, Patterns]
+    reads: Mapping[str, Patterns]
     head: tuple[str, str] | None = None
     ctx: int | None = None
     vocab: int | None = None
@@ -117,35 +128,50 @@ class ModelSpec:
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-ready data (recorded in the trace's ``config`` attr)."""
         return {
-            "embed": list(self.embed),
-            "writes": {k: _patterns(v) for k, v in self.writes.items()},
-            "reads": {k: _patterns(v) for k, v in self.reads.items()},
+            "embed": patterns("embed", self.embed),
+            "writes": {k: patterns(k, v) for k, v in _mapping("writes", self.writes).items()},
+            "reads": {k: patterns(k, v) for k, v in _mapping("reads", self.reads).items()},
         }
 
 
-def _patterns(value: str | Sequence[str]) -> list[str]:
-    return [value] if isinstance(value, str) else list(value)
+def patterns(key: str, value: Any) -> list[str]:
+    """One pattern or a list of them, as a list of strings; DepthscopeError for anything else."""
+    found = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
+    if not found or not all(isinstance(p, str) and p for p in found):
+        raise DepthscopeError(
+            f"ModelSpec: {key!r} names {value!r:.80}: give a module path or a list of them ('blocks.*.attn')"
+        )
+    return found
+
+
+def _mapping(what: str, value: Any) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise DepthscopeError(
+            f"ModelSpec: {what}= must map keys to module paths ({{'attn': 'blocks.*.attn'}}), "
+            f"got {value!r:.80}"
+        )
+    return value
 
 
 @dataclass(frozen=True)
 class _Site:
-    """One named module: its path, the key it was named by, its layer index (None: no ``*``)."""
+    """One named module: its path, the key it was named by, its layer index (None: none in its path)."""
 
     path: str
     key: str
     index: int | None
 
 
-def _expand(model: Any, key: str, patterns: list[str]) -> list[_Site]:
-    """The modules each pattern names (``*``: a layer index); DepthscopeError if one names none."""
+def _expand(model: Any, key: str, names: list[str]) -> list[_Site]:
+    """The modules each pattern names (``*``: a layer index; without one, the first number of the
+    path is); DepthscopeError if one names none.
+    """
     paths = [p for p, _ in model.named_modules()]
     sites = []
-    for pattern in patterns:
-        if not isinstance(pattern, str):
-            raise DepthscopeError(f"ModelSpec: {key!r} names {pattern!r}, not a module path")
+    for pattern in names:
         rx = re.compile("^" + re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
         found = [(p, rx.match(p)) for p in paths]
-        found = [(p, int(m.group(1)) if m.groups() else None) for p, m in found if m]
+        found = [(p, int(m.group(1)) if m.groups() else _index(p)) for p, m in found if m]
         if not found:
             near = [p for p in paths if p.split(".")[-1] == pattern.split(".")[-1]][:3]
             hint = f" (modules with that name: {', '.join(near)})" if near else ""
@@ -154,6 +180,10 @@ def _expand(model: Any, key: str, patterns: list[str]) -> list[_Site]:
             )
         sites += [_Site(p, key, i) for p, i in found]
     return sites
+
+
+def _index(path: str) -> int | None:
+    return next((int(part) for part in path.split(".") if part.isdigit()), None)
 
 
 def _kind(key: str) -> Kind:
@@ -166,30 +196,24 @@ def _kind(key: str) -> Kind:
     return kind  # type: ignore[return-value]
 
 
-def _as_stream(t: Any) -> Tensor | None:
-    """A module's first input or output as [batch or 1, pos, d]: tuples give their first element,
-    [pos, d] is shared over the batch; anything else is None.
-    """
-    if isinstance(t, (tuple, list)) and t:
-        t = t[0]
-    if not isinstance(t, Tensor) or not t.is_floating_point():
-        return None
-    if t.ndim == 2:
-        return t.unsqueeze(0)
-    return t if t.ndim == 3 else None
+def first_line(err: BaseException) -> str:
+    """An exception's first line, as one line of a refusal."""
+    return (str(err).splitlines() or [""])[0][:160]
 
 
 class _Record:
-    """One probe forward with the named modules' first inputs and outputs recorded in call order."""
+    """One probe forward with the named modules' first inputs and outputs recorded in call order,
+    each as its stream view [batch or 1, pos, d] (float64 copies: an in-place update after a module
+    returned does not change what it wrote), its layout and its dtype.
+    """
 
-    def __init__(self, model: Any, sites: list[_Site], vocab: int, forward: Callable[[Any, Tensor], Any]):
+    def __init__(self, model: Any, paths: list[str], vocab: int, forward: Callable[[Any, Tensor], Any]):
         g = torch.Generator().manual_seed(0)
         self.tokens = torch.randint(min(5, vocab - 1), vocab, PROBE_SHAPE, generator=g)
         self.start: dict[str, int] = {}  # when each module's call started, and ended
         self.end: dict[str, int] = {}
         self.count: dict[str, int] = {}
-        self.input: dict[str, Tensor | None] = {}
-        self.output: dict[str, Tensor | None] = {}
+        self.raw: dict[tuple[str, str], Any] = {}  # (path, "in" | "out") -> the tensor, copied
         clock = [0]
         handles = []
 
@@ -198,8 +222,7 @@ class _Record:
                 self.count[path] = self.count.get(path, 0) + 1
                 self.start.setdefault(path, clock[0])
                 clock[0] += 1
-                first = args[0] if args else kwargs.get("hidden_states", kwargs.get("x"))
-                self.input.setdefault(path, _copy(_as_stream(first)))
+                self.raw.setdefault((path, "in"), _copy(input_slot(args, kwargs)[1]))
 
             return hook
 
@@ -207,12 +230,14 @@ class _Record:
             def hook(module, args, out):
                 self.end.setdefault(path, clock[0])
                 clock[0] += 1
-                self.output.setdefault(path, _copy(_as_stream(out)))
+                self.raw.setdefault(
+                    (path, "out"), _copy(out[0] if isinstance(out, (tuple, list)) and out else out)
+                )
 
             return hook
 
         try:
-            for path in dict.fromkeys(s.path for s in sites):
+            for path in paths:
                 module = model.get_submodule(path)
                 handles.append(module.register_forward_pre_hook(pre(path), with_kwargs=True))
                 handles.append(module.register_forward_hook(post(path)))
@@ -221,14 +246,14 @@ class _Record:
         except DepthscopeError:
             raise
         except Exception as err:  # the model's own code failed on a plain batch of ids
-            line = (str(err).splitlines() or [""])[0][:160]
             raise DepthscopeError(
-                f"ModelSpec: the probe forward failed ({type(err).__name__}: {line})"
+                f"ModelSpec: the probe forward on token ids of shape {list(PROBE_SHAPE)} failed "
+                f"({type(err).__name__}: {first_line(err)})"
             ) from None
         finally:
             for h in handles:
                 h.remove()
-        for path in dict.fromkeys(s.path for s in sites):
+        for path in paths:
             n = self.count.get(path, 0)
             if n != 1:
                 raise DepthscopeError(
@@ -236,65 +261,53 @@ class _Record:
                     "name modules that run once each"
                 )
 
-    def value(self, path: str, where: str) -> Tensor:
-        got = (self.input if where == "in" else self.output)[path]
-        if got is None:
-            what = "input" if where == "in" else "output"
-            raise DepthscopeError(f"ModelSpec: {path}'s {what} is not a [batch, pos, d_model] tensor")
-        return got
+    def value(self, path: str, where: str) -> tuple[Tensor, str, torch.dtype]:
+        """A module's recorded input or output as [batch or 1, pos, d] float64, its layout and dtype."""
+        raw = self.raw.get((path, where))
+        what = "input" if where == "in" else "output"
+        if not isinstance(raw, tuple):
+            got = "nothing" if raw is None else f"a {raw}"
+            raise DepthscopeError(f"ModelSpec: {path}'s {what} is {got}, not a floating-point tensor")
+        t, dtype = raw
+        layout = stream_layout(tuple(t.shape), *PROBE_SHAPE)
+        if layout is None:
+            b, p = PROBE_SHAPE
+            raise DepthscopeError(
+                f"ModelSpec: {path}'s {what} has shape {list(t.shape)} in a forward on ids [{b}, {p}]: not "
+                f"the stream [batch, pos, d_model] (nor [pos, d], [batch*pos, d] or [pos, batch, d])"
+            )
+        return to_stream(t, layout, PROBE_SHAPE), layout, dtype
 
 
-def _copy(t: Tensor | None) -> Tensor | None:
-    return None if t is None else t.detach().to("cpu", torch.float64, copy=True)
+def _copy(t: Any) -> Any:
+    """(a float64 copy, its dtype) of a floating-point tensor; else a short name of what it is."""
+    if isinstance(t, Tensor) and t.is_floating_point():
+        return t.detach().to("cpu", torch.float64, copy=True), t.dtype
+    return None if t is None else type(t).__name__
 
 
 # --- weights from activations ---------------------------------------------------------------------
 
 
-def token_weights(sources: Tensor, target: Tensor) -> tuple[Tensor, float]:
-    """Per-token least squares: weights [batch, pos, n] with target ~ sum_n w_n sources_n, and the
-    smallest ratio of singular values over tokens (below ``DEPENDENT``: the sources are dependent).
-
-    ``sources`` [n, batch, pos, d], ``target`` [batch, pos, d]; in float64.
-    """
-    a = sources.double().permute(1, 2, 3, 0)  # [batch, pos, d, n]
-    s = torch.linalg.svdvals(a)
-    ratio = float((s[..., -1] / s[..., 0].clamp_min(1e-300)).min()) if s.numel() else 1.0
-    w = torch.linalg.lstsq(a, target.double().unsqueeze(-1), driver="gelsd").solution[..., 0]
-    return w, ratio
-
-
 @dataclass(frozen=True)
 class _Weights:
-    how: str  # "unit", "static", "token"
+    how: str  # "unit", "static", "token", "declared"
     static: tuple[float, ...] | None = None
 
 
-def _weights_of(label: str, path: str, sources: list[Tensor], target: Tensor, tol: float) -> _Weights:
-    """Unit, static or per-token weights that rebuild ``target`` from ``sources``; refused otherwise."""
-    shape = target.shape
-    full = [torch.broadcast_to(s, shape) for s in sources]
-    if error(target, sum(full)) <= tol:
-        return _Weights("unit")
-    a = torch.stack([s.flatten() for s in full], 1)
-    c = torch.linalg.lstsq(a, target.flatten()[:, None], driver="gelsd").solution[:, 0]
-    if error(target, (a @ c).reshape(shape)) <= tol:
-        return _Weights("static", tuple(float(x) for x in c))
-    w, ratio = token_weights(torch.stack(full), target)
-    left = error(target, torch.einsum("bpn,nbpd->bpd", w, torch.stack(full)))
-    if left <= tol:
-        if ratio < DEPENDENT:
-            raise DepthscopeError(
-                f"ModelSpec: consumer {label} ({path}): the {len(sources)} sources before it are linearly "
-                "dependent on some token, so its per-token weights are not determined by the activations"
-            )
-        return _Weights("token")
-    raise DepthscopeError(
-        f"ModelSpec: consumer {label} ({path}) reads something that is not a scalar combination of the "
-        f"{len(sources)} sources written before it (relative error {left:.2g} with per-token weights): name "
-        "the modules that write what it reads, or give per-feature weights: "
+def _found(label: str, site: _Site, labels: list[str], values: list[Tensor], target: Tensor, dtype, tol):
+    """Unit, static or per-token weights of one consumer, kept by the evidence; refused otherwise."""
+    stack = torch.stack([torch.broadcast_to(v, target.shape) for v in values])
+    choice = fit.choose(stack, target, dtype, tol, labels)
+    if choice.why is None:
+        return _Weights(choice.how, choice.static)
+    more = (
+        f": name the modules that write what it reads, or give per-feature weights: "
         f"ModelSpec(weights={{key: fn}}) ({DOCS})"
+        if "not a scalar combination" in choice.why
+        else ""
     )
+    raise DepthscopeError(f"ModelSpec: consumer {label} ({site.path}) {choice.why}{more}")
 
 
 def _declared_fn(fn: Callable[..., Tensor], index: int | None) -> Callable[[Tensor, Tensor], Tensor]:
@@ -309,18 +322,16 @@ def _declared_fn(fn: Callable[..., Tensor], index: int | None) -> Callable[[Tens
     return weights
 
 
-def _declared(
-    label: str, site: _Site, fn: Callable[..., Tensor], sources: list[Tensor], target: Tensor, tol: float
-):
+def _declared(label: str, site: _Site, fn: Callable[..., Tensor], values: list[Tensor], target: Tensor, tol):
     """Check the user's weights of one consumer on the probe: they must rebuild its input."""
-    full = torch.stack([torch.broadcast_to(s, target.shape) for s in sources])
+    full = torch.stack([torch.broadcast_to(v, target.shape) for v in values])
     try:
         w = _declared_fn(fn, site.index)(full, target).double()
     except Exception as err:  # the user's function failed: one line naming it
         raise DepthscopeError(
-            f"ModelSpec: the weights of {label} failed ({type(err).__name__}: {err})"
+            f"ModelSpec: the weights of {label} failed ({type(err).__name__}: {first_line(err)})"
         ) from None
-    n = len(sources)
+    n = len(values)
     if w.shape[:3] != (*target.shape[:2], n) or w.ndim not in (3, 4):
         raise DepthscopeError(
             f"ModelSpec: the weights of {label} have shape {tuple(w.shape)}; want [batch, pos, {n}] or "
@@ -329,7 +340,7 @@ def _declared(
     rebuilt = (
         torch.einsum("bpn,nbpd->bpd", w, full) if w.ndim == 3 else torch.einsum("bpnd,nbpd->bpd", w, full)
     )
-    left = error(target, rebuilt)
+    left = float((target - rebuilt).norm() / target.norm().clamp_min(1e-300))
     if not left <= tol:
         raise DepthscopeError(
             f"ModelSpec: the weights given for {label} ({site.path}) do not rebuild its input from the "
@@ -341,7 +352,7 @@ def _declared(
 # --- the adapter ---------------------------------------------------------------------------------
 
 
-def _vocab_ctx(model: Any, spec: ModelSpec, embeds: list[_Site]) -> tuple[int, int]:
+def _vocab_ctx(model: Any, spec: ModelSpec, embeds: list[_Site], ctx_hint: int | None) -> tuple[int, int]:
     config = getattr(model, "config", None)
     vocab = spec.vocab
     if vocab is None:
@@ -357,16 +368,27 @@ def _vocab_ctx(model: Any, spec: ModelSpec, embeds: list[_Site]) -> tuple[int, i
                 break
     if ctx is None and len(embeds) > 1:  # a learned position embedding: its number of positions
         ctx = getattr(model.get_submodule(embeds[1].path), "num_embeddings", None)
+    if ctx is None:
+        ctx = ctx_hint  # the token ids the capture was given say how long a window is
     if not isinstance(vocab, int) or vocab < 2:
         raise DepthscopeError("ModelSpec: cannot tell the vocabulary size; give ModelSpec(vocab=...)")
     if not isinstance(ctx, int) or ctx < 1:
-        raise DepthscopeError("ModelSpec: cannot tell the context length; give ModelSpec(ctx=...)")
+        raise DepthscopeError(
+            "ModelSpec: cannot tell the context length (no config or position embedding says it); give "
+            "ModelSpec(ctx=...) or token ids [batch, pos]"
+        )
     return vocab, ctx
 
 
 def _head(model: Any, spec: ModelSpec, readout: _Site | None) -> Head | None:
     if spec.head is not None:
-        return head_of(model.get_submodule(spec.head[0]), model.get_submodule(spec.head[1]))
+        try:
+            norm, unembed = spec.head
+            return head_of(model.get_submodule(norm), model.get_submodule(unembed))
+        except (AttributeError, TypeError, ValueError) as err:
+            raise DepthscopeError(
+                f"ModelSpec: head={spec.head!r:.80} names no (norm, unembedding) ({err})"
+            ) from None
     if readout is None:
         return None
     norm = model.get_submodule(readout.path)
@@ -386,24 +408,35 @@ def _logits(output: Any) -> Tensor:
     return output.logits
 
 
-def build_spec(model: Any, spec: ModelSpec) -> Adapter:
-    """The adapter of ``model`` as ``spec`` names it, its weights found on a probe forward."""
+def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[_Site]]:
+    """The embeddings, writes and reads the spec names, each checked."""
     if not isinstance(spec, ModelSpec):
         raise DepthscopeError(f"spec must be a ModelSpec, got a {type(spec).__name__}")
-    if not spec.embed or not spec.writes:
+    writes_map, reads_map = _mapping("writes", spec.writes), _mapping("reads", spec.reads)
+    if not spec.embed or not writes_map:
         raise DepthscopeError("ModelSpec: name at least one embedding (embed=) and one write (writes=)")
-    embeds = [s for p in spec.embed for s in _expand(model, "embed", [p])]
-    writes = [s for k, v in spec.writes.items() for s in _expand(model, k, _patterns(v))]
-    reads = [s for k, v in spec.reads.items() for s in _expand(model, k, _patterns(v))]
+    embeds = _expand(model, "embed", patterns("embed", spec.embed))
+    writes = [s for k, v in writes_map.items() for s in _expand(model, k, patterns(k, v))]
+    reads = [s for k, v in reads_map.items() for s in _expand(model, k, patterns(k, v))]
     for s in writes + [r for r in reads if r.key != READOUT]:
         _kind(s.key)
+    return embeds, writes, reads
+
+
+def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
+    """The adapter of ``model`` as ``spec`` names it, its weights found on a probe forward; ``ctx``
+    is the window length when neither the spec nor the model says it (the ids a capture is given).
+    """
+    embeds, writes, reads = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
-    vocab, ctx = _vocab_ctx(model, spec, embeds)
-    record = _Record(model, embeds + writes + reads, vocab, forward)
+    vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
+    paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
+    record = _Record(model, paths, vocab, forward)
     writes.sort(key=lambda s: record.end[s.path])  # a source exists once its module has returned
     reads.sort(key=lambda s: (s.key == READOUT, record.start[s.path]))
 
-    sources, values, used = [], [], set()
+    sources: list[tuple[SourceSpec, _Site]] = []
+    used: set[str] = set()
     for k, s in enumerate(embeds):
         label = EMBED if k == 0 else f"{EMBED}.{s.path.split('.')[-1]}"
         sources.append((SourceSpec(label, label, EMBED, 0), s))
@@ -415,10 +448,14 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
             )
         used.add(label)
         sources.append((SourceSpec(label, label, _kind(s.key), d), s))
-    values = [record.value(s.path, "out") for _, s in sources]
-    tol = PROBE_TOLERANCE.get(model_dtype(model), FLOAT_TOLERANCE)
+    recorded = [record.value(site.path, "out") for _, site in sources]
+    values = [v for v, _, _ in recorded]
+    dtype = recorded[0][2]
+    _check_widths([site.path for _, site in sources], values, reads, record)
+    tol = PROBE_TOLERANCE.get(dtype, FLOAT_TOLERANCE)
+    layouts = {f"{site.path}:out": layout for (_, site), (_, layout, _) in zip(sources, recorded)}
 
-    consumers, per_token, labels, found_as = [], {}, set(), {}
+    consumers, per_token, labels, found_as, inputs = [], {}, set(), {}, {}
     for r in reads:
         label = READOUT if r.key == READOUT else (f"{r.index}.{r.key}" if r.index is not None else r.key)
         if label in labels:
@@ -432,16 +469,20 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
         n = len(before)
         if before != list(range(n)):
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
+        h, layout, _ = record.value(r.path, "in")
+        layouts[f"{r.path}:in"] = layout
         given = spec.weights.get(r.key)
         if given is not None:
-            found = _declared(label, r, given, values[:n], record.value(r.path, "in"), tol)
+            found = _declared(label, r, given, values[:n], h, tol)
         else:
-            found = _weights_of(label, r.path, values[:n], record.value(r.path, "in"), tol)
+            names = [s.label for s, _ in sources[:n]]
+            found = _found(label, r, names, values[:n], h, dtype, tol)
         kind = READOUT if r.key == READOUT else _kind(r.key)
         depth = 1 + sum(1 for s, _ in sources[:n] if s.kind != EMBED)
         weights = f"{label}.w" if found.how in ("token", "declared") else None
         consumers.append(ConsumerSpec(label, f"{label}.in", kind, depth, n, weights, found.static))
         found_as[label] = found.how
+        inputs[label] = f"{r.path}:in"
         if weights is not None:
             per_token[label] = (n, _declared_fn(given, r.index) if given is not None else None)
     readout = next((r for r in reads if r.key == READOUT), None)
@@ -454,7 +495,13 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
         "weights_found": json.dumps({c.label: found_as[c.label] for c in consumers}, sort_keys=True),
     }
     taps = {s.label: f"{site.path}:out" for s, site in sources}
-    inputs = {c.label: f"{r.path}:in" for c, r in zip(consumers, reads)}
+    shape: list[tuple[int, int]] = [PROBE_SHAPE]  # (batch, pos) of the forward in flight
+
+    def run(m: Any, ids: Tensor) -> Any:
+        shape[0] = (int(ids.shape[0]), int(ids.shape[1]))
+        return forward(m, ids)
+
+    hooks = _Hooks(taps, inputs, per_token, layouts, shape, dtype)
     return Adapter(
         family=NAME,
         sources=[s for s, _ in sources],
@@ -462,11 +509,93 @@ def build_spec(model: Any, spec: ModelSpec) -> Adapter:
         attrs=attrs,
         ctx=ctx,
         vocab=vocab,
-        attach=lambda m, cbs: _attach(m, cbs, taps, inputs, per_token),
-        forward=forward,
+        attach=hooks.attach,
+        forward=run,
         head=_head(model, spec, readout),
         logits=_logits,
     )
+
+
+def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], record: _Record) -> None:
+    """Every source and every read of one width, the first embedding's: else refused, naming one."""
+    width = values[0].shape[-1]
+    named = list(zip(paths, values, ["writes"] * len(paths)))
+    named += [(r.path, record.value(r.path, "in")[0], "reads") for r in reads]
+    for path, v, what in named:
+        if v.shape[-1] != width:
+            whose = "output is added to" if what == "writes" else "input is"
+            raise DepthscopeError(
+                f"ModelSpec: {path} {what} a width of {v.shape[-1]}, the stream's is {width} (its first "
+                f"embedding's): name the module whose {whose} the stream"
+            )
+
+
+class _Hooks:
+    """Module hooks of a spec's adapter: each source's output and each consumer's input to the
+    engine, in the layout the probe found; for a consumer with per-token weights, its weights solved
+    (``fit.solve``) from float64 copies of the sources of this forward, made as each source is
+    written (an in-place update of a module's output afterwards does not change them).
+    """
+
+    def __init__(self, taps, inputs, per_token, layouts, shape, dtype):
+        self.taps, self.inputs, self.per_token, self.layouts = taps, inputs, per_token, layouts
+        self.shape, self.dtype = shape, dtype
+        self.kept = max((n for n, _ in per_token.values()), default=0)  # sources the solves need
+
+    @contextlib.contextmanager
+    def attach(self, model: Any, callbacks: list[tuple[str, Callback]]):
+        """The hooks, for the duration of a ``with`` block (the copies of the sources with them)."""
+        send = router(callbacks)
+        slot = {label: j for j, label in enumerate(list(self.taps)[: self.kept])}
+        held: dict[str, Tensor] = {}
+
+        def buffer(t: Tensor) -> Tensor:
+            b, p = self.shape[0]
+            want = (self.kept, b, p, t.shape[-1])
+            dtype = torch.float32 if t.device.type == "mps" else torch.float64
+            have = held.get("v")
+            if have is None or tuple(have.shape) != want or have.device != t.device:
+                held["v"] = torch.empty(want, dtype=dtype, device=t.device)
+            return held["v"]
+
+        def source(label: str):
+            def hook(t: Tensor) -> Tensor | None:
+                if label in slot:
+                    buffer(t)[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
+                return send(label, t)
+
+            return hook
+
+        def consumer(label: str):
+            def hook(h: Tensor) -> Tensor | None:
+                if label in self.per_token:
+                    n, declared = self.per_token[label]
+                    stack = held["v"][:n]
+                    if declared is not None:
+                        w = declared(stack.to(h.dtype), h)
+                    else:
+                        w, why = fit.solve(stack, h, self.dtype)
+                        if why is not None:
+                            raise DepthscopeError(f"ModelSpec: consumer {label}: {why}")
+                    send(f"{label}.w", w)
+                return send(f"{label}.in", h)  # an ablation's replacement, if any
+
+            return hook
+
+        hooks = [(tap, source(label)) for label, tap in self.taps.items()]
+        hooks += [(tap, consumer(label)) for label, tap in self.inputs.items()]
+        with module_attach(model, hooks, layouts=self.layouts, tokens=lambda: self.shape[0]):
+            try:
+                yield
+            finally:
+                held.clear()
+
+
+def with_forward(spec: ModelSpec, forward: Callable[[Tensor], Any] | None) -> ModelSpec:
+    """``spec`` running the model as ``forward(ids)`` (capture's ``forward=``) when it names no forward."""
+    if forward is None or spec.forward is not None:
+        return spec
+    return dataclasses.replace(spec, forward=lambda _model, ids: forward(ids))
 
 
 def model_dtype(model: Any) -> torch.dtype:
@@ -477,116 +606,4 @@ def model_dtype(model: Any) -> torch.dtype:
         return torch.float32
 
 
-@contextlib.contextmanager
-def _attach(
-    model: Any,
-    callbacks: list[tuple[str, Callback]],
-    taps: dict[str, str],
-    inputs: dict[str, str],
-    per_token: dict[str, tuple[int, Callable[[Tensor, Tensor], Tensor] | None]],
-):
-    """Module hooks: each source's output and each consumer's input to the engine; for a consumer
-    with per-token weights, its weights solved from the sources of this forward and its input.
-    """
-    send = router(callbacks)
-    order = list(taps)
-    seen: dict[str, Tensor] = {}
-
-    def source(label: str):
-        def hook(t: Tensor) -> Tensor | None:
-            t = t.unsqueeze(0) if t.ndim == 2 else t  # [pos, d]: shared over the batch
-            seen[label] = t
-            return send(label, t)
-
-        return hook
-
-    def consumer(label: str):
-        def hook(h: Tensor) -> Tensor | None:
-            if label in per_token:  # from what this forward wrote and what the module receives
-                n, declared = per_token[label]
-                stack = torch.stack([torch.broadcast_to(seen[s], h.shape) for s in order[:n]])
-                send(f"{label}.w", declared(stack, h) if declared else token_weights(stack, h)[0])
-            return send(f"{label}.in", h)  # an ablation's replacement, if any
-
-        return hook
-
-    hooks = [(tap, source(label)) for label, tap in taps.items()]
-    hooks += [(tap, consumer(label)) for label, tap in inputs.items()]
-    with module_attach(model, hooks):
-        try:
-            yield
-        finally:
-            seen.clear()
-
-
-# --- discovery: the spec of a plain module shaped like a pre-norm decoder -----------------------
-
-
-def _is_norm(module: Any) -> bool:
-    return "norm" in type(module).__name__.lower()
-
-
-def _called_children(model: Any, block: Any, embeds: list[str]) -> list[tuple[str, Any]]:
-    """The first block's children in the order a forward calls them (registration order where the
-    forward fails or calls none): a block may register its norms first and call them in turn.
-    """
-    children = list(block.named_children())
-    vocab = getattr(model.get_submodule(embeds[0]), "num_embeddings", None) if embeds else None
-    if not isinstance(vocab, int) or vocab < 2:
-        return children
-    order: list[str] = []
-    handles = [c.register_forward_pre_hook(lambda m, a, n=n: order.append(n)) for n, c in children]
-    try:
-        with evaluating(model), torch.no_grad():
-            model(torch.randint(0, vocab, (1, 8), generator=torch.Generator().manual_seed(0)))
-    except Exception:  # noqa: BLE001 - a model that needs more than ids: registration order
-        return children
-    finally:
-        for h in handles:
-            h.remove()
-    first = list(dict.fromkeys(order))
-    by_name = dict(children)
-    return [(n, by_name[n]) for n in first] or children
-
-
-def guess_spec(model: Any) -> ModelSpec | None:
-    """The spec of a plain ``nn.Module`` shaped like a pre-norm decoder (nanoGPT), or None.
-
-    Embeddings: the ``nn.Embedding`` modules outside the blocks, in registration order (a token
-    embedding, then a learned position embedding). Blocks: the longest ``nn.ModuleList`` of one
-    class. In a block, in the order a forward calls its children, each norm is a read and the next
-    child that is not a norm its write, of the kind its attribute name says (``attn``, ``mlp``).
-    The read-out: the last norm outside the blocks. ``build_spec`` then checks the guess like any
-    spec, so a wrong guess is refused.
-    """
-    from depthscope.probes.adapters.structure import path_word
-
-    if not isinstance(model, torch.nn.Module):
-        return None
-    lists = [
-        (path, m)
-        for path, m in model.named_modules()
-        if isinstance(m, torch.nn.ModuleList) and len(m) and len({type(c) for c in m}) == 1
-    ]
-    if not lists:
-        return None
-    blocks, layer_list = max(lists, key=lambda pm: len(pm[1]))
-    inside = lambda p: p == blocks or p.startswith(blocks + ".")  # noqa: E731
-    embeds = [p for p, m in model.named_modules() if isinstance(m, torch.nn.Embedding) and not inside(p)]
-    norms = [p for p, m in model.named_modules() if _is_norm(m) and not inside(p) and p]
-    children = _called_children(model, layer_list[0], embeds)
-    writes, reads = {}, {}
-    for k, (name, child) in enumerate(children):
-        if not _is_norm(child):
-            continue
-        nxt = next(((n, c) for n, c in children[k + 1 :] if not _is_norm(c)), None)
-        kind = path_word(nxt[0]) if nxt else None
-        if kind is None or kind in writes:
-            return None
-        writes[kind] = f"{blocks}.*.{nxt[0]}"
-        reads[kind] = f"{blocks}.*.{name}"
-    if not embeds or not writes or not norms:
-        return None
-    return ModelSpec(
-        embed=embeds, writes=writes, reads={**reads, READOUT: norms[-1]}, label=type(model).__name__
-    )
+__all__ = ["ModelSpec", "build_spec", "model_dtype", "patterns", "with_forward"]

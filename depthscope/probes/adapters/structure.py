@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
+from depthscope.probes.adapters import fit as weights
 from depthscope.probes.adapters.base import evaluating, first_input, input_device, token_view
 from depthscope.trace.labels import ATTN, EMBED, MLP, SSM, Kind
 
@@ -212,16 +213,29 @@ def fit(
     """Scales (g, c_1 .. c_k) with target = g base + sum_k c_k terms_k within ``tol`` (relative to the
     target), or None; g is 1 unless ``keep`` lets it be fitted too.
 
-    Least squares in float64; a scale within ``tol`` of 1 is 1 exactly (an unscaled residual), and
-    one within ``tol`` of 0 means the term is not there (None), as does g <= 0 (a value that is some
-    module's output minus the stream is not a state of the stream).
+    Least squares in float64 (``fit.static``): scales the values do not determine (dependent terms)
+    are no fit (None). Scales within ``tol`` of 1 are 1 exactly (an unscaled residual) unless the
+    free scales explain significantly more (``fit.richer``: in half precision a loose ``tol`` must not
+    turn a multiplier of 0.97 into 1); one within ``tol`` of 0 means the term is not there (None), as
+    does g <= 0 (a value that is some module's output minus the stream is not a state of the stream).
     """
     t = target.double()
     b = torch.broadcast_to(base.double(), t.shape).flatten()
     cols = [torch.broadcast_to(x.double(), t.shape).flatten() for x in terms]
     a = torch.stack(([b] if keep else []) + cols, 1)
-    c = torch.linalg.lstsq(a, (t.flatten() - (0 if keep else b))[:, None]).solution[:, 0]
-    c = torch.where((c - 1).abs() <= tol, torch.ones_like(c), c)
+    y = t.flatten() - (0 if keep else b)
+    solved = weights.static(a.T, y, target.dtype)
+    c = solved.w
+    if not bool(solved.determined.all()):
+        return None
+    near = (c - 1).abs() <= tol
+    snapped = torch.where(near, torch.ones_like(c), c)
+    if bool(near.any()):
+        rss_free, rss_snap = float(((y - a @ c) ** 2).sum()), float(((y - a @ snapped) ** 2).sum())
+        free = weights.richer(
+            rss_snap, rss_free, int(near.sum()), y.numel() - c.numel(), float((y * y).sum())
+        )
+        c = c if free else snapped
     if not torch.isfinite(c).all() or (c.abs() <= tol).any() or (keep and c[0] <= 0):
         return None  # a term that is not there; a "scaled" stream that subtracts the stream
     rebuilt = (a @ c + (0 if keep else b)).reshape(t.shape)

@@ -160,10 +160,27 @@ def test_a_nanogpt_needs_no_spec():
 
 
 def test_a_model_discovery_cannot_read_is_refused_with_what_to_write():
-    """MUDD's blocks read three norms before one attention: no guess; the line shows a spec."""
-    with pytest.raises(DepthscopeError, match=r"ModelSpec\(embed=") as err:
-        capture(seeded("mudd"), torch.zeros(1, CTX, dtype=torch.long), n_tokens=CTX, ctx=CTX)
-    assert "\n" not in str(err.value) and "README.md#reading-your-own-model" in str(err.value)
+    """Per-feature weights: discovery's guess (in the model's own names) is refused in one line that
+    says why and points to `depthscope spec`."""
+    from tests.probes.adapters.spec_models import PerFeature
+
+    with pytest.raises(DepthscopeError, match=r"read as ModelSpec\(embed=\['wte', 'wpe'\]") as err:
+        capture(PerFeature().eval(), torch.zeros(1, CTX, dtype=torch.long), n_tokens=CTX, ctx=CTX)
+    message = str(err.value)
+    assert "\n" not in message and "depthscope spec MODEL" in message and "blocks.*.ln_1" in message
+    assert "not a scalar combination" in message and "docs/reference.md#modelspec" in message
+
+
+def test_discovery_reads_q_k_v_views_from_three_norms():
+    """MUDD's blocks read three norms before one attention: discovery names them as the query, key and
+    value views and reads the model in the increment basis, every input rebuilt exactly."""
+    model = seeded("mudd")
+    tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(3))
+    trace = capture(model, tokens, n_tokens=2 * CTX, ctx=CTX, skip_positions=0, progress=False)
+    assert trace.attrs["spec_origin"] == "discovered"
+    assert [str(x) for x in trace.layer.values[:4]] == ["0.attn.q", "0.attn.k", "0.attn.v", "0.mlp"]
+    assert float(trace["residual_error"].max()) < 1e-5
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-9)
 
 
 def per_feature_spec(model, **extra) -> ModelSpec:

@@ -1,0 +1,156 @@
+"""Weights from activations (``probes.adapters.fit``): planted answers recovered, the hypothesis chosen
+by the evidence (not by the first that passes a loose tolerance) and weights the activations do not
+determine refused, whatever n and d are."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from depthscope.probes.adapters import fit
+
+B, P = 2, 8  # the probe's batch and positions
+
+
+def sources(n: int, d: int, seed: int = 0, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, B, P, d, generator=g).to(dtype)
+
+
+def mix(v: torch.Tensor, w: torch.Tensor, dtype=None) -> torch.Tensor:
+    """The model's own sum: weights [n] or [B, P, n] over v [n, B, P, d], computed in float64 and
+    rounded once to the model's dtype (as a fused multiply-add would)."""
+    v64 = v.double()
+    out = (
+        torch.einsum("n,nbpd->bpd", w.double(), v64)
+        if w.ndim == 1
+        else torch.einsum("bpn,nbpd->bpd", w.double(), v64)
+    )
+    return out.to(dtype or v.dtype)
+
+
+def labels(n: int) -> list[str]:
+    return [f"s{j}" for j in range(n)]
+
+
+def choose(v, h, tol=1e-5):
+    return fit.choose(v, h, v.dtype, tol, labels(v.shape[0]))
+
+
+def test_unit_static_and_per_token_are_recovered_in_float32():
+    v = sources(4, 32)
+    unit = choose(v, mix(v, torch.ones(4)))
+    assert (unit.how, unit.why) == ("unit", None)
+    w = torch.tensor([0.5, -1.25, 2.0, 0.75])
+    static = choose(v, mix(v, w))
+    assert static.how == "static" and static.why is None
+    assert static.static == pytest.approx(w.tolist(), abs=1e-6)
+    g = torch.Generator().manual_seed(1)
+    wt = torch.randn(B, P, 4, generator=g)
+    token = choose(v, mix(v, wt))
+    assert token.how == "token" and token.why is None
+    got = fit.tokens(v, mix(v, wt), torch.float32)
+    assert bool(got.determined.all())
+    torch.testing.assert_close(got.w, wt.double(), atol=1e-5, rtol=0)
+
+
+def test_bfloat16_static_weights_near_1_are_not_read_as_1():
+    """The issue's case: 0.973 rebuilds within bfloat16's 3e-2 as 1.0, yet the evidence keeps static."""
+    v = sources(5, 32, dtype=torch.bfloat16)
+    w = torch.tensor([0.973, 0.98, 0.975, 0.97, 0.978])
+    h = mix(v, w)
+    assert float((h.double() - v.double().sum(0)).norm() / h.double().norm()) < 3e-2  # unit "passes"
+    found = choose(v, h, tol=3e-2)
+    assert found.how == "static" and found.why is None
+    assert found.static == pytest.approx(w.tolist(), abs=3e-3)
+    rss_unit, rss_static = fit.rss(v, h, None), fit.rss(v, h, torch.tensor(found.static, dtype=torch.float64))
+    f = ((rss_unit - rss_static) / 5) / (rss_static / (h.numel() - 5))
+    assert f > 1e4  # the evidence docs/reference.md quotes
+
+
+def test_bfloat16_unit_weights_stay_unit():
+    """Rounding alone is no evidence: a plain bfloat16 residual over 30 sources is unit."""
+    v = sources(30, 64, dtype=torch.bfloat16)
+    h = v[0]
+    for k in range(1, 30):  # the stream accumulated write by write, rounded at every addition
+        h = h + v[k]
+    found = choose(v, h, tol=3e-2)
+    assert (found.how, found.why) == ("unit", None)
+
+
+@pytest.mark.parametrize("n, d", [(17, 16), (16, 16), (40, 8)])
+def test_per_token_weights_over_as_many_sources_as_the_width_are_refused(n, d):
+    """n >= d: least squares rebuilds any input exactly, so nothing determines the weights (the issue's
+    d = 16 model read with n = 17 returned a weight of 1 as 0.767)."""
+    v = sources(n, d)
+    g = torch.Generator().manual_seed(2)
+    found = choose(v, mix(v, 1 + 0.5 * torch.rand(B, P, n, generator=g)))
+    assert found.why is not None and "not determined" in found.why and f"width of {d}" in found.why
+    w, why = fit.solve(v, mix(v, torch.ones(B, P, n)), torch.float32)
+    assert why is not None and f"{n} sources in a width of {d}" in why
+
+
+def test_static_weights_over_more_sources_than_the_width_are_determined():
+    """Static weights are one set for every token: 40 sources in a width of 8 over 16 tokens are read."""
+    v = sources(40, 8)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, generator=g)
+    found = choose(v, mix(v, w))
+    assert found.how == "static" and found.why is None
+    assert found.static == pytest.approx(w.tolist(), abs=1e-4)
+
+
+def test_dependent_sources_under_static_weights_are_refused():
+    """A state named beside the increments inside it: s3 = s0 + s1 + s2 exactly; infinitely many static
+    weights rebuild the input, so none is returned."""
+    v = sources(3, 32)
+    v = torch.cat([v, v.sum(0, keepdim=True)])
+    found = choose(v, mix(v, torch.tensor([0.0, 0.0, 0.0, 1.0])))  # reads the state: unit fails (2x)
+    assert found.why is not None and "not determined" in found.why and "s3" in found.why
+
+
+def test_dependent_sources_under_per_token_weights_are_refused():
+    v = sources(3, 32)
+    v = torch.cat([v, (v[0] - 2 * v[1]).unsqueeze(0)])
+    g = torch.Generator().manual_seed(4)
+    found = choose(v, mix(v, torch.rand(B, P, 4, generator=g)))
+    assert found.why is not None and "not determined" in found.why
+
+
+def test_a_zero_source_is_determined_only_under_unit_weights():
+    """A write that is exactly zero (ReZero at initialisation): under unit weights the identity holds and
+    its term is 0 whatever its weight; a fitted weight over it is refused."""
+    v = sources(3, 32)
+    v[2] = 0
+    assert choose(v, mix(v, torch.ones(3))).why is None
+    found = choose(v, mix(v, torch.tensor([0.5, 2.0, 1.0])))
+    assert found.why is not None and "s2" in found.why
+
+
+def test_a_read_that_is_no_combination_is_refused():
+    v = sources(3, 32)
+    h = mix(v, torch.ones(3)) + 0.3 * sources(1, 32, seed=9)[0]
+    found = choose(v, h)
+    assert found.why is not None and "not a scalar combination" in found.why
+
+
+def test_solve_refuses_a_batch_with_one_dependent_token():
+    """A capture's batch is checked token by token: one token where two sources coincide is enough."""
+    v = sources(3, 32)
+    v[2, 1, 5] = v[0, 1, 5]
+    w, why = fit.solve(v, mix(v, torch.ones(B, P, 3)), torch.float32)
+    assert why is not None and "(1, 5)" in why
+    v = sources(3, 32)
+    w, why = fit.solve(v, mix(v, torch.ones(B, P, 3)), torch.float32)
+    assert why is None
+    torch.testing.assert_close(w, torch.ones(B, P, 3, dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def test_richer_is_an_f_test():
+    # rss 100 -> 1 with 4 extra parameters over 1000 degrees of freedom: F = 99/4 / (1/1000) ~ 25,000
+    assert fit.richer(100.0, 1.0, 4, 1000, 1e6)
+    # rounding: the richer fit removes about its share of the noise, F ~ 1
+    assert not fit.richer(1.0, 0.996, 4, 1000, 1e6)
+    # an input already exact in float64 needs nothing richer
+    assert not fit.richer(1e-30, 0.0, 4, 1000, 1.0)
+    assert not fit.richer(1.0, 0.5, 4, 0, 1.0)  # no degrees of freedom left: nothing tested

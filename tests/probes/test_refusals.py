@@ -1,0 +1,162 @@
+"""What a user sees when depthscope cannot read a model: one line that says why and what to do, in
+the model's own names, never a traceback (issue 35, items 6 and 10-14)."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from depthscope import DepthscopeError, ModelSpec
+from depthscope.probes import capture
+from tests.probes.adapters.spec_models import CTX, VOCAB, D, seeded
+from tests.test_hostile import assert_one_error_line, run
+
+
+class Scaled(nn.Module):
+    """A branch with a per-channel gain (LayerScale, arXiv 2103.17239): a per-feature weight."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner, self.gamma = inner, nn.Parameter(0.1 + torch.rand(D))
+
+    def forward(self, x):
+        return self.gamma * self.inner(x)
+
+
+class Layer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm_in, self.attention = nn.LayerNorm(D), nn.Linear(D, D)
+        self.norm_mid, self.ffn = (
+            nn.LayerNorm(D),
+            nn.Sequential(nn.Linear(D, 2 * D), nn.GELU(), nn.Linear(2 * D, D)),
+        )
+
+    def forward(self, x):
+        x = x + self.attention(self.norm_in(x)) * self.gain
+        return x + self.ffn(self.norm_mid(x)) * self.gain
+
+
+class OwnNames(nn.Module):
+    """A decoder whose modules are named nothing like nanoGPT's, with per-feature gains on its writes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok = nn.Embedding(VOCAB, D)
+        self.stack = nn.ModuleList(Layer() for _ in range(2))
+        for layer in self.stack:
+            layer.gain = nn.Parameter(0.5 + torch.rand(D))
+        self.final = nn.LayerNorm(D)
+
+    def forward(self, ids):
+        x = self.tok(ids)
+        for layer in self.stack:
+            x = layer(x)
+        return self.final(x)
+
+
+def test_discovery_refuses_in_the_models_own_names():
+    """Item 10: the refusal shows discovery's guess in the model's own names and points to
+    `depthscope spec`, never a nanoGPT template (wte, blocks.*.ln_1)."""
+    with pytest.raises(DepthscopeError) as err:
+        capture(OwnNames().eval(), torch.zeros(2, CTX, dtype=torch.long), progress=False)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "embed=['tok']" in message and "stack.*.attention" in message and "stack.*.norm_in" in message
+    assert "wte" not in message and "ln_1" not in message
+    assert "depthscope spec MODEL" in message and "not a scalar combination" in message
+
+
+def test_a_pickled_module_is_refused_in_one_clean_line(tmp_path):
+    """Item 11: torch's own message (ANSI colours, a sentence cut in two) is not passed on; the line
+    says why and names the two ways to read it."""
+    path = tmp_path / "model.pt"
+    torch.save(seeded("nanogpt"), path)
+    rc, err = run(["capture", path, "--out", tmp_path / "t.nc", "--quiet"])
+    assert_one_error_line(rc, err, str(path))
+    assert "\x1b" not in err and "ModelSpec" in err and "--spec FILE.py" in err and "depthscope spec" in err
+    assert not (tmp_path / "t.nc").exists()
+
+
+def test_logits_of_a_spec_model_without_a_head_name_head():
+    """Item 12: --logits on a spec model with no lm_head says how to name one."""
+    model = seeded("nanogpt")
+    del model.lm_head
+    model.head = nn.Linear(D, VOCAB, bias=False)  # an unembedding under another name
+    model.out = lambda x, targets: (model.head(model.ln_f(x)), None)
+    with pytest.raises(DepthscopeError, match=r"ModelSpec\(head=") as err:
+        capture(model, torch.zeros(2, CTX, dtype=torch.long), spec=model.SPEC, logits=True, progress=False)
+    assert "\n" not in str(err.value)
+    spec = ModelSpec(**{**model.SPEC.describe(), "head": ("ln_f", "head")})
+    trace = capture(model, torch.randint(0, VOCAB, (2, CTX)), spec=spec, logits=True, progress=False)
+    assert "logit_attribution" in trace
+
+
+def test_one_pattern_may_be_a_string_everywhere():
+    """Item 13: embed="wte" is the module wte, as writes and reads take one string."""
+    model = seeded("nanogpt")
+    tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(0))
+    listed = capture(model, tokens, spec=model.SPEC, skip_positions=0, progress=False)
+    spec = ModelSpec(embed="wte", writes={"attn": "blocks.*.attn"}, reads={"attn": ["blocks.*.ln_1"]})
+    assert ModelSpec(**{**model.SPEC.describe(), "embed": "wte"}).describe()["embed"] == ["wte"]
+    one = capture(
+        model, tokens, spec=ModelSpec(**{**model.SPEC.describe(), "embed": ["wte", "wpe"]}), progress=False
+    )
+    np.testing.assert_array_equal(listed["mixing"].values, one["mixing"].values)
+    with pytest.raises(DepthscopeError, match="not a scalar combination"):  # (the MLP's writes unnamed)
+        capture(model, tokens, spec=spec, progress=False)
+    with pytest.raises(DepthscopeError, match=r"'attn' names 3: give a module path"):
+        capture(model, tokens, spec=ModelSpec(embed="wte", writes={"attn": 3}, reads={}), progress=False)
+
+
+class NoConfig(nn.Module):
+    """No config, no position embedding: nothing but the ids says how long a window is."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, D)
+        self.norms = nn.ModuleList(nn.LayerNorm(D) for _ in range(2))
+        self.mlps = nn.ModuleList(nn.Linear(D, D) for _ in range(2))
+        self.out_norm = nn.LayerNorm(D)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for norm, mlp in zip(self.norms, self.mlps):
+            x = x + mlp(norm(x))
+        return self.out_norm(x)
+
+
+def test_the_context_length_comes_from_the_ids():
+    """Item 14: capture(model, ids[4, 32], spec=...) reads windows of 32; without ids it says what to give."""
+    spec = ModelSpec(embed="emb", writes={"mlp": "mlps.*"}, reads={"mlp": "norms.*", "readout": "out_norm"})
+    trace = capture(NoConfig().eval(), torch.randint(0, VOCAB, (4, 32)), spec=spec, progress=False)
+    assert trace.attrs["ctx"] == 32 and float(trace["residual_error"].max()) < 1e-5
+    np.testing.assert_allclose(trace["mixing"].sel(layer="readout").dropna("source"), 1.0, atol=1e-12)
+    with pytest.raises(DepthscopeError, match=r"context length .*ModelSpec\(ctx=\.\.\.\) or token ids"):
+        capture(NoConfig().eval(), None, spec=spec, progress=False)
+
+
+def test_custom_code_without_input_embeddings_is_one_line(tmp_path):
+    """Item 6: custom modeling code (the MUDDFormer authors' shape) that defines no
+    get_input_embeddings: transformers' NotImplementedError never reaches the user."""
+    from depthscope.probes.specfile import load_model_with, read_spec_file, set_up
+    from tests.fixtures.muddformer_like import write_muddformer_like
+
+    directory = tmp_path / "mudd"
+    with redirect_stderr(io.StringIO()):
+        write_muddformer_like(directory)
+    sf = read_spec_file(directory / "spec.py")
+    model = load_model_with(sf, directory)
+    set_up(sf, model, 4, 32)
+    with pytest.raises(NotImplementedError):
+        model.get_input_embeddings()  # (the premise: transformers raises for this code)
+    with pytest.raises(DepthscopeError) as err:
+        capture(model, torch.randint(0, 300, (4, 32)), progress=False)
+    assert "\n" not in str(err.value) and "depthscope spec MODEL" in str(err.value)
