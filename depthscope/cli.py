@@ -128,6 +128,28 @@ def _inputs(
     return named
 
 
+def _spec_file(path: Path | None, need_spec: bool = True):
+    """The spec file named with --spec, run (``probes.specfile``), or None; its spec required to read."""
+    if path is None:
+        return None
+    from depthscope.probes.specfile import read_spec_file
+
+    sf = read_spec_file(path)
+    if need_spec:
+        sf.require_spec()
+    return sf
+
+
+def _model_inputs(
+    models: list[Path], sf, corpus: Path | None = None, revision: str | None = None
+) -> list[Path]:
+    """``_inputs`` for models, except that what a spec file's load() builds is its own business."""
+    if sf is not None and sf.load is not None:
+        _inputs([], corpus, revision)
+        return list(models)
+    return _inputs(models, corpus, revision)
+
+
 class Variant(str, enum.Enum):
     """GRN variants of the DCA theory."""
 
@@ -150,6 +172,18 @@ TrustOpt = Annotated[
         "--trust-remote-code",
         help="Load a Hugging Face model that ships its own modeling code (auto_map in config.json): runs "
         "the model's own Python code from its directory.",
+    ),
+]
+SpecOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--spec",
+        parser=_path,
+        help="A spec file (FILE.py) for a model no family knows: it defines spec = ModelSpec(...) and "
+        "optionally "
+        "setup(model) (caches to build before a forward) and load(path) (how to build the model from MODEL). "
+        "It is Python: naming it runs its code (depthscope runs only a file named here). `depthscope spec "
+        "MODEL` prints one to start from.",
     ),
 ]
 CtxOpt = Annotated[
@@ -382,10 +416,14 @@ def report(
     ablate_tokens: AblateTokensOpt = 512,
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
+    spec: SpecOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
-    inputs = _inputs(inputs or [], corpus, revision)
+    sf = _spec_file(spec)
+    if sf is not None and not inputs:
+        raise ConfigError("--spec reads the models given: name them (the bundled zoo needs no spec)")
+    inputs = _model_inputs(inputs or [], sf, corpus, revision)
     from depthscope.pipelines.capture import capture_settings
     from depthscope.pipelines.report import ReportSettings, build_report
 
@@ -405,6 +443,7 @@ def report(
         logits="auto" if logits is None else "on" if logits else "off",
         ablate="auto" if ablate is None else ablate,
         trust_remote_code=trust_remote_code,
+        spec_file=sf.path if sf is not None else None,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -471,10 +510,12 @@ def capture(
     ] = None,
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
+    spec: SpecOpt = None,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
-    _output_file(out_path, checkpoint, *([corpus] if corpus else []))
-    [checkpoint] = _inputs([checkpoint], corpus, revision)
+    _output_file(out_path, checkpoint, *([corpus] if corpus else []), *([spec] if spec else []))
+    sf = _spec_file(spec)
+    [checkpoint] = _model_inputs([checkpoint], sf, corpus, revision)
     from depthscope.pipelines.capture import CaptureJob, capture_settings, run_capture
 
     settings = capture_settings(
@@ -503,6 +544,7 @@ def capture(
         progress=not quiet,
         workers=workers,
         trust_remote_code=trust_remote_code,
+        spec_file=sf.path if sf is not None else None,
     )
     trace = run_capture(job)
     if trace is None:  # a rank other than 0 under torchrun: rank 0 reports
@@ -625,17 +667,71 @@ def inspect(
         str | None, typer.Option(help="Draw this consumer's sources along the prompt instead.")
     ] = None,
     var: Annotated[str, typer.Option(help="share (contribution share) or mixing (the weights M).")] = "share",
+    trust_remote_code: TrustOpt = False,
+    spec: SpecOpt = None,
 ) -> None:
     """One prompt, position by position: where each token's inputs come from."""
     from depthscope.pipelines.plot import check_figure_path
 
     if out_path.suffix.lower() != ".nc":
         check_figure_path(out_path)
-    _inputs([model_path], None)
+    sf = _spec_file(spec)
+    _model_inputs([model_path], sf)
     from depthscope.pipelines.plot import inspect_prompt
 
-    written, what = inspect_prompt(model_path, text, out_path, position=position, layer=layer, var=var)
+    written, what = inspect_prompt(
+        model_path,
+        text,
+        out_path,
+        position=position,
+        layer=layer,
+        var=var,
+        spec_file=sf,
+        trust_remote_code=trust_remote_code,
+    )
     out.print(f"written: {written} ({what})")
+
+
+@app.command("spec")
+def spec_(
+    model_path: Annotated[
+        Path,
+        typer.Argument(
+            help="A model: a Hugging Face directory, a torch.save file, a hub id ... (or what --spec loads)."
+        ),
+    ],
+    out_path: Annotated[
+        Path | None, typer.Option("--out", parser=_path, help="Write the spec file here (default: print it).")
+    ] = None,
+    spec: Annotated[
+        Path | None,
+        typer.Option(
+            "--spec",
+            parser=_path,
+            help="A spec file whose load(path) and setup(model) build and prepare the model (its spec, if "
+            "any, is not used). It is Python: naming it runs its code.",
+        ),
+    ] = None,
+    trust_remote_code: TrustOpt = False,
+) -> None:
+    """Print a ModelSpec to start from, in the model's own module names: a spec file to edit for --spec."""
+    if out_path is not None:
+        _output_file(out_path, model_path, *([spec] if spec else []))
+    sf = _spec_file(spec, need_spec=False)
+    _model_inputs([model_path], sf)
+    from depthscope.pipelines.capture import suggest
+
+    text = suggest(str(model_path), sf.path if sf else None, trust_remote_code=trust_remote_code)
+    if out_path is None:
+        out.print(text, end="", soft_wrap=True)
+        return
+    from depthscope.atomic import atomic_path
+
+    with atomic_path(out_path) as tmp:
+        tmp.write_text(text)
+    out.print(
+        f"wrote {out_path}: a ModelSpec to edit, then `depthscope capture {model_path} --spec {out_path}`"
+    )
 
 
 @app.command()

@@ -26,10 +26,11 @@ import xarray as xr
 from depthscope.errors import DepthscopeError
 from depthscope.inputs import hub_snapshot, input_kind
 from depthscope.probes import capture
-from depthscope.probes.load import Placement, declared_context, load_model
+from depthscope.probes.load import Placement, declared_context
 from depthscope.probes.partial import partial_path
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
+from depthscope.probes.specfile import load_model_with, read_spec_file, set_up
 from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
 
@@ -91,6 +92,7 @@ class CaptureJob:
     progress: bool = True
     workers: int = 1
     trust_remote_code: bool = False  # load a Hugging Face model's own modeling code (auto_map)
+    spec_file: Path | None = None  # a spec file named with --spec (``probes.specfile``): run in each process
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -107,7 +109,7 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
     if job.workers > 1:
         if _env_world() > 1:
             raise DepthscopeError("--workers starts its own processes: do not combine it with torchrun")
-        if input_kind(job.model) == "hub":  # downloaded once, here, before the workers read the cache
+        if _kind(job) == "hub":  # downloaded once, here, before the workers read the cache
             hub_snapshot(job.model, progress=job.progress)
         return _spawn(job)
     with distributed_from_env():
@@ -133,16 +135,20 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if asked.resume and me == 0 and not partial.exists() and job.progress:
         print(f"no partial capture at {partial}: starting from the beginning")
     settings = job.settings.replace(partial=replace(asked, path=partial if keep else None))
-    context = declared_context(job.model)
+    sf = read_spec_file(job.spec_file) if job.spec_file is not None else None
+    context = declared_context(job.model) if sf is None or sf.load is None else None
     if settings.ctx is not None and context is not None:  # before the load, which takes a while
         check_window(settings.ctx, context)
-    model = load_model(
+    spec = sf.require_spec() if sf is not None else None
+    model = load_model_with(
+        sf,
         job.model,
         _local(settings.placement),
         trust_remote_code=job.trust_remote_code,
         progress=job.progress and me == 0,
     )
-    trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model))
+    set_up(sf, model, settings.batch_size, settings.ctx)
+    trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model), spec=spec)
     failed = None
     if me == 0:
         try:
@@ -158,6 +164,44 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if keep:
         partial.unlink(missing_ok=True)
     return trace if me == 0 else None
+
+
+def suggest(
+    model_ref: str, spec_file: Path | None = None, *, trust_remote_code: bool = False, progress: bool = True
+) -> str:
+    """``depthscope spec MODEL``: the model's best-guess ModelSpec as a spec file (Python), checked on
+    a probe forward; the spec file given supplies load() and setup() (its spec, if any, is ignored).
+    """
+    from depthscope.probes.adapters import families
+    from depthscope.probes.adapters.suggest import Suggestion, suggest_spec
+
+    sf = read_spec_file(spec_file) if spec_file is not None else None
+    model = load_model_with(sf, model_ref, trust_remote_code=trust_remote_code, progress=progress)
+    set_up(sf, model, 2, None)
+    found = suggest_spec(model)
+    known = next((f.name for f in families().values() if not f.generic and _detects(f, model)), None)
+    if known is not None:
+        note = f"the {known} family reads this model already: `depthscope capture {model_ref}` needs no spec"
+        found = Suggestion(found.spec, (note, *found.notes), found.model)
+    helpers = str(sf.path) if sf is not None and (sf.load or sf.setup) else None
+    return found.python(helpers)
+
+
+def _detects(family: Any, model: Any) -> bool:
+    try:
+        return bool(family.detect(model))
+    except Exception:  # noqa: BLE001 - a family's detect that fails on a foreign model does not read it
+        return False
+
+
+def _kind(job: CaptureJob) -> str | None:
+    """The kind of the job's model reference (None: one only its spec file's load() reads)."""
+    try:
+        return input_kind(job.model)
+    except DepthscopeError:
+        if job.spec_file is None:
+            raise
+        return None
 
 
 def _other_partials(out: Path, world: int) -> list[Path]:

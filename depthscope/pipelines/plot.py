@@ -14,6 +14,7 @@ the others linear centred at 0. The figure is written atomically in the format i
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from depthscope.errors import DepthscopeError
 
@@ -103,10 +104,13 @@ def inspect_prompt(
     position: int | None = None,
     layer: str | None = None,
     var: str = "share",
+    spec_file: Any = None,
+    trust_remote_code: bool = False,
 ) -> tuple[Path, str]:
     """``depthscope inspect``: one prompt through a model, drawn (``out`` .pdf/.svg/.png) or saved as
     the per-position dataset (``out`` .nc). The figure is one position's consumer x source heatmap
-    (``position``, default the last), or with ``layer`` that consumer's sources along the prompt.
+    (``position``, default the last), or with ``layer`` that consumer's sources along the prompt;
+    ``spec_file`` (a ``probes.specfile.SpecFile``) says how to load and read a model no family knows.
     Returns (the path written, what it shows).
     """
     import matplotlib.pyplot as plt
@@ -115,7 +119,7 @@ def inspect_prompt(
     from depthscope.figures.heatmaps import plot_heatmap
     from depthscope.figures.style import save
     from depthscope.probes import inspect
-    from depthscope.probes.load import load_model
+    from depthscope.probes.specfile import load_model_with, set_up
 
     out = Path(out)
     table = out.suffix.lower() == ".nc"
@@ -124,7 +128,9 @@ def inspect_prompt(
     name = {"share": "contribution_share", "mixing": "mixing"}.get(var)
     if name is None:
         raise DepthscopeError(f"unknown --var {var!r} (share or mixing)")
-    ds = inspect(load_model(model_path), text)
+    model = load_model_with(spec_file, model_path, trust_remote_code=trust_remote_code)
+    set_up(spec_file, model, 1, None)
+    ds = inspect(model, text, spec=spec_file.require_spec() if spec_file is not None else None)
     if table:
         with atomic_path(out) as tmp:
             ds.to_netcdf(tmp)

@@ -56,7 +56,7 @@ from depthscope.pipelines.report_settings import (  # noqa: F401 (re-exported: t
     used,
 )
 from depthscope.probes import capture
-from depthscope.probes.load import load_model
+from depthscope.probes.specfile import SpecFile, load_model_with, read_spec_file, set_up
 from depthscope.progress import bar
 from depthscope.schemes import DepthModel
 from depthscope.trace import STACK, load_trace, save_trace, split_models, stack_traces
@@ -79,12 +79,22 @@ def _run_info(model, path: Path) -> dict:
 
 
 def collect(
-    paths: list[Path], settings: ReportSettings, steps: list[int] | None = None, *, progress: bool = True
+    paths: list[Path],
+    settings: ReportSettings,
+    steps: list[int] | None = None,
+    *,
+    progress: bool = True,
+    spec_file: SpecFile | None = None,
 ):
     """(model traces, trajectory stacks) of the inputs: one trace per checkpoint (a stacked trace
     file contributes each of its models; a trace file of one run's steps is a trajectory).
+    ``spec_file``: ``settings.spec_file`` as already read (else it is read here).
     """
-    kinds = [input_kind(p) for p in paths]  # check every input before the slow work starts
+    sf = spec_file
+    if sf is None and settings.spec_file is not None:
+        sf = read_spec_file(settings.spec_file)
+    spec = sf.require_spec() if sf is not None else None
+    kinds = [_kind(p, sf) for p in paths]  # check every input before the slow work starts
     if steps is not None and len(steps) != sum(k != "trace" for k in kinds):
         raise DepthscopeError(
             f"--steps gives {len(steps)} steps for {sum(k != 'trace' for k in kinds)} checkpoints"
@@ -102,7 +112,10 @@ def collect(
                 else:
                     traces += split_models(t)
             else:
-                model = load_model(path, trust_remote_code=settings.trust_remote_code, progress=progress)
+                model = load_model_with(
+                    sf, path, trust_remote_code=settings.trust_remote_code, progress=progress
+                )
+                set_up(sf, model, settings.capture.batch_size, settings.capture.ctx)
                 info = _run_info(model, path)
                 if steps is not None:
                     info.update(step=next(given), run="given")
@@ -110,7 +123,12 @@ def collect(
                     info["run"] = "given"
                 own = isinstance(model, DepthModel)
                 t = capture(
-                    model, settings.corpus, settings.for_model(own), checkpoint=str(path), progress=False
+                    model,
+                    settings.corpus,
+                    settings.for_model(own),
+                    checkpoint=str(path),
+                    progress=False,
+                    spec=spec,
                 )
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:
@@ -124,6 +142,18 @@ def collect(
             ordered = sorted(members, key=lambda i: traces[i].attrs["step"])
             trajectories.append(stack_traces([traces[i] for i in ordered]))
     return [_ranked(t, settings.energy) for t in traces], trajectories
+
+
+def _kind(path: Path, sf: SpecFile | None) -> str:
+    """An input's kind (``inputs.input_kind``); with a spec file that loads models, anything that is
+    not a trace is a model for its load().
+    """
+    if sf is None or sf.load is None:
+        return input_kind(path)
+    try:
+        return "trace" if input_kind(path) == "trace" else "model"
+    except DepthscopeError:
+        return "model"
 
 
 def is_trajectory(trace: xr.Dataset) -> bool:
@@ -163,8 +193,9 @@ def build_report(
     start = time.perf_counter()
     out_dir = Path(out_dir)
     paths = [Path(p) for p in inputs] or default_inputs()
+    sf = read_spec_file(settings.spec_file) if settings.spec_file is not None else None
     for p in paths:
-        input_kind(p)
+        _kind(p, sf)
     made_dirs = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
     done = False
     try:
@@ -173,7 +204,7 @@ def build_report(
     except OSError as err:
         raise DepthscopeError(f"cannot write the report to {out_dir}: {err.strerror or err}") from None
     try:
-        traces, trajectories = collect(paths, settings, steps, progress=progress)
+        traces, trajectories = collect(paths, settings, steps, progress=progress, spec_file=sf)
         data, stacked = report_data(traces, trajectories, settings, claims=_bundled_claims(inputs))
         figures = data.figures()
         pngs = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 import xarray as xr
@@ -37,6 +38,7 @@ class ReportSettings:
     logits: Literal["auto", "on", "off"] = "auto"
     ablate: Literal["auto", "off", "sources", "cells"] = "auto"
     trust_remote_code: bool = False  # load Hugging Face models' own modeling code (auto_map)
+    spec_file: Path | None = None  # read every model as this spec file says (``probes.specfile``)
 
     def for_model(self, own: bool) -> CaptureSettings:
         """The capture settings of one model (``own``: one of depthscope's own)."""
