@@ -291,8 +291,10 @@ class Ablation(Sums):
         if mode not in ABLATE:
             raise DepthscopeError(f"ablate must be one of {', '.join(ABLATE)}, got {mode!r}")
         if not ad.views:
+            why = f" ({ad.attrs['not_views']})" if ad.attrs.get("not_views") else ""
             raise DepthscopeError(
                 f"ablation needs consumer inputs that are views of the stream; a {ad.family} model's are not"
+                f"{why}"
             )
         if any(c.terms for c in ad.consumers):
             raise DepthscopeError(
@@ -338,7 +340,7 @@ class Ablation(Sums):
 
         def on_source(j: int):
             def hook(t: Tensor) -> None:
-                values[j] = t
+                values[j] = t.clone()  # as written: research code may update a module's output in place
 
             return hook
 

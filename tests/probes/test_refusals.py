@@ -160,3 +160,65 @@ def test_custom_code_without_input_embeddings_is_one_line(tmp_path):
     with pytest.raises(DepthscopeError) as err:
         capture(model, torch.randint(0, 300, (4, 32)), progress=False)
     assert "\n" not in str(err.value) and "depthscope spec MODEL" in str(err.value)
+
+
+class InPlace(nn.Module):
+    """nanoGPT with `x = wte(idx); x += wpe(pos)` (``in_place``) or the plain sum: the same model."""
+
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.inner, self.in_place = seeded("nanogpt"), in_place
+
+    def forward(self, idx):
+        m = self.inner
+        x = m.wte(idx)
+        pos = m.wpe(torch.arange(idx.shape[1]))
+        if self.in_place:
+            x += pos
+        else:
+            x = x + pos
+        for block in m.blocks:
+            x = block(x)
+        return m.lm_head(m.ln_f(x))
+
+
+def test_an_in_place_update_changes_no_number_ablations_included():
+    """Item 9: a source updated in place after it was written (the token embedding's output, by
+    `x += wpe(pos)`) is read as written, by the weights and by the ablations alike."""
+    spec = ModelSpec(
+        embed=["inner.wte", "inner.wpe"],
+        writes={"attn": "inner.blocks.*.attn", "mlp": "inner.blocks.*.mlp"},
+        reads={"attn": "inner.blocks.*.ln_1", "mlp": "inner.blocks.*.ln_2", "readout": "inner.ln_f"},
+        head=("inner.ln_f", "inner.lm_head"),
+    )
+    tokens = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(5))
+    options = dict(spec=spec, ablate="cells", skip_positions=0, progress=False)
+    plain, in_place = (capture(InPlace(p).eval(), tokens, **options) for p in (False, True))
+    for var in ("mixing", "contribution_share", "ablation_effect_cell"):
+        np.testing.assert_allclose(in_place[var].values, plain[var].values, rtol=1e-5, atol=1e-7)
+    assert np.isfinite(plain["ablation_effect_cell"].sel(layer="1.attn", source="embed").item())
+
+
+def test_cells_are_refused_where_a_consumer_input_is_no_view():
+    """A module read under several keys (MUDDFormer's layer 0) or a whole block's input (the block
+    carries it on into the stream): replacing one consumer's input would change others too, so an
+    ablation is refused in one line that says which, never measured wrongly."""
+    model = seeded("mudd")
+    shared = ModelSpec(
+        embed="wte",
+        writes={"attn": "blocks.*.attn", "mlp": "blocks.*.mlp"},
+        reads={
+            "attn.q": "blocks.*.q_norm",
+            "attn.k": "blocks.*.q_norm",
+            "mlp": "blocks.*.ln_2",
+            "readout": "ln_f",
+        },
+    )
+    tokens = torch.randint(0, VOCAB, (2, CTX))
+    with pytest.raises(
+        DepthscopeError, match=r"views of the stream.*blocks\.0\.q_norm is read under several keys"
+    ):
+        capture(model, tokens, spec=shared, ablate="cells", progress=False)
+    dense = seeded("denseformer")
+    with pytest.raises(DepthscopeError, match=r"views of the stream.*blocks\.0's input is read"):
+        capture(dense, tokens, spec=dense.SPEC, ablate="sources", progress=False)

@@ -502,6 +502,9 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         return forward(m, ids)
 
     hooks = _Hooks(taps, inputs, per_token, layouts, shape, dtype)
+    not_views = _not_views(reads, writes)
+    if not_views:
+        attrs["not_views"] = not_views
     return Adapter(
         family=NAME,
         sources=[s for s, _ in sources],
@@ -513,7 +516,25 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         forward=run,
         head=_head(model, spec, readout),
         logits=_logits,
+        views=not not_views,
     )
+
+
+def _not_views(reads: list[_Site], writes: list[_Site]) -> str:
+    """Why replacing one consumer's input would change more than what that consumer reads (an
+    ablation of one cell would then remove a term from others too), or "" where it would not: a
+    module read under several keys, a read module whose input its own writes carry on into the
+    stream (a whole block: it holds writes, or is a block write itself).
+    """
+    paths = [r.path for r in reads]
+    shared = next((p for p in paths if paths.count(p) > 1), None)
+    if shared is not None:
+        return f"{shared} is read under several keys"
+    for r in reads:
+        for w in writes:
+            if w.path.startswith(r.path + ".") or (w.path == r.path and w.key == BLOCK):
+                return f"{r.path}'s input is read, and the block carries it on into the stream"
+    return ""
 
 
 def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], record: _Record) -> None:
