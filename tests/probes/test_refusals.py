@@ -222,3 +222,29 @@ def test_cells_are_refused_where_a_consumer_input_is_no_view():
     dense = seeded("denseformer")
     with pytest.raises(DepthscopeError, match=r"views of the stream.*blocks\.0's input is read"):
         capture(dense, tokens, spec=dense.SPEC, ablate="sources", progress=False)
+
+
+class Short(NoConfig):
+    """A model whose context (4 positions) is shorter than the probe's 8 (it asserts so), returning a
+    dict: its logits under ``key``."""
+
+    def __init__(self, key: str = "logits"):
+        super().__init__()
+        self.lm_head, self.key = nn.Linear(D, VOCAB), key
+
+    def forward(self, ids):
+        assert ids.shape[1] <= 4, "at most 4 positions"
+        return {self.key: self.lm_head(super().forward(ids))}
+
+
+def test_a_short_context_and_a_dict_output_are_read():
+    """The probe runs on the model's own context where it is shorter than 8 positions; the logits of a
+    model returning a dict are its "logits" entry (a dict without one is one line)."""
+    spec = ModelSpec(
+        embed="emb", writes={"mlp": "mlps.*"}, reads={"mlp": "norms.*", "readout": "out_norm"}, ctx=4
+    )
+    ids = torch.randint(0, VOCAB, (4, 4))
+    trace = capture(Short().eval(), ids, spec=spec, logits=True, progress=False)
+    assert trace.attrs["ctx"] == 4 and float(trace["residual_error"].max()) < 1e-5
+    with pytest.raises(DepthscopeError, match=r"holds no logits"):
+        capture(Short("hidden").eval(), ids, spec=spec, logits=True, progress=False)

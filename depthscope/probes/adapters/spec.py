@@ -207,9 +207,12 @@ class _Record:
     returned does not change what it wrote), its layout and its dtype.
     """
 
-    def __init__(self, model: Any, paths: list[str], vocab: int, forward: Callable[[Any, Tensor], Any]):
+    def __init__(
+        self, model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[[Any, Tensor], Any]
+    ):
         g = torch.Generator().manual_seed(0)
-        self.tokens = torch.randint(min(5, vocab - 1), vocab, PROBE_SHAPE, generator=g)
+        self.shape = (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx))  # a model of a shorter context: its own
+        self.tokens = torch.randint(min(5, vocab - 1), vocab, self.shape, generator=g)
         self.start: dict[str, int] = {}  # when each module's call started, and ended
         self.end: dict[str, int] = {}
         self.count: dict[str, int] = {}
@@ -247,7 +250,7 @@ class _Record:
             raise
         except Exception as err:  # the model's own code failed on a plain batch of ids
             raise DepthscopeError(
-                f"ModelSpec: the probe forward on token ids of shape {list(PROBE_SHAPE)} failed "
+                f"ModelSpec: the probe forward on token ids of shape {list(self.shape)} failed "
                 f"({type(err).__name__}: {first_line(err)})"
             ) from None
         finally:
@@ -269,14 +272,14 @@ class _Record:
             got = "nothing" if raw is None else f"a {raw}"
             raise DepthscopeError(f"ModelSpec: {path}'s {what} is {got}, not a floating-point tensor")
         t, dtype = raw
-        layout = stream_layout(tuple(t.shape), *PROBE_SHAPE)
+        layout = stream_layout(tuple(t.shape), *self.shape)
         if layout is None:
-            b, p = PROBE_SHAPE
+            b, p = self.shape
             raise DepthscopeError(
                 f"ModelSpec: {path}'s {what} has shape {list(t.shape)} in a forward on ids [{b}, {p}]: not "
                 f"the stream [batch, pos, d_model] (nor [pos, d], [batch*pos, d] or [pos, batch, d])"
             )
-        return to_stream(t, layout, PROBE_SHAPE), layout, dtype
+        return to_stream(t, layout, self.shape), layout, dtype
 
 
 def _copy(t: Any) -> Any:
@@ -401,11 +404,21 @@ def _head(model: Any, spec: ModelSpec, readout: _Site | None) -> Head | None:
 
 
 def _logits(output: Any) -> Tensor:
-    if isinstance(output, Tensor):
-        return output
+    """The logits in a model's output: a tensor, the first of a tuple (nanoGPT's (logits, loss)), a
+    ``logits`` key or attribute; DepthscopeError for anything else.
+    """
     if isinstance(output, (tuple, list)) and output and isinstance(output[0], Tensor):
-        return output[0]  # nanoGPT's (logits, loss)
-    return output.logits
+        output = output[0]
+    elif isinstance(output, Mapping) and isinstance(output.get("logits"), Tensor):
+        output = output["logits"]
+    elif not isinstance(output, Tensor) and isinstance(getattr(output, "logits", None), Tensor):
+        output = output.logits
+    if not isinstance(output, Tensor) or output.ndim != 3:
+        raise DepthscopeError(
+            f"ModelSpec: the model's output ({type(output).__name__}) holds no logits [batch, pos, vocab]: "
+            "give ModelSpec(forward=lambda model, ids: ...) returning them"
+        )
+    return output
 
 
 def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[_Site]]:
@@ -431,7 +444,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
-    record = _Record(model, paths, vocab, forward)
+    record = _Record(model, paths, vocab, ctx, forward)
     writes.sort(key=lambda s: record.end[s.path])  # a source exists once its module has returned
     reads.sort(key=lambda s: (s.key == READOUT, record.start[s.path]))
 
