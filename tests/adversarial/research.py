@@ -27,33 +27,10 @@ from torch import Tensor, nn
 from depthscope import ModelSpec
 from tests.adversarial import research_depth, research_layout, research_residual, research_spec
 from tests.adversarial.harness import Case, Recorder
+from tests.adversarial.research_parts import MLP
+from tests.adversarial.research_parts import CausalSelfAttention as Attention
 
 VOCAB, CTX, D = 64, 16, 32
-
-
-class Attention(nn.Module):
-    """Causal multi-head self-attention."""
-
-    def __init__(self, d: int = D, heads: int = 2):
-        super().__init__()
-        self.qkv, self.proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
-
-    def forward(self, x: Tensor) -> Tensor:
-        b, t, d = x.shape
-        q, k, v = (
-            y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(x).split(d, -1)
-        )
-        y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))
-
-
-class MLP(nn.Module):
-    def __init__(self, d: int = D):
-        super().__init__()
-        self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.proj(nn.functional.gelu(self.fc(x)))
 
 
 class ParallelBlock(nn.Module):
