@@ -632,12 +632,4 @@ def with_forward(spec: ModelSpec, forward: Callable[[Tensor], Any] | None) -> Mo
     return dataclasses.replace(spec, forward=lambda _model, ids: forward(ids))
 
 
-def model_dtype(model: Any) -> torch.dtype:
-    """The dtype of the model's first floating-point parameter (float32 if it has none)."""
-    try:
-        return next(p.dtype for p in model.parameters() if p.is_floating_point())
-    except StopIteration:
-        return torch.float32
-
-
-__all__ = ["ModelSpec", "build_spec", "model_dtype", "patterns", "with_forward"]
+__all__ = ["ModelSpec", "build_spec", "patterns", "with_forward"]
