@@ -75,3 +75,16 @@ def tiny_llama(seed: int = 0):
         max_position_embeddings=256,
     )
     return LlamaForCausalLM(config)
+
+
+def load_bridge(directory):
+    """A local Hugging Face model directory wrapped in a TransformerLens TransformerBridge, offline."""
+    from pathlib import Path
+
+    from transformer_lens import TransformerBridge
+
+    from depthscope.probes.load import _offline
+
+    path = Path(directory)
+    _offline()
+    return TransformerBridge.boot_transformers(str(path))

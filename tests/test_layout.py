@@ -1,5 +1,5 @@
 """The house rules: data flows one way (trace at the bottom; schemes -> probes -> analysis ->
-figures, pipelines and cli above), the trace room, analysis and figures import only what DESIGN.md
+figures, pipelines and cli above), the trace room, analysis and figures import only what docs/design.md
 allows them, and no import cycle anywhere in the package, function-local imports included."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Dilution estimators: pure functions of a trace (or of traces stacked along ``model``).
 
-Definitions (DESIGN.md "Estimators"); n_l is the number of sources available to consumer l:
+Definitions (docs/design.md "Estimators"); n_l is the number of sources available to consumer l:
 
     baseline[l]          = 1 / n_l                    the uniform share of a PreNorm residual, ~1/T
     dilution_index[l, s] = contribution_share[l, s] * n_l     (1.0 = exactly the uniform share)

@@ -33,7 +33,6 @@ from depthscope.figures.data import trace_label
 from depthscope.figures.report import (
     DEEP,
     Column,
-    FigureSpec,
     Note,
     ReportData,
     ReportFigure,
@@ -99,29 +98,6 @@ def report_data(
         k=k,
     )
     return data, stacked
-
-
-def planned_figures(
-    stacked: xr.Dataset,
-    traces: list[xr.Dataset],
-    k: int,
-    trajectories: list[xr.Dataset] = (),
-    depth: xr.Dataset | None = None,
-) -> list[tuple[FigureSpec, Any]]:
-    """(description, function drawing the Figure) for every figure of the report, in page order
-    (a report of ``stacked``'s models, ``traces``, with ``trajectories``).
-    """
-    from depthscope.pipelines.report_settings import ReportSettings
-
-    data, _ = report_data(list(traces), list(trajectories), ReportSettings(k=k))
-    return [(f.spec, f.draw) for f in data.figures()]
-
-
-def report_figures(
-    stacked: xr.Dataset, traces: list[xr.Dataset], k: int, trajectories: list[xr.Dataset] = ()
-) -> list[tuple[FigureSpec, Any]]:
-    """(description, matplotlib Figure) for every figure of the report, in page order."""
-    return [(s, draw()) for s, draw in planned_figures(stacked, traces, k, trajectories)]
 
 
 # --- the sections ---------------------------------------------------------------------------------

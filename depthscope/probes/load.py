@@ -617,19 +617,3 @@ ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some librar
 
 def _first_line(err: Exception) -> str:
     return (ANSI.sub("", str(err)).splitlines() or [""])[0][:200]
-
-
-def load_bridge(directory: str | Path) -> Any:
-    """Wrap a local Hugging Face model directory in a TransformerLens TransformerBridge, offline."""
-    path = Path(directory)
-    if not (path / "config.json").is_file():
-        raise DepthscopeError(f"{path}: not a Hugging Face model directory (no config.json)")
-    _offline()
-    from transformer_lens import TransformerBridge
-
-    try:
-        return TransformerBridge.boot_transformers(str(path))
-    except Exception as err:  # transformers raises many types for unsupported or broken models
-        raise DepthscopeError(
-            f"{path}: cannot load as a TransformerBridge ({type(err).__name__}: {_first_line(err)})"
-        ) from None

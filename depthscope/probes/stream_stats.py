@@ -49,7 +49,6 @@ from depthscope.schemes import names
 FROM, TO = "stream_from", "stream_to"
 TOLERANCE = 1e-4  # relative error of the rebuilt read (float32 models)
 HYPER_FAMILIES = ("deepseek_v4", "glm5_next", "hy_v4")
-Record = Callable[[str, Tensor, Tensor | None, Tensor | None, Tensor], None]
 
 
 class Sums:

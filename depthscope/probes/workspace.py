@@ -36,10 +36,6 @@ class Workspace:
         have = self._buffers[key] = like.new_empty(shape, dtype=dtype)
         return have
 
-    def has(self, key: Hashable) -> bool:
-        """Whether buffer ``key`` is held."""
-        return key in self._buffers
-
     def free(self, key: Hashable) -> None:
         """Let buffer ``key`` go (before a larger one of another shape is asked for)."""
         self._buffers.pop(key, None)

@@ -1,4 +1,4 @@
-"""The trace: depthscope's contract, on the ground floor (format version 2, DESIGN.md "The trace").
+"""The trace: depthscope's contract, on the ground floor (format version 2, docs/design.md "The trace").
 
 Everything that reads or writes a trace: the variables and their dims, long names and units
 (``format``), the axes' ``Layout``, save/load/check and format-1 conversion, stacking along

@@ -1,4 +1,4 @@
-"""The trace format (version 2, DESIGN.md "The trace"): variables, dimensions, units, the axes'
+"""The trace format (version 2, docs/design.md "The trace"): variables, dimensions, units, the axes'
 layout, and reading, writing and checking a file.
 
 A trace is an ``xarray.Dataset`` with dims ``layer`` (consumers, in execution order, then the

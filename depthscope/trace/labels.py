@@ -1,6 +1,6 @@
 """The label vocabulary of a trace: kinds of sources and consumers, labels, and blocks.
 
-Labels (DESIGN.md "The trace"): a sublayer is ``"{block}.{kind}"`` (``"3.attn"``), a consumer
+Labels (docs/design.md "The trace"): a sublayer is ``"{block}.{kind}"`` (``"3.attn"``), a consumer
 with several inputs has one row per view (``"3.attn.q"``), the final read-out is ``"readout"`` and
 the token embedding ``"embed"``. The block of a label is its leading integer (``"3"``); the
 embedding, its LayerNorm bias and anything else before the first block belong to ``"embed"``;

@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 
 from depthscope.analysis.dilution import block_view, row_normalized
-from depthscope.pipelines.report_data import report_figures
 from depthscope.probes import capture
-from depthscope.trace import stack_traces
+from tests.figures import planned_figures
 from tests.helpers import build, perturb, random_tokens, tiny
 
 
@@ -31,8 +30,7 @@ def overlapping(labels, renderer) -> list[tuple[str, str]]:
 
 def test_no_tick_labels_overlap_in_any_report_figure(deep):
     shallow = capture(build(tiny("standard")), random_tokens(tiny(), batch=2), rank=True)
-    stacked = stack_traces([deep, shallow])
-    figures = report_figures(stacked, [deep, shallow], k=2)
+    figures = [(spec, draw()) for spec, draw in planned_figures([deep, shallow], k=2)]
     checked = 0
     for spec, fig in figures:
         fig.canvas.draw()
@@ -56,7 +54,7 @@ def test_the_overlap_check_sees_crowded_labels():
 
 def test_deep_model_section_adds_a_block_view_and_grows(deep):
     shallow = capture(build(tiny("standard")), random_tokens(tiny(), batch=2))
-    figures = {s.name: f for s, f in report_figures(stack_traces([deep, shallow]), [deep, shallow], k=2)}
+    figures = {s.name: draw() for s, draw in planned_figures([deep, shallow], k=2)}
     big, small = figures["model-attnres"], figures["model-standard"]
     assert len(big.axes) == 3 + 3 and len(small.axes) == 2 + 2  # panels and their colour bars
     assert big.get_size_inches()[1] > small.get_size_inches()[1]

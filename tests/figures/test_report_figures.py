@@ -28,8 +28,8 @@ from depthscope.figures.curves import (
 )
 from depthscope.figures.heatmaps import plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
-from depthscope.pipelines.report_data import planned_figures
 from depthscope.trace import load_trace, split_models, stack_traces
+from tests.figures import planned_figures
 
 REFERENCE = Path(__file__).parent.parent / "fixtures" / "reference"
 
@@ -69,7 +69,7 @@ def assert_same_drawing(a, b) -> None:
 
 
 def test_the_report_plans_the_same_figures(stacked, trajectories):
-    names = [s.name for s, _ in planned_figures(stacked, split_models(stacked), 2, trajectories)]
+    names = [s.name for s, _ in planned_figures(split_models(stacked), 2, trajectories)]
     assert names == [
         "grid-weights",
         "grid-share",
@@ -92,7 +92,7 @@ def test_the_report_plans_the_same_figures(stacked, trajectories):
 
 def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajectories):
     k = 2
-    planned = {s.name: draw for s, draw in planned_figures(stacked, split_models(stacked), k, trajectories)}
+    planned = {s.name: draw for s, draw in planned_figures(split_models(stacked), k, trajectories)}
     expected = {
         "grid-weights": lambda: plot_heatmap_grid(row_normalized(stacked)),
         "grid-share": lambda: plot_heatmap_grid(stacked["contribution_share"]),
@@ -115,7 +115,7 @@ def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajector
 
 def test_a_report_of_one_model_draws_the_retention_of_each_source(stacked):
     one = stack_traces([split_models(stacked)[0]])
-    planned = {s.name: draw for s, draw in planned_figures(one, split_models(one), 2)}
+    planned = {s.name: draw for s, draw in planned_figures(split_models(one), 2)}
     fig = planned["retention"]()
     assert_same_drawing(fig, plot_retention(relative_retention(one)).figure)
     assert len(fig.axes[0].lines) == one.sizes["source"] + 1  # a line per source and the 1/T line
@@ -136,7 +136,7 @@ def test_no_report_figure_shows_math_source(stacked, trajectories):
 
     from depthscope.figures.causal import native_figure
 
-    figs = [draw() for _, draw in planned_figures(stacked, split_models(stacked), 2, trajectories)]
+    figs = [draw() for _, draw in planned_figures(split_models(stacked), 2, trajectories)]
     dense = split_models(load_trace(zoo.ZOO_DIR / "trajectories" / "denseformer.nc"))[-1]
     figs.append(native_figure(dense))  # the DWA weights, DenseFormer's Fig. 5
     figs.append(plot_retention(relative_retention(dense)).figure)  # log ticks

@@ -11,7 +11,7 @@ import torch
 from depthscope.cli import main
 from depthscope.errors import TraceError
 from depthscope.probes import capture
-from depthscope.probes.load import load_bridge
+from tests.helpers import load_bridge
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -41,7 +41,7 @@ def llama_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def llama(llama_dir):
-    from depthscope.probes.load import load_bridge
+    from tests.helpers import load_bridge
 
     return load_bridge(llama_dir)
 

@@ -14,8 +14,9 @@ from depthscope.cli import main
 from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
 from depthscope.probes.adapters import resolve
-from depthscope.probes.load import load_bridge, load_model
+from depthscope.probes.load import load_model
 from depthscope.trace import load_trace
+from tests.helpers import load_bridge
 from tests.probes.test_bridge import model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

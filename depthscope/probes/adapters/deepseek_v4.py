@@ -30,7 +30,7 @@ coefficients C [stream, source] of the streams start at ones on the embedding; a
 of M is sum_s pre_s C[s, :], after which C <- comb^T C and the column ``post`` is appended; the
 read-out's row is sum_s pre_head_s C[s, :]. Consumers are each sublayer's collapsed input (what
 it reads, before its RMSNorm) and the collapsed read-out (the final norm's input). Rows are raw:
-pre sums to about N/2 at initialisation, so rows are not normalised (see DESIGN.md, HC/mHC).
+pre sums to about N/2 at initialisation, so rows are not normalised (see docs/design.md, "The trace").
 
 Reading the weights: ``post`` and ``comb`` are the hyper-connection's own outputs (forward hook);
 ``pre`` is consumed inside the module, so it is recomputed from the hook's input with the
