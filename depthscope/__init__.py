@@ -14,7 +14,8 @@ from depthscope.errors import DepthscopeError
 
 if TYPE_CHECKING:
     from depthscope import probes, zoo
-    from depthscope.probes.adapters.registry import Family, register_family
+    from depthscope.probes.adapters.family import Family
+    from depthscope.probes.adapters.registry import register_family
     from depthscope.probes.adapters.spec import ModelSpec
     from depthscope.probes.adapters.suggest import suggest_spec
     from depthscope.probes.load import load_model as load
@@ -29,7 +30,7 @@ _LAZY = {
     "ModelSpec": ("depthscope.probes.adapters.spec", "ModelSpec"),  # read any module: where it writes, reads
     "suggest_spec": ("depthscope.probes.adapters.suggest", "suggest_spec"),  # a ModelSpec to start from
     "probes": ("depthscope.probes", None),
-    "Family": ("depthscope.probes.adapters.registry", "Family"),  # a model family, as a value
+    "Family": ("depthscope.probes.adapters.family", "Family"),  # a model family, as a value
     "register_family": ("depthscope.probes.adapters.registry", "register_family"),
 }
 

@@ -418,6 +418,15 @@ def gemma3n(args):
     ), f"Gemma3nForCausalLM random, AltUp 4 streams, LAuReL: {n} layers, d {args.d_model}"
 
 
+def inkling2(args):
+    from transformers import Inkling2ForCausalLM
+
+    from tests.probes.adapters.test_inkling2 import text_config
+
+    torch.manual_seed(0)
+    return Inkling2ForCausalLM(text_config()).eval(), "Inkling2ForCausalLM random (float32 only)"
+
+
 def has_transformers(name: str) -> bool:
     return importlib.util.find_spec(f"transformers.models.{name}") is not None
 
@@ -473,3 +482,24 @@ FAMILIES: list[tuple[str, Callable[[], bool], str, Callable]] = [
 def sizes(d_model: int = 32, layers: int = 2, vocab: int = 64, ctx: int = 32) -> SimpleNamespace:
     """The ``args`` every builder takes."""
     return SimpleNamespace(d_model=d_model, layers=layers, vocab=vocab, ctx=ctx)
+
+
+# one small model per registered family name (the family contract test: tests/probes/adapters/
+# test_family_contract.py)
+BY_FAMILY: dict[str, Callable] = {
+    "depthscope": zoo("standard"),
+    "transformer-lens": bridge,
+    "beam": beam,
+    "deepseek_v4": deepseek_v4,
+    "gemma3n": gemma3n,
+    "glm5_next": glm5_next,
+    "hy_v4": hy_v4,
+    "inkling2": inkling2,
+    "post-ln": bert,
+    "qwen4_exp": qwen4_exp,
+    "attn-res": attn_res,
+    "deep-cross-attention": dca,
+    "x-transformers": x_transformers_hc,
+    "huggingface": hf_llama,
+    "hyper-connections": hyper_conn,
+}

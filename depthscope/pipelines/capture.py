@@ -172,26 +172,20 @@ def suggest(
     """``depthscope spec MODEL``: the model's best-guess ModelSpec as a spec file (Python), checked on
     a probe forward; the spec file given supplies load() and setup() (its spec, if any, is ignored).
     """
-    from depthscope.probes.adapters import families
+    from depthscope.probes.adapters import detecting
     from depthscope.probes.adapters.suggest import Suggestion, suggest_spec
 
     sf = read_spec_file(spec_file) if spec_file is not None else None
     model = load_model_with(sf, model_ref, trust_remote_code=trust_remote_code, progress=progress)
     set_up(sf, model, 2, None)
     found = suggest_spec(model)
-    known = next((f.name for f in families().values() if not f.generic and _detects(f, model)), None)
-    if known is not None:
-        note = f"the {known} family reads this model already: `depthscope capture {model_ref}` needs no spec"
+    known = detecting(model)
+    if known is not None and not known.generic:
+        note = f"the {known.name} family reads this model already: `depthscope capture {model_ref}` needs no "
+        note += "spec"
         found = Suggestion(found.spec, (note, *found.notes), found.model)
     helpers = str(sf.path) if sf is not None and (sf.load or sf.setup) else None
     return found.python(helpers)
-
-
-def _detects(family: Any, model: Any) -> bool:
-    try:
-        return bool(family.detect(model))
-    except Exception:  # noqa: BLE001 - a family's detect that fails on a foreign model does not read it
-        return False
 
 
 def _kind(job: CaptureJob) -> str | None:

@@ -456,7 +456,7 @@ def load_torch(path: Path) -> Any:
 
     import torch
 
-    from depthscope.probes.adapters import FAMILIES
+    from depthscope.probes.adapters import families
 
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
@@ -473,20 +473,21 @@ def load_torch(path: Path) -> Any:
     if not isinstance(saved, dict) or not {"family", "args", "state_dict"} <= set(saved):
         raise DepthscopeError(f'{path}: expected a dict with "family", "args" and "state_dict"')
     family, args, state = saved["family"], saved["args"], saved["state_dict"]
-    makers = sorted(name for name, f in FAMILIES.items() if f.from_saved is not None)
-    if not isinstance(family, str) or getattr(FAMILIES.get(family), "from_saved", None) is None:
+    makers = {name: f for name, f in families().items() if f.from_saved is not None}
+    if not isinstance(family, str) or family not in makers:
         raise DepthscopeError(
-            f"{path}: family {family!r:.60} cannot be built from a file; these can: {', '.join(makers)}"
+            f"{path}: family {family!r:.60} cannot be built from a file; these can: "
+            + ", ".join(sorted(makers))
         )
     if not isinstance(args, dict) or not isinstance(state, dict):
         raise DepthscopeError(f'{path}: "args" and "state_dict" must be dicts')
-    module = FAMILIES[family]
-    package = getattr(module, "PACKAGE", family)
+    maker = makers[family]
+    package = maker.package or family
     if importlib.util.find_spec(package.replace("-", "_")) is None:
         raise DepthscopeError(f"{path}: a {family} model needs its package: pip install {package}")
-    _check_saved_size(path, module, args, state)
+    _check_saved_size(path, maker, args, state)
     try:
-        model = module.from_saved(args)
+        model = maker.from_saved(args)
         model.load_state_dict(state)
     except Exception as err:  # wrong arguments, missing or misshapen tensors
         raise DepthscopeError(
@@ -495,7 +496,7 @@ def load_torch(path: Path) -> Any:
     return model.eval()
 
 
-def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
+def _check_saved_size(path: Path, family: Any, args: dict, state: dict) -> None:
     """Build the model its arguments describe on the meta device (no memory) and refuse, before the
     real build, arguments that describe other tensors than the file holds (huge constructor arguments
     beside a few kilobytes of weights) or a model the memory cannot hold.
@@ -504,11 +505,11 @@ def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
 
     try:
         with torch.device("meta"):
-            skeleton = module.from_saved(args)
+            skeleton = family.from_saved(args)
         expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     except Exception as err:  # wrong arguments: the real build below says the same in one line
         raise DepthscopeError(
-            f"{path}: cannot build the {module.name} model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot build the {family.name} model ({type(err).__name__}: {_first_line(err)})"
         ) from None
     held = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     if expected != held:
@@ -517,7 +518,7 @@ def _check_saved_size(path: Path, module: Any, args: dict, state: dict) -> None:
             f"{path}: its arguments describe other tensors than it holds (first: {diff[0][:60]})"
         )
     need = sum(int(torch.Size(s).numel()) for s in expected.values()) * 4
-    require_memory(need, f"{path}: building the {module.name} model")
+    require_memory(need, f"{path}: building the {family.name} model")
 
 
 def load_gguf(path: Path, placement: Placement | None = None) -> Any:

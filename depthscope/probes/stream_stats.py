@@ -30,9 +30,6 @@ Families and where their streams are read:
 
 from __future__ import annotations
 
-import contextlib
-import importlib
-from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,14 +38,11 @@ import xarray as xr
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters import resolve
-from depthscope.probes.adapters.base import forward_hooks
-from depthscope.probes.adapters.hf import prefix_of
+from depthscope.probes.adapters import families, resolve
 from depthscope.schemes import names
 
 FROM, TO = "stream_from", "stream_to"
 TOLERANCE = 1e-4  # relative error of the rebuilt read (float32 models)
-HYPER_FAMILIES = ("deepseek_v4", "glm5_next", "hy_v4")
 
 
 class Sums:
@@ -144,109 +138,6 @@ class Sums:
         return ds
 
 
-@contextlib.contextmanager
-def _wrapped_reads(model: Any, sums: Sums) -> Iterator[None]:
-    """Our HC/mHC models: each stream mixer's ``read`` wrapped for the forward (instance attributes)."""
-    from depthscope.schemes.hc import StreamMixer, StreamReadout
-
-    mixers = [
-        (names.label(b, kind), getattr(block, f"{kind}_mix"))
-        for b, block in enumerate(model.blocks)
-        for kind in block.kinds
-    ]
-    mixers.append((names.READOUT, model.readout_mix))
-    wrapped = []
-    try:
-        for label, mixer in mixers:
-            if not isinstance(mixer, (StreamMixer, StreamReadout)):
-                raise DepthscopeError(
-                    f"stream statistics: {label} of a {model.cfg.scheme} model has no streams"
-                )
-            mixer.read = _reading(label, mixer.read, sums)
-            wrapped.append(mixer)
-        yield
-    finally:
-        for mixer in wrapped:
-            del mixer.read
-
-
-def _reading(label: str, read: Callable, sums: Sums) -> Callable:
-    def wrapper(state):
-        x, after = read(state)
-        p = after.pending
-        if label == names.READOUT:
-            sums.record(label, state.h, None, None, state.h.sum(-2))
-        else:
-            lead, n = state.h.shape[:-2], state.h.shape[-2]
-            pre = p.pre.expand(*lead, n)
-            sums.record(label, state.h, pre, p.res, x)
-        return x, after
-
-    return wrapper
-
-
-def _hyper_hooks(model: Any, family: str, sums: Sums) -> list:
-    form = importlib.import_module(f"depthscope.probes.adapters.{family}").FORM
-    p = prefix_of(model, form.base_class, form.family)
-    base = model.get_submodule(p.rstrip(".")) if p else model
-
-    def hc(label: str):
-        def hook(module, args, out) -> None:
-            post, comb, collapsed = form.unpack(out)
-            sums.record(label, args[0], form.pre(module, args[0]), comb, collapsed)
-
-        return hook
-
-    def head(module, args, out) -> None:
-        sums.record(names.READOUT, args[0], form.head_pre(module, args[0]), None, out)
-
-    hooks = []
-    for i in range(base.config.num_hidden_layers):
-        hooks += [
-            (f"{p}layers.{i}.attn_hc", hc(names.label(i, names.ATTN))),
-            (f"{p}layers.{i}.ffn_hc", hc(names.label(i, names.MLP))),
-        ]
-    return [*hooks, (f"{p}hc_head", head)]
-
-
-def _qwen4_hooks(model: Any, sums: Sums) -> list:
-    from depthscope.probes.adapters import qwen4_exp
-
-    p = prefix_of(model, qwen4_exp.BASE_CLASS, qwen4_exp.FAMILY)
-    base = model.get_submodule(p.rstrip(".")) if p else model
-    held: dict[str, Tensor] = {}
-
-    def hold(key: str):
-        def hook(module, args, out) -> None:
-            held[key] = out
-
-        return hook
-
-    def gated(label: str):
-        def hook(module, args, out) -> None:
-            mixed = out[0] if isinstance(out, tuple) else out
-            a, _ = qwen4_exp.read_weights(module, args[0], held.pop(label))
-            h = args[0].unflatten(-1, a.shape[-2:])
-            sums.record(label, h, a, None, mixed)
-
-        return hook
-
-    hooks = []
-    for i in range(base.config.num_hidden_layers):
-        for kind, hc in ((names.ATTN, "attn_hyper_connection"), (names.MLP, "mlp_hyper_connection")):
-            label = names.label(i, kind)
-            hooks += [
-                (f"{p}layers.{i}.{hc}.input_mix_weight_up", hold(label)),
-                (f"{p}layers.{i}.{hc}", gated(label)),
-            ]
-    ro = names.READOUT
-    return [
-        *hooks,
-        (f"{p}hyper_connection_mixer.input_mix_weight_up", hold(ro)),
-        (f"{p}hyper_connection_mixer", gated(ro)),
-    ]
-
-
 def stream_stats(model: Any, tokens: Tensor, batch_size: int = 8) -> xr.Dataset:
     """Per-stream sums of every read of a multi-stream model over ``tokens`` [batch, pos] (see the
     module docstring); ``depthscope.analysis.streams.stream_collapse`` turns them into shares,
@@ -255,33 +146,22 @@ def stream_stats(model: Any, tokens: Tensor, batch_size: int = 8) -> xr.Dataset:
     if not isinstance(tokens, Tensor) or tokens.dtype != torch.long or tokens.ndim != 2:
         raise DepthscopeError("stream statistics need token ids as a LongTensor [batch, pos]")
     adapter = resolve(model)
-    family = adapter.family
-    n = adapter.attrs.get("streams")
-    attrs = {k: adapter.attrs[k] for k in ("scheme", "label", "family") if k in adapter.attrs}
-    if family == "depthscope":
-        options = model.cfg.options
-        if model.cfg.scheme not in ("hc", "mhc"):
-            raise DepthscopeError(f"stream statistics: a {model.cfg.scheme} model has one residual stream")
-        sums = Sums(options.streams, adapter.skip_positions)
-        attach = lambda: _wrapped_reads(model, sums)  # noqa: E731
-    elif family in HYPER_FAMILIES:
-        sums = Sums(int(n), adapter.skip_positions)
-        attach = lambda: forward_hooks(model, _hyper_hooks(model, family, sums))  # noqa: E731
-    elif family == "qwen4_exp":
-        sums = Sums(int(n), adapter.skip_positions)
-        attach = lambda: forward_hooks(model, _qwen4_hooks(model, sums))  # noqa: E731
-    else:
+    family = families().get(adapter.family)
+    if family is None or family.streams is None:
+        multi = ", ".join(f.name for f in families().values() if f.streams is not None)
         raise DepthscopeError(
-            f"stream statistics read multi-stream models (depthscope hc/mhc, {', '.join(HYPER_FAMILIES)}, "
-            f"qwen4_exp), not a {family} model"
+            f"stream statistics read multi-stream models ({multi}), not a {adapter.family} model"
         )
+    n, reads = family.streams(model, adapter)
+    sums = Sums(n, adapter.skip_positions)
+    attrs = {k: adapter.attrs[k] for k in ("scheme", "label", "family") if k in adapter.attrs}
     if tokens.shape[1] <= adapter.skip_positions:
         raise DepthscopeError(f"stream statistics need more than {adapter.skip_positions} positions per row")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), attach():
+        with torch.no_grad(), reads(sums):
             for chunk in tokens.split(batch_size):
                 sums.start()
                 model(chunk.to(device))

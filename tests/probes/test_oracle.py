@@ -47,13 +47,10 @@ def test_every_family_equals_the_oracle(family):
 
 
 @pytest.mark.parametrize("variant", ["grn-v2", "grn-v3", "dca", "dca-k2"])
-def test_split_weights_are_the_mixers_weights(variant, monkeypatch):
+def test_split_weights_are_the_mixers_weights(variant):
     """Every per-feature consumer's two-part weights (static b + per-token gate, the engine's fast
-    path: ``adapters.schemes.SPLIT_GRN``) are, formed whole, exactly the weights its mixer reports
-    through ``hook_weights``."""
-    from depthscope.probes.adapters import schemes as own
-
-    assert own.SPLIT_GRN  # on by default
+    path, on by default) are, formed whole, exactly the weights its mixer reports through
+    ``hook_weights``."""
     _, scheme, options = next(v for v in variants() if v[0] == variant)
     cfg = tiny(scheme, options)
     model = perturb(build(cfg, dtype=torch.float64), others=0.05)
@@ -72,19 +69,19 @@ def test_split_weights_are_the_mixers_weights(variant, monkeypatch):
 
 
 @pytest.mark.parametrize("variant", ["grn-v3", "dca"])
-def test_whole_per_feature_weights_equal_the_oracle(variant, monkeypatch):
+def test_whole_per_feature_weights_equal_the_oracle(variant):
     """The per-feature fold's other path, weights handed whole [T, n, d] (as a foreign family's
     per-feature weights arrive), equals the oracle too."""
     from depthscope.probes.adapters import schemes as own
 
-    monkeypatch.setattr(own, "SPLIT_GRN", False)
     _, scheme, options = next(v for v in variants() if v[0] == variant)
     cfg = tiny(scheme, options)
     model = perturb(build(cfg, dtype=torch.float64), others=0.05)
-    ad = resolve(model)
+    ad = own.build(model, split_grn=False)
+    assert any(c.weights for c in ad.consumers)
     assert all(c.weights is None or not c.weights.endswith(SUFFIX) for c in ad.consumers)
     tokens = random_tokens(cfg, batch=4, pos=16)
-    trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
+    trace = capture(model, tokens, batch_size=2, rank=True, progress=False, adapter=ad)
     assert_agrees(trace, oracle(model, ad, tokens), what=variant)
 
 

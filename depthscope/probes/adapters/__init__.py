@@ -32,7 +32,15 @@ def __getattr__(name: str) -> Any:
 
 
 def _built(family: Family, model: Any) -> Adapter:
-    ad = family.build(model)
+    try:
+        ad = family.build(model)
+    except DepthscopeError:
+        raise
+    except Exception as err:  # a family's own code on a model it did not expect: one line, no traceback
+        line = (str(err).splitlines() or [""])[0][:160]
+        raise DepthscopeError(
+            f"the {family.name} family cannot read this {type(model).__name__} ({type(err).__name__}: {line})"
+        ) from None
     package, pinned = family.package, family.version
     if package:
         have = installed_version(package)
@@ -50,7 +58,20 @@ def _detects(family: Family, model: Any) -> bool:
     """Whether ``family`` reads ``model``: its detect, and for the generic reader no other claim."""
     if family.generic and claimed(model_type(model)) is not None:
         return False
-    return bool(family.detect(model))
+    return _detect(family, model)
+
+
+def detecting(model: Any) -> Family | None:
+    """The first registered family that reads ``model``, or None."""
+    return next((f for f in families().values() if _detects(f, model)), None)
+
+
+def _detect(family: Family, model: Any) -> bool:
+    """``family.detect(model)``; False where it raises (a detector that fails on a foreign model)."""
+    try:
+        return bool(family.detect(model))
+    except Exception:  # noqa: BLE001 - it cannot tell, so it does not read the model
+        return False
 
 
 def resolve(
@@ -66,10 +87,15 @@ def resolve(
     if adapter is not None:
         if adapter not in known:
             raise DepthscopeError(f"unknown adapter {adapter!r}; known: {', '.join(known)}")
+        if not _detect(known[adapter], model):
+            what = f"this {type(model).__name__}"
+            raise DepthscopeError(
+                f"the {adapter} family does not read {what}: it reads {known[adapter].reads}"
+            )
         return _built(known[adapter], model)
-    for family in known.values():
-        if _detects(family, model):
-            return _built(family, model)
+    family = detecting(model)
+    if family is not None:
+        return _built(family, model)
     from depthscope.probes.adapters.spec import SPEC_COMMAND, build_spec
     from depthscope.probes.adapters.suggest import suggest_spec
 
@@ -118,6 +144,7 @@ __all__ = [
     "SourceSpec",
     "claimed",
     "describe",
+    "detecting",
     "families",
     "register_family",
     "resolve",

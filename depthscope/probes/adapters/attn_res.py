@@ -56,9 +56,10 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family
 from depthscope.schemes import names
 
-FAMILY = "attn-res"
+NAME = "attn-res"
 PACKAGE = "attn-res"
 VERSION = "0.1.0"
 PRIORITY = 50
@@ -153,14 +154,13 @@ def build(model: Any) -> Adapter:
         "eps": cfg.eps,
     }
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "attnres" if mode != "none" else "residual",
             "variant": variant,
-            "label": f"{FAMILY} {version}: {variant}",
-            "family": FAMILY,
+            "label": f"{NAME} {version}: {variant}",
             "config": json.dumps(config, sort_keys=True),
             "readout": "plain sum of all entries (no read-out AttnRes in this package)",
         },
@@ -218,3 +218,15 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], size: int, mode: str):
     hooks.append(("out_norm:in", forward_to("readout.in")))
     with module_attach(model, hooks):
         yield
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    priority=PRIORITY,
+    from_saved=from_saved,
+)

@@ -434,6 +434,9 @@ class Adapter:
     # adapter needs from batch to batch are lent by the engine, never kept by the adapter
     workspace: bool = False
 
+    def __post_init__(self) -> None:
+        self.attrs["family"] = self.family  # the trace's family attr: the adapter's own, said once
+
     def attached(self, model: Any, taps: list[tuple[str, Callback]], workspace: Any = None):
         """``attach``, lending ``workspace`` to an adapter that takes one."""
         if self.workspace and workspace is not None and _takes_three(self.attach):

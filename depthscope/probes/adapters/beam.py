@@ -50,11 +50,11 @@ from depthscope.probes.adapters.base import (
     config_values,
     module_attach,
 )
+from depthscope.probes.adapters.family import Family, transformers_detect
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
-from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
-FAMILY = "beam"
+NAME = "beam"
 PACKAGE = "transformers"
 VERSION = "5.24.0"
 PRIORITY = 20
@@ -88,7 +88,7 @@ def build(model: Any) -> Adapter:
     """The adapter of a Beam model: static weights 1/sqrt(K), unrolled from the layers' add indices, sent
     as each consumer's input arrives.
     """
-    p = prefix_of(model, BASE_CLASS, FAMILY)
+    p = prefix_of(model, BASE_CLASS, NAME)
     base = model.get_submodule(p.rstrip(".")) if p else model
     cfg = base.config
     n = cfg.num_hidden_layers
@@ -124,14 +124,13 @@ def build(model: Any) -> Adapter:
     config = config_values(cfg, keep)
     name = model_name(model)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "depth-scaled",
             "variant": name,
             "label": label_of(model, cfg.model_type),
-            "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
             "mixing_meaning": "static: every available source has weight 1/sqrt(K) at a consumer of depth K",
         },
@@ -170,3 +169,15 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], weights: dict[str, tup
         else:
             module_taps.append((key, fn))
     return module_attach(model, module_taps)
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    model_types=MODEL_TYPES,
+    priority=PRIORITY,
+)

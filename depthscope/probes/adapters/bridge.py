@@ -18,10 +18,11 @@ from typing import Any
 
 from depthscope.errors import TraceError
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, SourceSpec, head_of
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.hf import encoder
 from depthscope.schemes import names
 
-FAMILY = "transformer-lens"
+NAME = "transformer-lens"
 PRIORITY = 10
 READS = (
     "TransformerLens TransformerBridge models with a pre-norm residual: hook_embed (+ hook_pos_embed), "
@@ -76,7 +77,7 @@ def build(model: Any) -> Adapter:
     name = getattr(cfg, "model_name", None) or type(model).__name__
     tokenizer = getattr(model, "tokenizer", None)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
@@ -84,7 +85,6 @@ def build(model: Any) -> Adapter:
             "variant": str(name),
             "label": f"bridge:{name}",
             "config": _config(cfg),
-            "family": FAMILY,
         },
         ctx=int(cfg.n_ctx),
         vocab=int(cfg.d_vocab),
@@ -120,3 +120,12 @@ def _config(cfg: Any) -> str:
         "positional_embedding_type",
     )
     return json.dumps({k: getattr(cfg, k, None) for k in keep}, default=str, sort_keys=True)
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    priority=PRIORITY,
+)

@@ -69,9 +69,10 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family
 from depthscope.schemes import names
 
-FAMILY = "deep-cross-attention"
+NAME = "deep-cross-attention"
 PACKAGE = "deep-cross-attention"
 VERSION = "0.1.1"
 PRIORITY = 50
@@ -164,14 +165,13 @@ def build(model: Any) -> Adapter:
         "grn_activation": type(first.qkv_grn.to_aggregate[2]).__name__,
     }
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "dca",
             "variant": f"dca-k{k}",
-            "label": f"{FAMILY} {version}: dca k={k}",
-            "family": FAMILY,
+            "label": f"{NAME} {version}: dca k={k}",
             "config": json.dumps(config, sort_keys=True),
             "mixing_meaning": "feature mean of act(w . RMSNorm(entry)) + bias[entry, d] (delta basis)",
         },
@@ -291,3 +291,15 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], k: int):
     ]
     with module_attach(model, hooks):
         yield
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    priority=PRIORITY,
+    from_saved=from_saved,
+)

@@ -74,11 +74,11 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family, transformers_detect
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
-from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
-FAMILY = "gemma3n"
+NAME = "gemma3n"
 PACKAGE = "transformers"
 VERSION = "5.24.0"
 PRIORITY = 20
@@ -119,7 +119,7 @@ def layout(n_layers: int, streams: int) -> tuple[list[SourceSpec], list[Consumer
 
 def build(model: Any) -> Adapter:
     """The adapter of a Gemma 3n model: AltUp's streams and LAuReL unrolled per token."""
-    p = prefix_of(model, BASE_CLASS, FAMILY)
+    p = prefix_of(model, BASE_CLASS, NAME)
     cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
     n, streams = cfg.num_hidden_layers, cfg.altup_num_inputs
     srcs, cons = layout(n, streams)
@@ -145,14 +145,13 @@ def build(model: Any) -> Adapter:
     )
     config = config_values(cfg, keep)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "altup",
             "variant": model_name(model),
             "label": label_of(model, cfg.model_type),
-            "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
             "streams": int(streams),
         },
@@ -289,3 +288,15 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], p: str, n_layers: int,
 
 def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
     return lambda t: send(key, t)
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    model_types=MODEL_TYPES,
+    priority=PRIORITY,
+)

@@ -42,6 +42,7 @@ from depthscope.probes.adapters.base import (
     head_of,
     module_attach,
 )
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.hf import input_embedding, model_name, pretrained, text_encoder
 from depthscope.probes.adapters.spec import SPEC_COMMAND
 from depthscope.probes.adapters.structure import (
@@ -58,7 +59,7 @@ from depthscope.probes.adapters.structure import (
 )
 from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
 
-FAMILY = "huggingface"
+NAME = "huggingface"
 PRIORITY = 90  # after every family that claims its model types (MODEL_TYPES): this one takes the rest
 READS = (
     "any transformers decoder whose layers add their writes to one stream (a layouts table: llama-like, "
@@ -409,14 +410,13 @@ def build(model: Any) -> Adapter:
     )
     config = config_values(cfg, keep)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=sources,
         consumers=consumers,
         attrs={
             "scheme": "standard",
             "variant": name,
             "label": name,
-            "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
             "layout": plan.origin,
             "parallel_residual": int(any(len(step.subs) > 1 for steps in plan.steps for step in steps)),
@@ -538,3 +538,13 @@ def verified_head(model: Any, plan: Plan, probe: Probe) -> Head | None:
         ):
             return candidate
     return None
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    priority=PRIORITY,
+    generic=GENERIC,
+)

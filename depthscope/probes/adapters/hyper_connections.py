@@ -97,11 +97,12 @@ from torch import Tensor, nn
 
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters.base import Adapter, Callback, ConsumerSpec, NativeSpec, SourceSpec, router
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 from depthscope.trace.labels import Kind
 
-FAMILY = "hyper-connections"
+NAME = "hyper-connections"
 PACKAGE = "hyper-connections"
 VERSION = "0.4.11"
 READS = (
@@ -430,14 +431,13 @@ def build(model: Any) -> Adapter:
         version = VERSION
     variant = "+".join(variants)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "hc" if variants == ["hc"] else "mhc" if "hc" not in variants else "hc+mhc",
             "variant": variant,
             "label": f"hyper-connections {version}: {'+'.join(TITLES[v] for v in variants)}",
-            "family": FAMILY,
             "config": json.dumps(_config(p), sort_keys=True),
             "readout": "streams summed",
             "execution_order": p.order,
@@ -616,3 +616,13 @@ def _attach(p: Plan, taps: list[tuple[str, Callback]]) -> Iterator[None]:
         for m in wrapped:
             for name in WRAPPED:
                 m.__dict__.pop(name, None)
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+)

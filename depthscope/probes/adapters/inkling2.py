@@ -71,11 +71,11 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family, transformers_detect
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
-from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.schemes import names
 
-FAMILY = "inkling2"
+NAME = "inkling2"
 PACKAGE = "transformers"
 VERSION = "5.24.0"
 PRIORITY = 20
@@ -156,7 +156,7 @@ def build(model: Any) -> Adapter:
     """The adapter of an Inkling-2 model: per-token weights from the block states' softmax, q/k/v rows
     on full-attention layers, ``attnres_alpha`` kept as a native quantity.
     """
-    p = prefix_of(model, BASE_CLASS, FAMILY)
+    p = prefix_of(model, BASE_CLASS, NAME)
     cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
     block = int(cfg.n_layers_per_attn_res_block)
     srcs, cons, reads = plan(list(cfg.layer_types), block)
@@ -176,14 +176,13 @@ def build(model: Any) -> Adapter:
     config = config_values(cfg, keep)
     slots = n_slots(cfg.num_hidden_layers, block)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "attnres",
             "variant": model_name(model),
             "label": label_of(model, cfg.model_type),
-            "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
             "block_size": block,
         },
@@ -280,3 +279,15 @@ def _attach(
 
 def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
     return lambda t: send(key, t)
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    model_types=MODEL_TYPES,
+    priority=PRIORITY,
+)

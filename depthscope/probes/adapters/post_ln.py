@@ -60,12 +60,13 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.hf import input_embedding, model_name, model_type, pretrained, text_encoder
 from depthscope.probes.terms import Terms
 from depthscope.probes.workspace import Workspace
 from depthscope.schemes import names
 
-FAMILY = "post-ln"
+NAME = "post-ln"
 PRIORITY = 20
 READS = (
     "transformers post-LN encoders (bert, roberta, xlm-roberta, camembert, electra, distilbert): every term "
@@ -232,14 +233,13 @@ def build(model: Any, found: Layout | None = None) -> Adapter:
     offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if plan.layout.padded_positions else 0
     n_dense = sum(s.kind != names.BIAS for s in srcs)  # the biases are carried as vectors
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "post-ln",
             "variant": name,
             "label": name,
-            "family": FAMILY,
             "config": json.dumps(config_values(cfg, keep, keep_none=True), sort_keys=True, default=str),
             "mixing_meaning": MIXING_MEANING,
             "layout": f"post-ln {plan.layout.origin}",  # "post-ln layout" (a row) or "post-ln structure"
@@ -687,3 +687,13 @@ def _outputs(model: Any, probe: Any, paths: list[str]) -> dict[str, Tensor | Non
         for h in handles:
             h.remove()
     return got
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    model_types=MODEL_TYPES,
+    priority=PRIORITY,
+)

@@ -69,12 +69,12 @@ from depthscope.probes.adapters.base import (
     forward_hooks,
     router,
 )
+from depthscope.probes.adapters.family import Family, transformers_detect
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
-from depthscope.probes.adapters.registry import transformers_detect
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
-FAMILY = "qwen4_exp"
+NAME = "qwen4_exp"
 PACKAGE = "transformers"
 VERSION = "5.24.0"
 PRIORITY = 20
@@ -100,7 +100,7 @@ def build(model: Any) -> Adapter:
     """The adapter of a Qwen4-Exp model: per-feature weights unrolled per token from the gated reads, and
     each PLE layer's n-gram value and per-stream convolution terms as sources.
     """
-    p = prefix_of(model, BASE_CLASS, FAMILY)
+    p = prefix_of(model, BASE_CLASS, NAME)
     base = model.get_submodule(p.rstrip(".")) if p else model
     cfg = base.config
     n, streams = cfg.num_hidden_layers, cfg.hc_count
@@ -141,14 +141,13 @@ def build(model: Any) -> Adapter:
     config = config_values(cfg, keep)
     name = model_name(model)
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": "gated-streams",
             "variant": name,
             "label": label_of(model, cfg.model_type),
-            "family": FAMILY,
             "config": json.dumps(config, sort_keys=True, default=str),
             "streams": int(streams),
             "mixing_meaning": "per-channel weights: mixing is their mean over channels and tokens",
@@ -268,3 +267,59 @@ def _attach(
         (f"{p}hyper_connection_mixer", state.gated_residual(ro)),
     ]
     return forward_hooks(model, hooks)
+
+
+def stream_reads(model: Any, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
+    """Where stream statistics read a Qwen4-Exp model (``probes.stream_stats``): forward hooks on every
+    gated residual and on ``hyper_connection_mixer`` (per-channel read weights; no stream mixing).
+    """
+    return int(adapter.attrs["streams"]), lambda sums: forward_hooks(model, _stream_hooks(model, sums))
+
+
+def _stream_hooks(model: Any, sums: Any) -> list:
+    p = prefix_of(model, BASE_CLASS, NAME)
+    base = model.get_submodule(p.rstrip(".")) if p else model
+    held: dict[str, Tensor] = {}
+
+    def hold(key: str):
+        def hook(module, args, out) -> None:
+            held[key] = out
+
+        return hook
+
+    def gated(label: str):
+        def hook(module, args, out) -> None:
+            mixed = out[0] if isinstance(out, tuple) else out
+            a, _ = read_weights(module, args[0], held.pop(label))
+            h = args[0].unflatten(-1, a.shape[-2:])
+            sums.record(label, h, a, None, mixed)
+
+        return hook
+
+    hooks = []
+    for i in range(base.config.num_hidden_layers):
+        for kind, hc in ((names.ATTN, "attn_hyper_connection"), (names.MLP, "mlp_hyper_connection")):
+            label = names.label(i, kind)
+            hooks += [
+                (f"{p}layers.{i}.{hc}.input_mix_weight_up", hold(label)),
+                (f"{p}layers.{i}.{hc}", gated(label)),
+            ]
+    ro = names.READOUT
+    return [
+        *hooks,
+        (f"{p}hyper_connection_mixer.input_mix_weight_up", hold(ro)),
+        (f"{p}hyper_connection_mixer", gated(ro)),
+    ]
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    model_types=MODEL_TYPES,
+    priority=PRIORITY,
+    streams=stream_reads,
+)

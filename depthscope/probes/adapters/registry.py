@@ -2,15 +2,17 @@
 
 A ``Family`` says what one family reads and how: its name, one line of what it reads (``depthscope
 adapters`` prints it), the package and version it was written for, the transformers model types
-it claims, its priority, and three functions: ``detect(model) -> bool``, ``build(model) ->
-Adapter`` and, for families whose users build models from saved arguments, ``from_saved(args)``.
+it claims, its priority, and its functions: ``detect(model) -> bool``, ``build(model) -> Adapter``,
+for families whose users build models from saved arguments ``from_saved(args)``, and for
+multi-stream families ``streams(model, adapter)``, where stream statistics read the streams
+(``probes.stream_stats``).
 
 The registry holds, in order of priority then name:
 
-* the built-in families, listed in ``BUILT_IN`` (one module each in this package, whose constants
-  and functions make the value: ``Family.of``);
+* the built-in families (``built_in()``: each module of this package ends in its ``FAMILY`` value;
+  ``hyper_forms`` holds three rows);
 * the families other packages declare in the entry-point group ``depthscope.families`` (an entry
-  point names a ``Family`` or a module shaped like ours), loaded on first use;
+  point names a ``Family``, or a module whose ``FAMILY`` is one), loaded on first use;
 * the families user code adds with ``depthscope.register_family(family)``.
 
 A family that claims ``model_types`` is tried before the generic transformers reader
@@ -20,91 +22,49 @@ third-party entry point is reported with a warning and skipped, never a reason t
 
 from __future__ import annotations
 
-import importlib
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import Adapter, find_module
+from depthscope.probes.adapters.family import Family
 
 GROUP = "depthscope.families"  # the entry-point group another package registers its families in
-BUILT_IN = (
-    "schemes",
-    "bridge",
-    "beam",
-    "deepseek_v4",
-    "gemma3n",
-    "glm5_next",
-    "hy_v4",
-    "inkling2",
-    "post_ln",
-    "qwen4_exp",
-    "attn_res",
-    "deep_cross_attention",
-    "x_transformers",
-    "hyper_connections",
-    "huggingface",
-)
 
 
-@dataclass(frozen=True)
-class Family:
-    """One model family (see the module docstring)."""
-
-    name: str
-    reads: str
-    detect: Callable[[Any], bool]
-    build: Callable[[Any], Adapter]
-    package: str | None = None
-    version: str | None = None
-    model_types: tuple[str, ...] = ()
-    priority: int = 100
-    from_saved: Callable[[dict], Any] | None = None
-    generic: bool = False  # reads what no other family claims (the transformers reader)
-
-    @classmethod
-    def of(cls, module: ModuleType) -> Family:
-        """The family a module shaped like ours defines (``FAMILY``, ``READS``, ``detect``, ``build``;
-        optionally ``PACKAGE``, ``VERSION``, ``MODEL_TYPES``, ``PRIORITY``, ``from_saved``, ``GENERIC``).
-        """
-        missing = [k for k in ("FAMILY", "detect", "build") if not hasattr(module, k)]
-        if missing:
-            raise DepthscopeError(f"{module.__name__} is no family: it lacks {', '.join(missing)}")
-        return cls(
-            name=module.FAMILY,
-            reads=getattr(module, "READS", ""),
-            detect=module.detect,
-            build=module.build,
-            package=getattr(module, "PACKAGE", None),
-            version=getattr(module, "VERSION", None),
-            model_types=tuple(getattr(module, "MODEL_TYPES", ())),
-            priority=int(getattr(module, "PRIORITY", 100)),
-            from_saved=getattr(module, "from_saved", None),
-            generic=bool(getattr(module, "GENERIC", False)),
-        )
-
-
-def transformers_detect(model_types: tuple[str, ...], base_class: str) -> Callable[[Any], bool]:
-    """The detect of a family written for transformers classes: a PreTrainedModel of one of
-    ``model_types`` holding a module of class ``base_class``.
-    """
-
-    def detect(model: Any) -> bool:
-        from depthscope.probes.adapters.hf import model_type, pretrained
-
-        return (
-            pretrained(model)
-            and model_type(model) in model_types
-            and find_module(model, base_class) is not None
-        )
-
-    detect.__doc__ = (
-        f"Whether the model is a transformers {'/'.join(model_types)} model (with a {base_class})."
+def built_in() -> tuple[Family, ...]:
+    """The built-in families, their modules imported on first use."""
+    from depthscope.probes.adapters import (
+        attn_res,
+        beam,
+        bridge,
+        deep_cross_attention,
+        gemma3n,
+        huggingface,
+        hyper_connections,
+        hyper_forms,
+        inkling2,
+        post_ln,
+        qwen4_exp,
+        schemes,
+        x_transformers,
     )
-    return detect
+
+    return (
+        schemes.FAMILY,
+        bridge.FAMILY,
+        beam.FAMILY,
+        *hyper_forms.FAMILIES,
+        gemma3n.FAMILY,
+        inkling2.FAMILY,
+        post_ln.FAMILY,
+        qwen4_exp.FAMILY,
+        attn_res.FAMILY,
+        deep_cross_attention.FAMILY,
+        x_transformers.FAMILY,
+        hyper_connections.FAMILY,
+        huggingface.FAMILY,
+    )
 
 
 _REGISTRY: dict[str, Family] = {}
@@ -124,8 +84,8 @@ def _add(family: Family, origin: str) -> None:
 def _load() -> None:
     if not _LOADED["built_in"]:
         _LOADED["built_in"] = True
-        for name in BUILT_IN:
-            _add(Family.of(importlib.import_module(f"{__package__}.{name}")), f"{__package__}.{name}")
+        for family in built_in():
+            _add(family, f"{__package__} (built in)")
     if not _LOADED["entry_points"]:
         _LOADED["entry_points"] = True
         from importlib.metadata import entry_points
@@ -133,9 +93,8 @@ def _load() -> None:
         for point in entry_points(group=GROUP):
             try:
                 value = point.load()
-                _add(
-                    Family.of(value) if isinstance(value, ModuleType) else value, f"entry point {point.name}"
-                )
+                family = vars(value).get("FAMILY") if isinstance(value, ModuleType) else value
+                _add(family, f"entry point {point.name}")
             except Exception as err:  # another package's broken family must not stop ours
                 warnings.warn(
                     f"depthscope: the family entry point {point.value} failed to load ({err})", stacklevel=2
@@ -151,13 +110,9 @@ def register_family(family: Family) -> Family:
 
 def unregister_family(name: str) -> None:
     """Remove a family that ``register_family`` added (built-in families stay)."""
-    if name in (f.name for f in map(_built_in, BUILT_IN)):
+    if name in (f.name for f in built_in()):
         raise DepthscopeError(f"{name} is a built-in family")
     _REGISTRY.pop(name, None)
-
-
-def _built_in(module: str) -> Family:
-    return Family.of(importlib.import_module(f"{__package__}.{module}"))
 
 
 def families() -> dict[str, Family]:

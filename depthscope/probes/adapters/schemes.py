@@ -9,20 +9,23 @@ parametrisation; native per-token quantities are the scheme's ``native_hooks``, 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, head_of, tl_attach
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.grn import SUFFIX, split_attach, split_weights
-from depthscope.schemes import DepthModel, consumers, sources
+from depthscope.schemes import DepthModel, consumers, names, sources
 from depthscope.schemes.base import VOCAB, variant_label
 
-FAMILY = "depthscope"
+NAME = "depthscope"
 PRIORITY = 0
 READS = "depthscope's own models (every scheme): each mixer's hook_weights, already in the delta basis"
-SPLIT_GRN = True  # hand GRN weights to the engine as ``Split`` (see ``build``); False: whole [T, n, d]
 TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's metadata, when it has them
 
 
@@ -56,9 +59,10 @@ def static_weights(model: DepthModel) -> dict[str, tuple[float, ...]]:
     return got
 
 
-def build(model: DepthModel) -> Adapter:
+def build(model: DepthModel, split_grn: bool = True) -> Adapter:
     """The adapter of a ``DepthModel``: its scheme's sources, consumers (weights from each mixer's
     ``hook_weights``) and native hooks; its checkpoint's step, tokens and loss as attrs when it has them.
+    ``split_grn``: GRN weights handed to the engine as ``Split`` (else whole [T, n, d]).
     """
     cfg = model.cfg
     srcs = [SourceSpec(s.label, s.hook, s.kind, s.depth) for s in sources(cfg)]
@@ -66,7 +70,7 @@ def build(model: DepthModel) -> Adapter:
     # GRN-v2/v3 and DCA: per-feature weights in two parts (static + gate), never formed whole by the
     # engine (what needs them whole, the read-out's attribution, ablations and ``inspect``, calls
     # ``probes.terms.whole``).
-    splits = split_weights(model) if SPLIT_GRN else {}
+    splits = split_weights(model) if split_grn else {}
     cons = []
     for c in consumers(cfg):
         w = fixed.get(c.label)
@@ -87,7 +91,7 @@ def build(model: DepthModel) -> Adapter:
     if "step" not in training and "steps" in model.training_summary:  # checkpoints from before snapshots
         training["step"] = model.training_summary["steps"]
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
@@ -95,7 +99,6 @@ def build(model: DepthModel) -> Adapter:
             "variant": label,
             "label": label,
             "config": cfg.to_json(),
-            "family": FAMILY,
             **training,
             **model.scheme.trace_attrs(cfg),
         },
@@ -106,3 +109,63 @@ def build(model: DepthModel) -> Adapter:
         head=head_of(model.ln_final, model.unembed),
         attach=split_attach(splits) if splits else tl_attach,
     )
+
+
+def stream_reads(model: DepthModel, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
+    """Where stream statistics read an HC/mHC model's streams (``probes.stream_stats``): the number of
+    streams, and the context that wraps each stream mixer's ``read`` to report to the sums.
+    """
+    if model.cfg.scheme not in ("hc", "mhc"):
+        raise DepthscopeError(f"stream statistics: a {model.cfg.scheme} model has one residual stream")
+    return model.cfg.options.streams, lambda sums: _wrapped_reads(model, sums)
+
+
+@contextlib.contextmanager
+def _wrapped_reads(model: Any, sums: Any) -> Iterator[None]:
+    """Our HC/mHC models: each stream mixer's ``read`` wrapped for the forward (instance attributes)."""
+    from depthscope.schemes.hc import StreamMixer, StreamReadout
+
+    mixers = [
+        (names.label(b, kind), getattr(block, f"{kind}_mix"))
+        for b, block in enumerate(model.blocks)
+        for kind in block.kinds
+    ]
+    mixers.append((names.READOUT, model.readout_mix))
+    wrapped = []
+    try:
+        for label, mixer in mixers:
+            if not isinstance(mixer, (StreamMixer, StreamReadout)):
+                raise DepthscopeError(
+                    f"stream statistics: {label} of a {model.cfg.scheme} model has no streams"
+                )
+            mixer.read = _reading(label, mixer.read, sums)
+            wrapped.append(mixer)
+        yield
+    finally:
+        for mixer in wrapped:
+            del mixer.read
+
+
+def _reading(label: str, read: Callable, sums: Any) -> Callable:
+    def wrapper(state):
+        x, after = read(state)
+        p = after.pending
+        if label == names.READOUT:
+            sums.record(label, state.h, None, None, state.h.sum(-2))
+        else:
+            lead, n = state.h.shape[:-2], state.h.shape[-2]
+            pre = p.pre.expand(*lead, n)
+            sums.record(label, state.h, pre, p.res, x)
+        return x, after
+
+    return wrapper
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    priority=PRIORITY,
+    streams=stream_reads,
+)

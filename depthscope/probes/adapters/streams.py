@@ -258,3 +258,39 @@ def _attach_hyper(
         ]
     hooks.append((f"{p}hc_head", state.head))
     return forward_hooks(model, hooks)
+
+
+def hyper_stream_reads(form: HyperForm) -> Callable[[Any, Adapter], tuple[int, Callable[[Any], Any]]]:
+    """Where stream statistics read a model of ``form`` (``probes.stream_stats``): forward hooks on
+    every hyper-connection (the streams its input, pre recomputed, comb its output) and on the head.
+    """
+
+    def reads(model: Any, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
+        return int(adapter.attrs["streams"]), lambda sums: forward_hooks(
+            model, _hyper_hooks(model, form, sums)
+        )
+
+    return reads
+
+
+def _hyper_hooks(model: Any, form: HyperForm, sums: Any) -> list:
+    p = prefix_of(model, form.base_class, form.family)
+    base = model.get_submodule(p.rstrip(".")) if p else model
+
+    def hc(label: str):
+        def hook(module, args, out) -> None:
+            post, comb, collapsed = form.unpack(out)
+            sums.record(label, args[0], form.pre(module, args[0]), comb, collapsed)
+
+        return hook
+
+    def head(module, args, out) -> None:
+        sums.record(names.READOUT, args[0], form.head_pre(module, args[0]), None, out)
+
+    hooks = []
+    for i in range(base.config.num_hidden_layers):
+        hooks += [
+            (f"{p}layers.{i}.attn_hc", hc(names.label(i, names.ATTN))),
+            (f"{p}layers.{i}.ffn_hc", hc(names.label(i, names.MLP))),
+        ]
+    return [*hooks, (f"{p}hc_head", head)]

@@ -83,10 +83,11 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
+from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
-FAMILY = "x-transformers"
+NAME = "x-transformers"
 PACKAGE = "x-transformers"
 VERSION = "2.31.10"
 PRIORITY = 50
@@ -265,14 +266,13 @@ def build(model: Any) -> Adapter:
         lora = layers.layer_integrators[0].to_query[1]
         config["lora_rank"] = lora.down.out_features if hasattr(lora, "down") else None
     return Adapter(
-        family=FAMILY,
+        family=NAME,
         sources=srcs,
         consumers=cons,
         attrs={
             "scheme": opt,
             "variant": variant,
-            "label": f"{FAMILY} {version}: {title}",
-            "family": FAMILY,
+            "label": f"{NAME} {version}: {title}",
             "config": json.dumps(config, sort_keys=True),
             **attrs,
         },
@@ -475,3 +475,15 @@ def _attnres_hook(state: _State, integrator: Any, rows: list[str]) -> Callback:
     """AttentionResidual's keys, with the query stashed before them, as softmax weights over states."""
     scale = float(integrator.scale)
     return lambda keys: state.state_weights(rows, depth_softmax(state.query, keys, scale), "attnres_alpha")
+
+
+FAMILY = Family(
+    name=NAME,
+    reads=READS,
+    detect=detect,
+    build=build,
+    package=PACKAGE,
+    version=VERSION,
+    priority=PRIORITY,
+    from_saved=from_saved,
+)

@@ -4,16 +4,13 @@ tolerance and the composite over depth."""
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 
 import numpy as np
 import pytest
 import torch
 
-from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
-from depthscope.probes.adapters import resolve
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB, N_LAYERS = 99, 3
@@ -201,32 +198,3 @@ def test_comb_is_doubly_stochastic_within_the_sinkhorn_tolerance_and_the_composi
         trace["pre"].sel(layer="readout").notnull().all()
         and trace["post"].sel(layer="readout").isnull().all()
     )
-
-
-def test_unknown_model_refused_and_version_warning(trained, monkeypatch):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from depthscope.probes.adapters import deepseek_v4
-
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            max_position_embeddings=32,
-        )
-    )
-    assert not deepseek_v4.detect(llama) and deepseek_v4.detect(trained[0])
-    with pytest.raises(
-        DepthscopeError, match="reads transformers DeepseekV4Model models, not a LlamaForCausalLM"
-    ):
-        capture(llama, tokens(), adapter="deepseek_v4")
-    real = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.0.1" if name == "transformers" else real(name)
-    )
-    with pytest.warns(UserWarning, match="written for transformers 5.24.0, installed is 0.0.1"):
-        ad = resolve(trained[0])
-    assert ad.family == "deepseek_v4" and ad.attrs["package_version"] == "0.0.1"

@@ -410,23 +410,9 @@ def test_unknown_and_unsupported_models_are_refused():
     assert not adapter.detect(plain)
     with pytest.raises(DepthscopeError, match="no adapter knows it"):
         capture(plain, tokens())
-    with pytest.raises(DepthscopeError, match="no hyper-connections module"):
-        capture(plain, tokens(), adapter="hyper-connections")
     init, expand, reduce = hyper_connections.get_init_and_expand_reduce_stream_functions(
         STREAMS, num_fracs=2, dim=DIM
     )
     fractional = nn.Sequential(nn.Embedding(VOCAB, DIM), expand, init(branch=FeedForward()), reduce)
     with pytest.raises(DepthscopeError, match=r"fractional connections \(num_fracs=2\)"):
         capture(fractional, tokens())
-
-
-def test_a_version_other_than_the_one_written_for_warns(saved, monkeypatch):
-    import dataclasses
-
-    from depthscope.probes.adapters import families, registry
-
-    family = families()[adapter.FAMILY]  # the registered value: written for another version
-    monkeypatch.setitem(registry._REGISTRY, adapter.FAMILY, dataclasses.replace(family, version="0.0.1"))
-    with pytest.warns(UserWarning, match="written for hyper-connections 0.0.1, installed is 0.4.11"):
-        trace = capture(reload(saved["hc"][0]), tokens(), batch_size=2)
-    assert trace.attrs["adapter_written_for"] == "0.0.1" and trace.attrs["package_version"] == "0.4.11"

@@ -21,7 +21,7 @@ from tests.probes.adapters.spec_models import CTX, VOCAB, NanoGPT, seeded
 def test_every_family_is_a_typed_value_in_priority_order():
     found = families()
     assert all(isinstance(f, Family) for f in found.values())
-    assert len(found) >= len(registry.BUILT_IN)
+    assert len(found) >= len(registry.built_in())
     order = [(f.priority, name) for name, f in found.items()]
     assert order == sorted(order)
     assert next(iter(found)) == "depthscope" and list(found)[-1] != "depthscope"
@@ -119,14 +119,15 @@ def test_a_value_that_is_no_family_is_refused():
 
 
 def test_every_family_module_of_the_package_is_listed():
-    """The registry is explicit: a module of this package that defines FAMILY is in BUILT_IN."""
+    """The registry is explicit: a module of this package that defines a FAMILY value is built in."""
     import pkgutil
 
     import depthscope.probes.adapters as package
 
-    defining = {
-        info.name
+    values = [
+        vars(importlib.import_module(f"{package.__name__}.{info.name}"))
         for info in pkgutil.iter_modules(package.__path__)
-        if hasattr(importlib.import_module(f"{package.__name__}.{info.name}"), "FAMILY")
-    }
-    assert defining == set(registry.BUILT_IN)
+    ]
+    defined = [v["FAMILY"] for v in values if isinstance(v.get("FAMILY"), Family)]
+    defined += [f for v in values for f in v.get("FAMILIES", ())]
+    assert defined and set(map(id, defined)) == set(map(id, registry.built_in()))
