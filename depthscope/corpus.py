@@ -163,19 +163,7 @@ def token_windows(
     from; the whole split when it is shorter).
     """
     if isinstance(data, Tensor):
-        if data.dtype not in (torch.int64, torch.int32, torch.uint8):
-            raise DepthscopeError(f"token tensor must hold integers, got {data.dtype}")
-        tokens = data.long()
-        if tokens.ndim == 1:
-            if len(tokens) < ctx:
-                raise CorpusError(f"{len(tokens)} tokens are fewer than one context window ({ctx})")
-            tokens = tokens[: len(tokens) // ctx * ctx].view(-1, ctx)
-        if tokens.ndim != 2 or tokens.shape[1] > ctx:
-            raise DepthscopeError(f"tokens must be [batch, pos] with pos <= {ctx}, got {tuple(tokens.shape)}")
-        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-            raise DepthscopeError(
-                f"token ids must lie in [0, {vocab}), got {int(tokens.min())}..{int(tokens.max())}"
-            )
+        tokens = given_windows(data, ctx, vocab)
         return tokens, f"{tokens.numel()} given tokens"
     if n_tokens < ctx:
         raise CorpusError(f"asked for {n_tokens} tokens, fewer than one context window ({ctx})")
@@ -197,6 +185,26 @@ def token_windows(
             f"of {ctx}"
         )
     return eval_windows(ids, n_tokens, ctx, seed), corpus.name
+
+
+def given_windows(data: Tensor, ctx: int, vocab: int) -> Tensor:
+    """Token ids given as a tensor, as windows [n, pos] (pos <= ``ctx``; a flat tensor cut into
+    windows of ``ctx``), checked: integers, within the vocabulary.
+    """
+    if data.dtype not in (torch.int64, torch.int32, torch.uint8):
+        raise DepthscopeError(f"token tensor must hold integers, got {data.dtype}")
+    tokens = data.long()
+    if tokens.ndim == 1:
+        if len(tokens) < ctx:
+            raise CorpusError(f"{len(tokens)} tokens are fewer than one context window ({ctx})")
+        tokens = tokens[: len(tokens) // ctx * ctx].view(-1, ctx)
+    if tokens.ndim != 2 or tokens.shape[1] > ctx:
+        raise DepthscopeError(f"tokens must be [batch, pos] with pos <= {ctx}, got {tuple(tokens.shape)}")
+    if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise DepthscopeError(
+            f"token ids must lie in [0, {vocab}), got {int(tokens.min())}..{int(tokens.max())}"
+        )
+    return tokens
 
 
 def encode_prefix(corpus: Corpus, encode: Encode, want: int) -> Tensor:

@@ -118,6 +118,23 @@ def _name_kind(text: str) -> str | None:
     return None
 
 
+def _file_kind(path: Path) -> str | None:
+    """A file's kind from its first bytes (and, for a torch or safetensors file, its name), or None."""
+    with path.open("rb") as f:
+        head = f.read(9)
+    if head[:3] == b"CDF" or head[:4] == b"\x89HDF":  # netCDF3 / netCDF4 (HDF5)
+        return "trace"
+    if head[:4] == b"GGUF":
+        return "gguf"
+    if head[:4] == b"PK\x03\x04" and path.suffix in TORCH_SUFFIXES:  # torch.save's zip format
+        return "torch"
+    if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
+        return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
+    if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
+        return "checkpoint"
+    return None
+
+
 def input_kind(path: str | Path) -> str:
     """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch', 'name' (a short name), 'zoo' or 'hub'
     (a Hugging Face hub id, not looked up here), from the content; DepthscopeError otherwise.
@@ -129,18 +146,9 @@ def input_kind(path: str | Path) -> str:
     if path.is_dir() and (path / "config.json").is_file():
         return "model-dir"
     if path.is_file():
-        with path.open("rb") as f:
-            head = f.read(9)
-        if head[:3] == b"CDF" or head[:4] == b"\x89HDF":  # netCDF3 / netCDF4 (HDF5)
-            return "trace"
-        if head[:4] == b"GGUF":
-            return "gguf"
-        if head[:4] == b"PK\x03\x04" and path.suffix in TORCH_SUFFIXES:  # torch.save's zip format
-            return "torch"
-        if len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") < path.stat().st_size:
-            return "checkpoint"  # safetensors: 8-byte header length, then a JSON header
-        if path.suffix == ".safetensors":  # named as one: the checkpoint reader says what is wrong
-            return "checkpoint"
+        kind = _file_kind(path)
+        if kind is not None:
+            return kind
     elif not path.exists():
         if "/" in str(path) or os.sep in str(path) or str(path).lower().endswith(FILE_SUFFIXES):
             raise CheckpointError(f"{path}: no such file or directory")
@@ -318,6 +326,19 @@ def hub_snapshot(ref: str, revision: str | None = None, *, progress: bool = True
         return found
     if hub_offline():
         raise DepthscopeError(_missing(ref, revision, OFFLINE))
+    repo, asked = split_hub(ref, revision)
+    path = _download(ref, revision, repo, asked, hub_cache(), progress)
+    if not _weights_present(path):
+        raise DepthscopeError(
+            f"{ref}: the repository holds no weights transformers reads ({', '.join(WEIGHT_FILES)})"
+        )
+    return HubSnapshot(repo, path.name, path, asked)
+
+
+def _download(
+    ref: str, revision: str | None, repo: str, asked: str | None, cache: Path, progress: bool
+) -> Path:
+    """A hub repository's snapshot downloaded into ``cache``; the Hub's refusals in one line."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
@@ -327,8 +348,6 @@ def hub_snapshot(ref: str, revision: str | None = None, *, progress: bool = True
         RevisionNotFoundError,
     )
 
-    repo, asked = split_hub(ref, revision)
-    cache = hub_cache()
     try:
         with _hub(progress=progress, online=True):
             path = Path(
@@ -354,11 +373,7 @@ def hub_snapshot(ref: str, revision: str | None = None, *, progress: bool = True
         raise DepthscopeError(f"{ref}: the Hub refused the download ({_first_line(err)})") from None
     except OSError as err:  # a connection refused, a full disk ...
         raise DepthscopeError(f"{ref}: cannot download it to {cache} ({_first_line(err)})") from None
-    if not _weights_present(path):
-        raise DepthscopeError(
-            f"{ref}: the repository holds no weights transformers reads ({', '.join(WEIGHT_FILES)})"
-        )
-    return HubSnapshot(repo, path.name, path, asked)
+    return path
 
 
 def _missing(ref: str, revision: str | None, why: str) -> str:

@@ -119,22 +119,8 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
 def capture_here(job: CaptureJob) -> xr.Dataset | None:
     """This process's part of the job (all of it outside a process group)."""
     me, world = shard()
-    asked = job.settings.partial
-    partial = partial_path(job.out, me, world)
-    keep = bool(asked.save_every or asked.resume)
-    foreign = _other_partials(job.out, world)
-    if foreign and (asked.save_every or asked.resume):
-        raise DepthscopeError(
-            f"{foreign[0]}: a partial capture of this output made with another number of ranks; resume it "
-            "with the same --workers (or torchrun world size), or delete it"
-        )
-    if asked.save_every and not asked.resume and partial.exists():
-        raise DepthscopeError(
-            f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
-        )
-    if asked.resume and me == 0 and not partial.exists() and job.progress:
-        print(f"no partial capture at {partial}: starting from the beginning")
-    settings = job.settings.replace(partial=replace(asked, path=partial if keep else None))
+    partial, keep = _partial_of(job, me, world)
+    settings = job.settings.replace(partial=replace(job.settings.partial, path=partial if keep else None))
     sf = read_spec_file(job.spec_file) if job.spec_file is not None else None
     context = declared_context(job.model) if sf is None or sf.load is None else None
     if settings.ctx is not None and context is not None:  # before the load, which takes a while
@@ -149,21 +135,46 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     )
     set_up(sf, model, settings.batch_size, settings.ctx)
     trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model), spec=spec)
+    _write(trace, job.out, me, world)
+    if keep:
+        partial.unlink(missing_ok=True)
+    return trace if me == 0 else None
+
+
+def _partial_of(job: CaptureJob, me: int, world: int) -> tuple[Path, bool]:
+    """This rank's partial-state path and whether it is kept, the partial files checked first."""
+    asked = job.settings.partial
+    partial = partial_path(job.out, me, world)
+    keep = bool(asked.save_every or asked.resume)
+    foreign = _other_partials(job.out, world)
+    if foreign and keep:
+        raise DepthscopeError(
+            f"{foreign[0]}: a partial capture of this output made with another number of ranks; resume it "
+            "with the same --workers (or torchrun world size), or delete it"
+        )
+    if asked.save_every and not asked.resume and partial.exists():
+        raise DepthscopeError(
+            f"{partial}: a partial capture of this output exists; add --resume to continue it, or delete it"
+        )
+    if asked.resume and me == 0 and not partial.exists() and job.progress:
+        print(f"no partial capture at {partial}: starting from the beginning")
+    return partial, keep
+
+
+def _write(trace: xr.Dataset, out: Path, me: int, world: int) -> None:
+    """Rank 0 writes the trace; every rank learns whether it was written before letting its state go."""
     failed = None
     if me == 0:
         try:
-            save_trace(trace, job.out)
+            save_trace(trace, out)
         except DepthscopeError as err:
             failed = err
-    if world > 1:  # every rank learns whether the trace was written before letting its state go
+    if world > 1:
         status = all_gather(None if failed is None else str(failed))[0]
         if status is not None and failed is None:
             raise DepthscopeError(f"rank 0 could not write the trace: {status}")
     if failed is not None:
         raise failed
-    if keep:
-        partial.unlink(missing_ok=True)
-    return trace if me == 0 else None
 
 
 def suggest(

@@ -93,7 +93,6 @@ def collect(
     sf = spec_file
     if sf is None and settings.spec_file is not None:
         sf = read_spec_file(settings.spec_file)
-    spec = sf.require_spec() if sf is not None else None
     kinds = [_kind(p, sf) for p in paths]  # check every input before the slow work starts
     if steps is not None and len(steps) != sum(k != "trace" for k in kinds):
         raise DepthscopeError(
@@ -112,36 +111,42 @@ def collect(
                 else:
                     traces += split_models(t)
             else:
-                model = load_model_with(
-                    sf, path, trust_remote_code=settings.trust_remote_code, progress=progress
-                )
-                set_up(sf, model, settings.capture.batch_size, settings.capture.ctx)
-                info = _run_info(model, path)
+                t, info = _capture_one(path, sf, settings, progress)
                 if steps is not None:
                     info.update(step=next(given), run="given")
                 if settings.trajectory:
                     info["run"] = "given"
-                own = isinstance(model, DepthModel)
-                t = capture(
-                    model,
-                    settings.corpus,
-                    settings.for_model(own),
-                    checkpoint=str(path),
-                    progress=False,
-                    spec=spec,
-                )
                 t.attrs.update({k: v for k, v in info.items() if k != "run"})
                 if "run" in info and "step" in info:
                     runs.setdefault(info["run"], []).append(len(traces))
                 traces.append(t)
             pb.advance(1)
+    trajectories += _runs(traces, runs)
+    return [_ranked(t, settings.energy) for t in traces], trajectories
+
+
+def _capture_one(path: Path, sf: SpecFile | None, settings: ReportSettings, progress: bool):
+    """The trace of one model input, and its step and run as its checkpoint says them."""
+    model = load_model_with(sf, path, trust_remote_code=settings.trust_remote_code, progress=progress)
+    set_up(sf, model, settings.capture.batch_size, settings.capture.ctx)
+    own = isinstance(model, DepthModel)
+    spec = sf.require_spec() if sf is not None else None
+    t = capture(
+        model, settings.corpus, settings.for_model(own), checkpoint=str(path), progress=False, spec=spec
+    )
+    return t, _run_info(model, path)
+
+
+def _runs(traces: list[xr.Dataset], runs: dict[str, list[int]]) -> list[xr.Dataset]:
+    """The trajectories: each run's traces of distinct steps, stacked in step order (labelled by step)."""
+    out = []
     for members in runs.values():
         if len({traces[i].attrs["step"] for i in members}) > 1:
             for i in members:
                 traces[i].attrs["label"] = f"{traces[i].attrs['variant']}@{traces[i].attrs['step']}"
             ordered = sorted(members, key=lambda i: traces[i].attrs["step"])
-            trajectories.append(stack_traces([traces[i] for i in ordered]))
-    return [_ranked(t, settings.energy) for t in traces], trajectories
+            out.append(stack_traces([traces[i] for i in ordered]))
+    return out
 
 
 def _kind(path: Path, sf: SpecFile | None) -> str:

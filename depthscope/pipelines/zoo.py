@@ -129,41 +129,11 @@ def build(
                 entry = _streams(out, entry, corpus)
         else:
             corpus = corpus or load_corpus()
-
-            def save_snapshot(model, step: int, name: str = name) -> None:
-                model.save(step_path(out, name, step), dtype=torch.bfloat16)
-
-            model = train(
-                _config(want),
-                TrainConfig(**want["train"]),
-                corpus,
-                progress=progress,
-                label=f"zoo {name}",
-                snapshots=snapshots,
-                on_snapshot=save_snapshot,
-            )
-            # a run whose checkpoint is not kept is written (for its trace) where steps go: not bundled
-            path = model.save(
-                (out if keep else out / zoo.STEPS_DIR) / f"{name}.safetensors", dtype=torch.bfloat16
-            )
-            s = model.training_summary
-            entry = {
-                **want,
-                "file": path.name if keep else "",
-                "val_loss": s["val_loss"],
-                "final_loss": s["final_loss"],
-                "corpus": s["corpus"],
-                "params": model.n_params(),
-                "bytes": path.stat().st_size,
-                "sha256": zoo.sha256(path),
-                "weights_sha256": zoo.weights_sha256(path),
-                "step_seconds": s["step_seconds"],
-                **({"val_curve": s["val_curve"]} if "val_curve" in s else {}),
-            }
+            entry, path = _trained(out, name, want, snapshots, keep, corpus, progress)
             if collection.seeds:
                 entry = _final_trace(out, entry, path, log)
                 entry = _streams(out, entry, corpus)
-            log(f"zoo {name}: trained, validation loss {s['val_loss']:.4f} nats/byte")
+            log(f"zoo {name}: trained, validation loss {entry['val_loss']:.4f} nats/byte")
         if snapshots:
             entry = _trajectory(out, entry, snapshots, recapture or not entry.get("trajectory"), log, e.key)
         existing = _merge_manifest(out, entry, names)
@@ -171,6 +141,43 @@ def build(
         configs = {e.name: _spec(collection, e, steps)["config"] for e in collection.entries}
         write_costs(out, configs, log)
     return [existing[n] for n in names if n in existing]
+
+
+def _trained(out: Path, name: str, want: dict, snapshots: list[int], keep: bool, corpus, progress: bool):
+    """Train one run as ``want`` describes it (its snapshots saved on the way): its manifest entry
+    and the checkpoint's path.
+    """
+    import torch
+
+    def save_snapshot(model, step: int) -> None:
+        model.save(step_path(out, name, step), dtype=torch.bfloat16)
+
+    model = train(
+        _config(want),
+        TrainConfig(**want["train"]),
+        corpus,
+        progress=progress,
+        label=f"zoo {name}",
+        snapshots=snapshots,
+        on_snapshot=save_snapshot,
+    )
+    # a run whose checkpoint is not kept is written (for its trace) where steps go: not bundled
+    path = model.save((out if keep else out / zoo.STEPS_DIR) / f"{name}.safetensors", dtype=torch.bfloat16)
+    s = model.training_summary
+    entry = {
+        **want,
+        "file": path.name if keep else "",
+        "val_loss": s["val_loss"],
+        "final_loss": s["final_loss"],
+        "corpus": s["corpus"],
+        "params": model.n_params(),
+        "bytes": path.stat().st_size,
+        "sha256": zoo.sha256(path),
+        "weights_sha256": zoo.weights_sha256(path),
+        "step_seconds": s["step_seconds"],
+        **({"val_curve": s["val_curve"]} if "val_curve" in s else {}),
+    }
+    return entry, path
 
 
 def _read(out: Path) -> dict[str, dict[str, Any]]:

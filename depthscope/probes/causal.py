@@ -360,18 +360,9 @@ class Ablation(Sums):
                 if not hit:
                     return None
                 h = h.clone()
-                w = weights.get(i)
                 for g, j in hit:
                     rows = slice(g * size, (g + 1) * size)
-                    v = values[j][rows] if values[j].shape[0] > 1 else values[j]
-                    if w is not None:  # (on the weights' device: a device map may put them elsewhere)
-                        v = v.to(w.device)
-                    if w is not None:
-                        term = (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v
-                    else:  # unit weights, or the consumer's static weight on that source
-                        term = v * spec.static[j] if spec.static else v
-                    if self.mean:
-                        term = term - term.mean((0, 1), keepdim=True)
+                    term = self._term(spec, j, values[j], weights.get(i), rows)
                     h[rows] = h[rows] - term.to(h.device, h.dtype)
                 return h
 
@@ -382,6 +373,17 @@ class Ablation(Sums):
         taps += [(c.tap, on_input(i)) for i, c in enumerate(ad.consumers)]
         with ad.attach(model, taps):
             yield
+
+    def _term(self, spec: Any, j: int, value: Tensor, w: Tensor | None, rows: slice) -> Tensor:
+        """Source j's term in one consumer's input, in one unit's rows (its token mean kept when
+        ablating by the mean).
+        """
+        v = value[rows] if value.shape[0] > 1 else value
+        if w is not None:  # (on the weights' device: a device map may put them elsewhere)
+            term = (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v.to(w.device)
+        else:  # unit weights, or the consumer's static weight on that source
+            term = v * spec.static[j] if spec.static else v
+        return term - term.mean((0, 1), keepdim=True) if self.mean else term
 
     def variables(self, layers: int, sources: int) -> dict[str, tuple]:
         """The loss increase in nats per token: ``ablation_effect`` (source) or ``ablation_effect_cell``

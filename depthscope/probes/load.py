@@ -171,39 +171,40 @@ def load_model(
     if revision is not None and kind != "hub":
         raise DepthscopeError(f"{path}: a revision applies to a Hugging Face hub id (ORG/NAME), not a {kind}")
     if kind == "hub":
-        snap = hub_snapshot(str(path), revision, progress=progress)
-        model = load_hf_directory(snap.path, placement, trust_remote_code=trust_remote_code)
-        asked = snap.asked[:12] if snap.asked and re.fullmatch("[0-9a-f]{40}", snap.asked) else snap.asked
-        model.config._name_or_path = snap.repo_id + (f"@{asked}" if asked else "")  # the trace's label
-        model.depthscope_source = {
-            **source_attrs(model),
-            "hub_id": snap.repo_id,
-            "hub_revision": snap.revision,
-        }
-        return model
+        return _load_hub(str(path), placement, revision, trust_remote_code, progress)
     if kind == "zoo":
         return load_model(resolve_zoo(str(path)), placement)
     if kind == "name":
         model = load_model(resolve_short_name(str(path)), placement, trust_remote_code=trust_remote_code)
         model.config._name_or_path = SHORT_NAMES[str(path)].label
         return model
-    if kind == "checkpoint":
-        from depthscope.schemes import load_checkpoint
-
+    if kind in ("checkpoint", "torch"):
         if placement.device_map is not None:
             raise DepthscopeError(
-                "--device-map applies to Hugging Face models; use --device for a depthscope checkpoint"
+                f"--device-map applies to Hugging Face models; use --device for a {kind} file"
             )
-        return placement.place(load_checkpoint(path))
+        from depthscope.schemes import load_checkpoint
+
+        return placement.place(load_checkpoint(path) if kind == "checkpoint" else load_torch(Path(path)))
     if kind == "gguf":
         return load_gguf(Path(path), placement)
-    if kind == "torch":
-        if placement.device_map is not None:
-            raise DepthscopeError("--device-map applies to Hugging Face models; use --device for this model")
-        return placement.place(load_torch(Path(path)))
     if kind == "model-dir":
         return load_hf_directory(Path(path), placement, trust_remote_code=trust_remote_code)
     raise DepthscopeError(f"{path}: a trace, not a model")
+
+
+def _load_hub(
+    ref: str, placement: Placement, revision: str | None, trust_remote_code: bool, progress: bool
+) -> Any:
+    """A hub id's snapshot (from the cache, else downloaded), loaded as a directory, its id and commit
+    recorded for the trace.
+    """
+    snap = hub_snapshot(ref, revision, progress=progress)
+    model = load_hf_directory(snap.path, placement, trust_remote_code=trust_remote_code)
+    asked = snap.asked[:12] if snap.asked and re.fullmatch("[0-9a-f]{40}", snap.asked) else snap.asked
+    model.config._name_or_path = snap.repo_id + (f"@{asked}" if asked else "")  # the trace's label
+    model.depthscope_source = {**source_attrs(model), "hub_id": snap.repo_id, "hub_revision": snap.revision}
+    return model
 
 
 def source_attrs(model: Any) -> dict[str, Any]:
@@ -287,39 +288,8 @@ def load_hf_directory(
     custom code (``auto_map``) only with ``trust_remote_code``, recorded as ``depthscope_source``.
     """
     _offline()
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise DepthscopeError(f"{path}: unreadable config.json ({err})") from None
-    if not isinstance(config, dict):
-        raise DepthscopeError(f"{path}: config.json is not a JSON object")
-    custom = "auto_map" in config
-    if custom and not trust_remote_code:
-        raise DepthscopeError(
-            f"{path}: the model needs custom code (auto_map in config.json); refused: {REMOTE_CODE}"
-        )
-    remote = custom and trust_remote_code  # the model's own code builds it
-    if not any((path / f).is_file() for f in WEIGHT_FILES):
-        raise DepthscopeError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
-    if not remote:
-        _check_architecture(path, config.get("model_type"))
-    for key in SIZE_KEYS:  # a size transformers would accept and fail on later, mid-forward
-        value = config.get(key)
-        each = value if isinstance(value, list) and value else [value]  # gemma3n: one size per layer
-        if value is not None and any(type(v) is not int or v < 1 for v in each):
-            raise DepthscopeError(f"{path}: config.json {key} must be a positive integer, got {value!r:.40}")
-    _check_least_claim(path, config)
-    import transformers
-
-    archs = config.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs else None
-    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
-    if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
-        cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
-    if remote:  # the classes its auto_map names
-        declared = config["auto_map"] if isinstance(config["auto_map"], dict) else {}
-        causal = "AutoModelForCausalLM" in declared or "AutoModel" not in declared
-        cls = transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+    config, remote = _checked_config(path, trust_remote_code)
+    cls = _model_class(config, remote)
     placement = placement or Placement()
     kwargs = placement.hf_kwargs()
     _check_claims(path, cls, placement, remote)
@@ -343,6 +313,53 @@ def load_hf_directory(
     if remote:
         model.depthscope_source = {"trust_remote_code": 1}
     return (model if "device_map" in kwargs else placement.place(model)).eval()
+
+
+def _checked_config(path: Path, trust_remote_code: bool) -> tuple[dict, bool]:
+    """A directory's config.json, checked before anything is built (custom code only when asked,
+    weights present, a known architecture, positive sizes, no more parameters than the files hold),
+    and whether the model's own code builds it.
+    """
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise DepthscopeError(f"{path}: unreadable config.json ({err})") from None
+    if not isinstance(config, dict):
+        raise DepthscopeError(f"{path}: config.json is not a JSON object")
+    custom = "auto_map" in config
+    if custom and not trust_remote_code:
+        raise DepthscopeError(
+            f"{path}: the model needs custom code (auto_map in config.json); refused: {REMOTE_CODE}"
+        )
+    if not any((path / f).is_file() for f in WEIGHT_FILES):
+        raise DepthscopeError(f"{path}: no weights (expected one of {', '.join(WEIGHT_FILES)})")
+    if not custom:
+        _check_architecture(path, config.get("model_type"))
+    for key in SIZE_KEYS:  # a size transformers would accept and fail on later, mid-forward
+        value = config.get(key)
+        each = value if isinstance(value, list) and value else [value]  # gemma3n: one size per layer
+        if value is not None and any(type(v) is not int or v < 1 for v in each):
+            raise DepthscopeError(f"{path}: config.json {key} must be a positive integer, got {value!r:.40}")
+    _check_least_claim(path, config)
+    return config, custom
+
+
+def _model_class(config: dict, remote: bool) -> Any:
+    """The transformers class that builds the model: its own ``architectures`` entry where
+    transformers has it, else the auto class (the one its ``auto_map`` names for custom code).
+    """
+    import transformers
+
+    if remote:
+        declared = config["auto_map"] if isinstance(config["auto_map"], dict) else {}
+        causal = "AutoModelForCausalLM" in declared or "AutoModel" not in declared
+        return transformers.AutoModelForCausalLM if causal else transformers.AutoModel
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs else None
+    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    if cls is None or not isinstance(cls, type) or not issubclass(cls, transformers.PreTrainedModel):
+        cls = transformers.AutoModelForCausalLM if config.get("is_decoder", True) else transformers.AutoModel
+    return cls
 
 
 def _older(config: dict, remote: bool) -> str:

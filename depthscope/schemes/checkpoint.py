@@ -112,9 +112,14 @@ def read_meta(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(
             f"{path}: checkpoint format {meta.get('format')!r}, this depthscope reads {FORMAT}"
         )
-    training = meta.get("training")
+    _check_training(path, meta.get("training"))
+    return meta
+
+
+def _check_training(path: Path, training: Any) -> None:
+    """A checkpoint's training metadata, if any: counts that are counts and a loss that is a number."""
     if training is None:
-        return meta
+        return
     if not isinstance(training, dict):
         raise CheckpointError(f"{path}: invalid {META_KEY}: training is not a JSON object")
     for key in ("step", "steps", "train_tokens"):  # these become trace attrs and coordinates
@@ -125,7 +130,6 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     loss = training.get("val_loss")
     if loss is not None and type(loss) not in (int, float):
         raise CheckpointError(f"{path}: invalid {META_KEY}: training val_loss {loss!r:.40} is not a number")
-    return meta
 
 
 def _count(x: Any) -> bool:

@@ -220,20 +220,23 @@ def check_trace(trace: xr.Dataset, name: str = "trace") -> None:
     _check_axes(trace, name)
     _check_numbers(trace, name)
     for var, dims in DIMS.items():
-        if var not in trace.variables:
-            continue
-        x = trace[var]
-        if set(x.dims) - {STACK} != set(dims):
-            raise TraceError(
-                f"{name}: {var} has the dimensions ({', '.join(map(str, x.dims))}), a trace's are "
-                f"({', '.join(dims)})"
-            )
-        if not np.issubdtype(x.dtype, np.number):
-            raise TraceError(f"{name}: {var} holds {x.dtype} values, not numbers")
-        if var in REQUIRED and np.isinf(x.values).any():
-            raise TraceError(f"{name}: {var} holds infinite values")
-        if var in REQUIRED and not np.isfinite(x.values).any():
-            raise TraceError(f"{name}: {var} holds no value (only NaN)")
+        if var in trace.variables:
+            _check_variable(trace[var], var, dims, name)
+
+
+def _check_variable(x: xr.DataArray, var: str, dims: tuple[str, ...], name: str) -> None:
+    """TraceError unless variable ``var`` has its dimensions and holds numbers (finite where required)."""
+    if set(x.dims) - {STACK} != set(dims):
+        raise TraceError(
+            f"{name}: {var} has the dimensions ({', '.join(map(str, x.dims))}), a trace's are "
+            f"({', '.join(dims)})"
+        )
+    if not np.issubdtype(x.dtype, np.number):
+        raise TraceError(f"{name}: {var} holds {x.dtype} values, not numbers")
+    if var in REQUIRED and np.isinf(x.values).any():
+        raise TraceError(f"{name}: {var} holds infinite values")
+    if var in REQUIRED and not np.isfinite(x.values).any():
+        raise TraceError(f"{name}: {var} holds no value (only NaN)")
 
 
 # attrs (or, in a stack, coordinates along ``model``) that readers use as numbers

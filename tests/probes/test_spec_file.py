@@ -90,14 +90,12 @@ def windows() -> torch.Tensor:
 # --- the oracle: plain hooks and the model's own dense weights, in float64 ------------------------
 
 
-def oracle(model, tokens: torch.Tensor, batch_size: int) -> dict[str, dict[str, dict[str, float]]]:
-    """Per consumer, per source it may read: the token-mean weight, the weight's spread over tokens
-    and the contribution share, in float64, from plain torch hooks (module paths written out here,
-    apart from the spec) and the weights the model really mixed with (``dynamic_dense[i]``'s output
-    plus ``dense_bs[i]``), on ``tokens`` run in batches of ``batch_size`` as the capture runs them.
+def recorded(model, tokens: torch.Tensor, batch_size: int) -> dict[str, torch.Tensor]:
+    """Every source, every consumer input (``in:LABEL``) and every ``dynamic_dense[i]`` output
+    (``dw:i``) of the model on ``tokens`` in batches of ``batch_size``, from plain torch hooks (module
+    paths written out here, apart from the spec), in float64.
     """
     n = len(model.layers)
-    order = ["embed"] + [f"{i}.{kind}" for i in range(n) for kind in ("attn", "block")]
     sources = {"embed": "tok_embeddings"}
     sources.update({f"{i}.attn": f"layers.{i}.attention" for i in range(n)})
     sources.update({f"{i}.block": f"layers.{i}" for i in range(n)})
@@ -127,11 +125,16 @@ def oracle(model, tokens: torch.Tensor, batch_size: int) -> dict[str, dict[str, 
     finally:
         for h in handles:
             h.remove()
-    values = {k: torch.cat(v, 1 if k.startswith("dw:") else 0) for k, v in seen.items()}
-    dw = [values[f"dw:{i}"] + model.dense_bs[i].detach().double()[:, None, None, :] for i in range(n)]
+    return {k: torch.cat(v, 1 if k.startswith("dw:") else 0) for k, v in seen.items()}
 
-    # the true weights: stream c of layer i >= 1 is sum_j dw[i - 1][c, j] X_j over the block outputs
-    # X_0 = embed, X_j = (j - 1).block; the MLP reads the r stream (c = 3) plus its attention's output
+
+def true_weights(
+    model, values: dict[str, torch.Tensor], n: int
+) -> dict[str, dict[str, torch.Tensor | float]]:
+    """What each consumer really mixes: stream c of layer i >= 1 is sum_j dw[i - 1][c, j] X_j over the
+    block outputs X_0 = embed, X_j = (j - 1).block (dw the dynamic weights plus ``dense_bs``); the MLP
+    reads the r stream (c = 3) plus its attention's output."""
+    dw = [values[f"dw:{i}"] + model.dense_bs[i].detach().double()[:, None, None, :] for i in range(n)]
     states = ["embed"] + [f"{i}.block" for i in range(n)]
     weights: dict[str, dict[str, torch.Tensor | float]] = {
         "0.attn": {"embed": 1.0},
@@ -142,6 +145,19 @@ def oracle(model, tokens: torch.Tensor, batch_size: int) -> dict[str, dict[str, 
             weights[f"{i}.attn.{view}"] = {states[j]: dw[i - 1][c, :, :, j] for j in range(i + 1)}
         weights[f"{i}.mlp"] = {**{states[j]: dw[i - 1][3, :, :, j] for j in range(i + 1)}, f"{i}.attn": 1.0}
     weights["readout"] = {states[j]: dw[n - 1][0, :, :, j] for j in range(n + 1)}
+    return weights
+
+
+def oracle(model, tokens: torch.Tensor, batch_size: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Per consumer, per source it may read: the token-mean weight, the weight's spread over tokens
+    and the contribution share, in float64, from plain torch hooks and the weights the model really
+    mixed with (``dynamic_dense[i]``'s output plus ``dense_bs[i]``), on ``tokens`` run in batches of
+    ``batch_size`` as the capture runs them.
+    """
+    n = len(model.layers)
+    order = ["embed"] + [f"{i}.{kind}" for i in range(n) for kind in ("attn", "block")]
+    values = recorded(model, tokens, batch_size)
+    weights = true_weights(model, values, n)
     before = {label: 1 + 2 * int(label.split(".")[0]) for label in weights if ".attn" in label}
     before.update({label: 2 + 2 * int(label.split(".")[0]) for label in weights if label.endswith(".mlp")})
     before["readout"] = len(order)

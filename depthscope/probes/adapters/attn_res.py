@@ -62,11 +62,6 @@ from depthscope.schemes import names
 NAME = "attn-res"
 PACKAGE = "attn-res"
 VERSION = "0.1.0"
-PRIORITY = 50
-READS = (
-    "attn-res AttnResTransformer (full, block): softmax(pseudo_query . RMSNorm(entry)) recomputed from a "
-    "pre-hook on AttnResOperator; a block's weight applies to each member; read-out: plain sum (all 1)"
-)
 
 
 def from_saved(args: dict) -> Any:
@@ -222,11 +217,14 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], size: int, mode: str):
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "attn-res AttnResTransformer (full, block): softmax(pseudo_query . RMSNorm(entry)) recomputed from a "
+        "pre-hook on AttnResOperator; a block's weight applies to each member; read-out: plain sum (all 1)"
+    ),
     detect=detect,
     build=build,
     package=PACKAGE,
     version=VERSION,
-    priority=PRIORITY,
+    priority=50,
     from_saved=from_saved,
 )

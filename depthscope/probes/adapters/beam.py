@@ -50,23 +50,13 @@ from depthscope.probes.adapters.base import (
     config_values,
     module_attach,
 )
-from depthscope.probes.adapters.family import Family, transformers_detect
+from depthscope.probes.adapters.family import transformers_family
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "beam"
-PACKAGE = "transformers"
-VERSION = "5.24.0"
-PRIORITY = 20
 MODEL_TYPES = ("beam",)
-READS = (
-    "transformers beam (sandwich norms, depth_scaled_residual_add): post-norm sublayer outputs as sources; "
-    "static M = 1/sqrt(K) at a consumer of depth K, unrolled from the layers' residual_add_idx"
-)
 BASE_CLASS = "BeamModel"
-
-
-detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def add_indices(base: Any) -> list[int]:
@@ -171,13 +161,14 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], weights: dict[str, tup
     return module_attach(model, module_taps)
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=READS,
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    model_types=MODEL_TYPES,
-    priority=PRIORITY,
+FAMILY = transformers_family(
+    NAME,
+    (
+        "transformers beam (sandwich norms, depth_scaled_residual_add): post-norm sublayer outputs "
+        "as sources; "
+        "static M = 1/sqrt(K) at a consumer of depth K, unrolled from the layers' residual_add_idx"
+    ),
+    MODEL_TYPES,
+    BASE_CLASS,
+    build,
 )

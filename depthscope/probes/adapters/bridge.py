@@ -23,11 +23,6 @@ from depthscope.probes.adapters.hf import encoder
 from depthscope.schemes import names
 
 NAME = "transformer-lens"
-PRIORITY = 10
-READS = (
-    "TransformerLens TransformerBridge models with a pre-norm residual: hook_embed (+ hook_pos_embed), "
-    "hook_attn_out/hook_mlp_out; unit weights"
-)
 HINT = (
     "; it looks post-LN (BERT) or its *_out hooks hold residual-added states: a plain sum cannot decompose "
     "it, load the Hugging Face directory with depthscope.load (the post-LN adapter decomposes BERT exactly)"
@@ -124,8 +119,11 @@ def _config(cfg: Any) -> str:
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "TransformerLens TransformerBridge models with a pre-norm residual: hook_embed (+ hook_pos_embed), "
+        "hook_attn_out/hook_mlp_out; unit weights"
+    ),
     detect=detect,
     build=build,
-    priority=PRIORITY,
+    priority=10,
 )

@@ -75,11 +75,6 @@ from depthscope.schemes import names
 NAME = "deep-cross-attention"
 PACKAGE = "deep-cross-attention"
 VERSION = "0.1.1"
-PRIORITY = 50
-READS = (
-    "deep-cross-attention DCAGPT: each GRN's to_aggregate output + static bias, per q/k/v view; "
-    "a stack entry's per-feature weight applies to each of its sources (0 where select_layers drops it)"
-)
 VIEWS = ("q", "k", "v")
 CTX = 1024  # rotary positions: no limit of its own
 
@@ -295,11 +290,14 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], k: int):
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "deep-cross-attention DCAGPT: each GRN's to_aggregate output + static bias, per q/k/v view; "
+        "a stack entry's per-feature weight applies to each of its sources (0 where select_layers drops it)"
+    ),
     detect=detect,
     build=build,
     package=PACKAGE,
     version=VERSION,
-    priority=PRIORITY,
+    priority=50,
     from_saved=from_saved,
 )

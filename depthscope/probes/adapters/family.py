@@ -47,3 +47,21 @@ def transformers_detect(model_types: tuple[str, ...], base_class: str) -> Callab
         f"Whether the model is a transformers {'/'.join(model_types)} model (with a {base_class})."
     )
     return detect
+
+
+TRANSFORMERS = "5.24.0"  # the transformers version the families of its model classes were written for
+
+
+def transformers_family(
+    name: str,
+    reads: str,
+    model_types: tuple[str, ...],
+    base_class: str,
+    build: Callable[[Any], Adapter],
+    **more,
+) -> Family:
+    """A family of transformers model classes: detected by model type and decoder class, written for
+    ``TRANSFORMERS``, tried before the generic transformers reader.
+    """
+    detect = transformers_detect(model_types, base_class)
+    return Family(name, reads, detect, build, "transformers", TRANSFORMERS, model_types, 20, **more)

@@ -74,25 +74,15 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.family import Family, transformers_detect
+from depthscope.probes.adapters.family import transformers_family
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "gemma3n"
-PACKAGE = "transformers"
-VERSION = "5.24.0"
-PRIORITY = 20
 MODEL_TYPES = ("gemma3n", "gemma3n_text")  # the multimodal config and its text config
-READS = (
-    "transformers gemma3n (AltUp streams, LAuReL): predict and correct coefficients hooked and unrolled per "
-    "token; LAuReL, per-layer inputs and the read-out's stream projections as sources, 1/sqrt(2) a weight"
-)
 BASE_CLASS = "Gemma3nTextModel"
 PER_LAYER = ("laurel", names.ATTN, names.MLP, "ple")  # the sources of a layer, in execution order
 MIN_RMS = 1e-5  # the read-out clamps each projected stream's mean square to at least this
-
-
-detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def layout(n_layers: int, streams: int) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
@@ -290,13 +280,14 @@ def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
     return lambda t: send(key, t)
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=READS,
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    model_types=MODEL_TYPES,
-    priority=PRIORITY,
+FAMILY = transformers_family(
+    NAME,
+    (
+        "transformers gemma3n (AltUp streams, LAuReL): predict and correct coefficients hooked and "
+        "unrolled per "
+        "token; LAuReL, per-layer inputs and the read-out's stream projections as sources, 1/sqrt(2) a weight"
+    ),
+    MODEL_TYPES,
+    BASE_CLASS,
+    build,
 )

@@ -60,13 +60,6 @@ from depthscope.probes.adapters.structure import (
 from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
 
 NAME = "huggingface"
-PRIORITY = 90  # after every family that claims its model types (MODEL_TYPES): this one takes the rest
-READS = (
-    "any transformers decoder whose layers add their writes to one stream (a layouts table: llama-like, "
-    "gpt2, gpt_neox, gptj, phi, cohere, falcon, gemma2/3, olmo2/3, glm4, granite, minicpm3, mamba, jamba, "
-    "falcon_h1 ...; discovery, checked on a probe batch, for the rest): hooks on embeddings, sublayer "
-    "writes (attn, mlp, ssm), norm inputs; unit weights, or static ones for scaled writes"
-)
 Scale = Callable[[Any], float]  # a static scale from the (text) config
 
 
@@ -272,9 +265,6 @@ LAYOUTS: dict[str, DecoderLayout] = {
         embed_scale=_attr("embedding_multiplier"),
     ),
 }
-
-
-GENERIC = True  # the registry tries it only for model types no other family claims
 
 
 def detect(model: Any) -> bool:
@@ -542,9 +532,15 @@ def verified_head(model: Any, plan: Plan, probe: Probe) -> Head | None:
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "any transformers decoder whose layers add their writes to one stream (a layouts table: llama-like, "
+        "gpt2, gpt_neox, gptj, phi, cohere, falcon, gemma2/3, olmo2/3, glm4, granite, minicpm3, "
+        "mamba, jamba, "
+        "falcon_h1 ...; discovery, checked on a probe batch, for the rest): hooks on embeddings, sublayer "
+        "writes (attn, mlp, ssm), norm inputs; unit weights, or static ones for scaled writes"
+    ),
     detect=detect,
     build=build,
-    priority=PRIORITY,
-    generic=GENERIC,
+    priority=90,  # after every family that claims its model types (MODEL_TYPES): this one takes the rest
+    generic=True,  # the registry tries it only for model types no other family claims
 )

@@ -105,11 +105,6 @@ from depthscope.trace.labels import Kind
 NAME = "hyper-connections"
 PACKAGE = "hyper-connections"
 VERSION = "0.4.11"
-READS = (
-    "lucidrains hyper-connections HC / mHC / mHCv2 modules anywhere in a network: each module's norm "
-    "output + parameters -> H_pre, H_res (recomputed), H_post (its beta) per token; M by unrolling the "
-    "streams"
-)
 CTX = 4096  # a module library has no context length: windows are bounded by this, set by the tokens
 PROBE_TOKENS = 4  # length of the probe forward that finds the execution order
 NO_VOCAB = 2**31 - 1  # a network without nn.Embedding: token ids are not checked
@@ -620,7 +615,11 @@ def _attach(p: Plan, taps: list[tuple[str, Callback]]) -> Iterator[None]:
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "lucidrains hyper-connections HC / mHC / mHCv2 modules anywhere in a network: each module's norm "
+        "output + parameters -> H_pre, H_res (recomputed), H_post (its beta) per token; M by unrolling the "
+        "streams"
+    ),
     detect=detect,
     build=build,
     package=PACKAGE,

@@ -54,10 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from depthscope.probes.adapters.family import Family, transformers_detect
+from depthscope.probes.adapters.family import Family, transformers_family
 from depthscope.probes.adapters.streams import HyperForm, hyper_adapter, hyper_stream_reads, unweighted_rms
-
-TRANSFORMERS = "5.24.0"  # the transformers version these rows were written for
 
 
 def mhc_pre(hc: Any, streams: Tensor) -> Tensor:
@@ -131,16 +129,9 @@ HY_V4 = HyperForm(
 
 
 def _family(form: HyperForm, model_types: tuple[str, ...], reads: str) -> Family:
-    return Family(
-        name=form.family,
-        reads=reads,
-        detect=transformers_detect(model_types, form.base_class),
-        build=lambda model: hyper_adapter(model, form),
-        package="transformers",
-        version=TRANSFORMERS,
-        model_types=model_types,
-        priority=20,
-        streams=hyper_stream_reads(form),
+    build = lambda model: hyper_adapter(model, form)  # noqa: E731
+    return transformers_family(
+        form.family, reads, model_types, form.base_class, build, streams=hyper_stream_reads(form)
     )
 
 

@@ -71,24 +71,14 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.family import Family, transformers_detect
+from depthscope.probes.adapters.family import transformers_family
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "inkling2"
-PACKAGE = "transformers"
-VERSION = "5.24.0"
-PRIORITY = 20
 MODEL_TYPES = ("inkling2", "inkling2_text")  # the multimodal config and its text config
-READS = (
-    "transformers inkling2 (Block AttnRes, weightless RMSNorm on keys and values): softmax over block states "
-    "recomputed from each mix's inputs; M = alpha_e / rms(e) on entry e's members; q/k/v rows on full layers"
-)
 BASE_CLASS = "Inkling2TextModel"
 VIEWS = ("q", "k", "v")
-
-
-detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 @dataclass(frozen=True)
@@ -281,13 +271,16 @@ def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
     return lambda t: send(key, t)
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=READS,
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    model_types=MODEL_TYPES,
-    priority=PRIORITY,
+FAMILY = transformers_family(
+    NAME,
+    (
+        "transformers inkling2 (Block AttnRes, weightless RMSNorm on keys and values): softmax over "
+        "block states "
+        ""
+        "recomputed from each mix's inputs; M = alpha_e / rms(e) on entry e's members; q/k/v rows on "
+        "full layers"
+    ),
+    MODEL_TYPES,
+    BASE_CLASS,
+    build,
 )

@@ -67,12 +67,6 @@ from depthscope.probes.workspace import Workspace
 from depthscope.schemes import names
 
 NAME = "post-ln"
-PRIORITY = 20
-READS = (
-    "transformers post-LN encoders (bert, roberta, xlm-roberta, camembert, electra, distilbert): every term "
-    "propagated through each LayerNorm (and ELECTRA's embedding projection), LayerNorm biases as sources; "
-    "M = accumulated 1/sigma"
-)
 MIXING_MEANING = (
     "post-LN: mixing is the token mean of prod 1/sigma over the LayerNorms between source and consumer; "
     "gamma and the centring are inside the terms, and each LayerNorm bias is a source"
@@ -691,9 +685,16 @@ def _outputs(model: Any, probe: Any, paths: list[str]) -> dict[str, Tensor | Non
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "transformers post-LN encoders (bert, roberta, xlm-roberta, camembert, electra, distilbert): "
+        "every term "
+        ""
+        "propagated through each LayerNorm (and ELECTRA's embedding projection), LayerNorm biases as "
+        "sources; "
+        "M = accumulated 1/sigma"
+    ),
     detect=detect,
     build=build,
     model_types=MODEL_TYPES,
-    priority=PRIORITY,
+    priority=20,
 )

@@ -69,26 +69,15 @@ from depthscope.probes.adapters.base import (
     forward_hooks,
     router,
 )
-from depthscope.probes.adapters.family import Family, transformers_detect
+from depthscope.probes.adapters.family import transformers_family
 from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
 NAME = "qwen4_exp"
-PACKAGE = "transformers"
-VERSION = "5.24.0"
-PRIORITY = 20
 MODEL_TYPES = ("qwen4_exp", "qwen4_exp_text")  # the multimodal config and its text config
-READS = (
-    "transformers qwen4_exp (gated residual, hc_count streams, no stream mixing): per-channel read "
-    "gate_s,c (1 + w_s,c) / (n rms_s) from hooks, inject gates, PLE n-gram value + per-stream conv as "
-    "sources; per-feature M unrolled per token"
-)
 BASE_CLASS = "Qwen4ExpTextModel"
 SUBLAYER_NATIVE = ("read_gate", "read_scale", "inject_gate")  # per stream; the read-out has no inject
-
-
-detect = transformers_detect(MODEL_TYPES, BASE_CLASS)
 
 
 def ple_layers(cfg: Any) -> list[int]:
@@ -312,14 +301,15 @@ def _stream_hooks(model: Any, sums: Any) -> list:
     ]
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=READS,
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    model_types=MODEL_TYPES,
-    priority=PRIORITY,
+FAMILY = transformers_family(
+    NAME,
+    (
+        "transformers qwen4_exp (gated residual, hc_count streams, no stream mixing): per-channel read "
+        "gate_s,c (1 + w_s,c) / (n rms_s) from hooks, inject gates, PLE n-gram value + per-stream conv as "
+        "sources; per-feature M unrolled per token"
+    ),
+    MODEL_TYPES,
+    BASE_CLASS,
+    build,
     streams=stream_reads,
 )

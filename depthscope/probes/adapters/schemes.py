@@ -24,8 +24,6 @@ from depthscope.schemes import DepthModel, consumers, names, sources
 from depthscope.schemes.base import VOCAB, variant_label
 
 NAME = "depthscope"
-PRIORITY = 0
-READS = "depthscope's own models (every scheme): each mixer's hook_weights, already in the delta basis"
 TRAINING_ATTRS = ("step", "train_tokens", "val_loss")  # from the checkpoint's metadata, when it has them
 
 
@@ -163,9 +161,9 @@ def _reading(label: str, read: Callable, sums: Any) -> Callable:
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads="depthscope's own models (every scheme): each mixer's hook_weights, already in the delta basis",
     detect=detect,
     build=build,
-    priority=PRIORITY,
+    priority=0,
     streams=stream_reads,
 )

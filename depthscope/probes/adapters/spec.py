@@ -217,33 +217,13 @@ class _Record:
         self.end: dict[str, int] = {}
         self.count: dict[str, int] = {}
         self.raw: dict[tuple[str, str], Any] = {}  # (path, "in" | "out") -> the tensor, copied
-        clock = [0]
+        self.clock = 0
         handles = []
-
-        def pre(path: str):
-            def hook(module, args, kwargs):
-                self.count[path] = self.count.get(path, 0) + 1
-                self.start.setdefault(path, clock[0])
-                clock[0] += 1
-                self.raw.setdefault((path, "in"), _copy(input_slot(args, kwargs)[1]))
-
-            return hook
-
-        def post(path: str):
-            def hook(module, args, out):
-                self.end.setdefault(path, clock[0])
-                clock[0] += 1
-                self.raw.setdefault(
-                    (path, "out"), _copy(out[0] if isinstance(out, (tuple, list)) and out else out)
-                )
-
-            return hook
-
         try:
             for path in paths:
                 module = model.get_submodule(path)
-                handles.append(module.register_forward_pre_hook(pre(path), with_kwargs=True))
-                handles.append(module.register_forward_hook(post(path)))
+                handles.append(module.register_forward_pre_hook(self._pre(path), with_kwargs=True))
+                handles.append(module.register_forward_hook(self._post(path)))
             with evaluating(model), torch.no_grad():
                 forward(model, self.tokens.to(input_device(model)))
         except DepthscopeError:
@@ -256,13 +236,32 @@ class _Record:
         finally:
             for h in handles:
                 h.remove()
-        for path in paths:
-            n = self.count.get(path, 0)
-            if n != 1:
-                raise DepthscopeError(
-                    f"ModelSpec: {path} {'does not run' if n == 0 else f'runs {n} times'} in one forward; "
-                    "name modules that run once each"
-                )
+        ran = [(path, self.count.get(path, 0)) for path in paths]
+        path, n = next(((p, n) for p, n in ran if n != 1), (None, 1))
+        if path is not None:
+            raise DepthscopeError(
+                f"ModelSpec: {path} {'does not run' if n == 0 else f'runs {n} times'} in one forward; "
+                "name modules that run once each"
+            )
+
+    def _pre(self, path: str):
+        def hook(module, args, kwargs):
+            self.count[path] = self.count.get(path, 0) + 1
+            self.start.setdefault(path, self.clock)
+            self.clock += 1
+            self.raw.setdefault((path, "in"), _copy(input_slot(args, kwargs)[1]))
+
+        return hook
+
+    def _post(self, path: str):
+        def hook(module, args, out):
+            self.end.setdefault(path, self.clock)
+            self.clock += 1
+            self.raw.setdefault(
+                (path, "out"), _copy(out[0] if isinstance(out, (tuple, list)) and out else out)
+            )
+
+        return hook
 
     def value(self, path: str, where: str) -> tuple[Tensor, str, torch.dtype]:
         """A module's recorded input or output as [batch or 1, pos, d] float64, its layout and dtype."""
@@ -448,19 +447,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
     writes.sort(key=lambda s: record.end[s.path])  # a source exists once its module has returned
     reads.sort(key=lambda s: (s.key == READOUT, record.start[s.path]))
 
-    sources: list[tuple[SourceSpec, _Site]] = []
-    used: set[str] = set()
-    for k, s in enumerate(embeds):
-        label = EMBED if k == 0 else f"{EMBED}.{s.path.split('.')[-1]}"
-        sources.append((SourceSpec(label, label, EMBED, 0), s))
-    for d, s in enumerate(writes, start=1):
-        label = f"{s.index}.{s.key}" if s.index is not None else s.key
-        if label in used:
-            raise DepthscopeError(
-                f"ModelSpec: two writes are both {label}; name one module per layer and kind"
-            )
-        used.add(label)
-        sources.append((SourceSpec(label, label, _kind(s.key), d), s))
+    sources = _sources(embeds, writes)
     recorded = [record.value(site.path, "out") for _, site in sources]
     values = [v for v, _, _ in recorded]
     dtype = recorded[0][2]
@@ -533,6 +520,22 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
     )
 
 
+def _sources(embeds: list[_Site], writes: list[_Site]) -> list[tuple[SourceSpec, _Site]]:
+    """The sources in order, labelled: the embeddings, then the writes as their modules return."""
+    sources = []
+    for k, s in enumerate(embeds):
+        label = EMBED if k == 0 else f"{EMBED}.{s.path.split('.')[-1]}"
+        sources.append((SourceSpec(label, label, EMBED, 0), s))
+    for d, s in enumerate(writes, start=1):
+        label = f"{s.index}.{s.key}" if s.index is not None else s.key
+        if any(label == t.label for t, _ in sources):
+            raise DepthscopeError(
+                f"ModelSpec: two writes are both {label}; name one module per layer and kind"
+            )
+        sources.append((SourceSpec(label, label, _kind(s.key), d), s))
+    return sources
+
+
 def _not_views(reads: list[_Site], writes: list[_Site]) -> str:
     """Why replacing one consumer's input would change more than what that consumer reads (an
     ablation of one cell would then remove a term from others too), or "" where it would not: a
@@ -583,19 +586,10 @@ class _Hooks:
         slot = {label: j for j, label in enumerate(list(self.taps)[: self.kept])}
         held: dict[str, Tensor] = {}
 
-        def buffer(t: Tensor) -> Tensor:
-            b, p = self.shape[0]
-            want = (self.kept, b, p, t.shape[-1])
-            dtype = torch.float32 if t.device.type == "mps" else torch.float64
-            have = held.get("v")
-            if have is None or tuple(have.shape) != want or have.device != t.device:
-                held["v"] = torch.empty(want, dtype=dtype, device=t.device)
-            return held["v"]
-
         def source(label: str):
             def hook(t: Tensor) -> Tensor | None:
                 if label in slot:
-                    buffer(t)[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
+                    self._buffer(held, t)[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
                 return send(label, t)
 
             return hook
@@ -603,15 +597,7 @@ class _Hooks:
         def consumer(label: str):
             def hook(h: Tensor) -> Tensor | None:
                 if label in self.per_token:
-                    n, declared = self.per_token[label]
-                    stack = held["v"][:n]
-                    if declared is not None:
-                        w = declared(stack.to(h.dtype), h)
-                    else:
-                        w, why = fit.solve(stack, h, self.dtype)
-                        if why is not None:
-                            raise DepthscopeError(f"ModelSpec: consumer {label}: {why}")
-                    send(f"{label}.w", w)
+                    send(f"{label}.w", self._weights(label, held["v"], h))
                 return send(f"{label}.in", h)  # an ablation's replacement, if any
 
             return hook
@@ -623,6 +609,26 @@ class _Hooks:
                 yield
             finally:
                 held.clear()
+
+    def _buffer(self, held: dict[str, Tensor], t: Tensor) -> Tensor:
+        """The copies of this forward's sources the solves need [kept, batch, pos, d], in float64."""
+        b, p = self.shape[0]
+        want = (self.kept, b, p, t.shape[-1])
+        dtype = torch.float32 if t.device.type == "mps" else torch.float64
+        have = held.get("v")
+        if have is None or tuple(have.shape) != want or have.device != t.device:
+            held["v"] = torch.empty(want, dtype=dtype, device=t.device)
+        return held["v"]
+
+    def _weights(self, label: str, kept: Tensor, h: Tensor) -> Tensor:
+        """Consumer ``label``'s weights in this forward: declared, or solved and checked per token."""
+        n, declared = self.per_token[label]
+        if declared is not None:
+            return declared(kept[:n].to(h.dtype), h)
+        w, why = fit.solve(kept[:n], h, self.dtype)
+        if why is not None:
+            raise DepthscopeError(f"ModelSpec: consumer {label}: {why}")
+        return w
 
 
 def with_forward(spec: ModelSpec, forward: Callable[[Tensor], Any] | None) -> ModelSpec:

@@ -90,11 +90,6 @@ from depthscope.schemes import names
 NAME = "x-transformers"
 PACKAGE = "x-transformers"
 VERSION = "2.31.10"
-PRIORITY = 50
-READS = (
-    "x-transformers TransformerWrapper: HyperConnection (unrolled, H_res = ones: the 2.31.10 defect), "
-    "AttentionResidual and DynamicLIMe (weights over states, summed onto every earlier source)"
-)
 DEFECT = "x-transformers HyperConnection: H_res all ones (implementations.md 6.4)"
 VIEWS = ("q", "k", "v")
 HC, ATTNRES, LIME = "hc", "attnres", "lime"
@@ -479,11 +474,14 @@ def _attnres_hook(state: _State, integrator: Any, rows: list[str]) -> Callback:
 
 FAMILY = Family(
     name=NAME,
-    reads=READS,
+    reads=(
+        "x-transformers TransformerWrapper: HyperConnection (unrolled, H_res = ones: the 2.31.10 defect), "
+        "AttentionResidual and DynamicLIMe (weights over states, summed onto every earlier source)"
+    ),
     detect=detect,
     build=build,
     package=PACKAGE,
     version=VERSION,
-    priority=PRIORITY,
+    priority=50,
     from_saved=from_saved,
 )
