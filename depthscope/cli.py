@@ -738,55 +738,115 @@ def spec_(
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
     k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
+    layer: Annotated[
+        str | None,
+        typer.Option(help="Show one consumer's sources instead of the table (e.g. readout, 12.attn)."),
+    ] = None,
+    readout: Annotated[
+        bool, typer.Option("--readout", help="The read-out's sources (--layer readout).")
+    ] = False,
 ) -> None:
-    """Print the dilution table of a trace: shares against the 1/T baseline, per consumer."""
+    """How diluted each write is against the 1/T baseline: what it comes to, then per consumer (or
+    one consumer's sources).
+    """
     if not trace_path.exists():
         from depthscope.errors import TraceError
 
         raise TraceError(f"{trace_path}: no such trace file")
-    from depthscope.analysis.dilution import consumer_table, summary
+    from depthscope.inputs import input_kind
     from depthscope.trace import load_trace, split_models
 
-    for t in split_models(load_trace(trace_path)):
-        table = consumer_table(t, k)
-        title = t.attrs.get("label", t.attrs.get("scheme", ""))
-        rows = Table(
-            "consumer",
-            "sources",
-            "1/T",
-            "embed share",
-            "latest share",
-            "embed index",
-            "latest index",
-            f"pattern (k={k})",
-            title=f"{title}: dilution against the 1/T baseline ({t.attrs.get('tokens', '?')} tokens)",
+    if input_kind(trace_path) != "trace":
+        raise ConfigError(
+            f"{trace_path}: a model, not a trace: capture it first "
+            f"(depthscope capture {trace_path} --out t.nc)"
         )
-        for i in range(table.sizes["layer"]):
-            r = table.isel(layer=i)
-            rows.add_row(
-                str(r["layer"].item()),
-                str(int(r["n_sources"])),
-                _fmt(r["baseline"]),
-                _fmt(r["embed_share"]),
-                _fmt(r["latest_share"]),
-                _fmt(r["embed_index"], 2),
-                _fmt(r["latest_index"], 2),
-                _fmt(r["pattern_score"], 2),
-            )
-        out.print(rows)
-        s = summary(t, k)
-        ps = s["pattern_score"]
-        # a hybrid's state-space mixers, where the model has their inputs
+    for t in split_models(load_trace(trace_path)):
+        _dilution_findings(t, k)
+        one = "readout" if readout else layer
+        if one is not None:
+            _dilution_sources(t, one)
+        else:
+            _dilution_table(t, k)
+
+
+def _dilution_findings(t, k: int) -> None:
+    """The conclusion first: the read-out's writes against 1/T, the embedding, the pattern."""
+    from depthscope.analysis.dilution import findings, summary, unit_weights
+
+    f = findings(t)
+    title = t.attrs.get("label", t.attrs.get("scheme", ""))
+    n, tokens = f["n_sources"], t.attrs.get("tokens", "?")
+    out.print(f"{title}: {t.sizes['layer']} consumers x {t.sizes['source']} sources, {tokens} tokens")
+    out.print(
+        f"  at the read-out ({n} sources, uniform share 1/{n} = {1 / n:.4f} each): {f['below']} of "
+        f"{f['writes']} sublayer writes are below it ({f['negative']} negative: pulling against the rest); "
+        f"most diluted {f['most_diluted']} (index {_fmt(f['most_diluted_index'], 4)}: its share over 1/{n}), "
+        f"least {f['least_diluted']} (index {_fmt(f['least_diluted_index'], 2)})"
+    )
+    k_e = f["embed_sources"]
+    out.print(
+        f"  the embedding ({k_e} source{'s' if k_e != 1 else ''}) holds {_fmt(f['embed_share'], 4)} of the "
+        f"read-out: index {_fmt(f['embed_index'], 3)} against its uniform share {k_e}/{n}"
+    )
+    s = summary(t, k)
+    ps = s["pattern_score"]
+    if unit_weights(t):
+        out.print("  pattern score: 1 by construction (unit weights: every source is read with weight 1)")
+    else:
         ssm = f", SSM {_fmt(ps.sel(group='ssm'))}" if bool((t["layer_kind"] == "ssm").any()) else ""
         out.print(
-            f"pattern score: sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention "
-            f"{_fmt(ps.sel(group='attn'))}, "
-            f"MLP {_fmt(ps.sel(group='mlp'))}{ssm}), read-out {_fmt(ps.sel(group='readout'))}; read-out: "
-            "embedding share "
-            f"{_fmt(s['embed_share'].sel(group='readout'))}, latest share "
-            f"{_fmt(s['latest_share'].sel(group='readout'))}; "
-            f"max residual error {float(s['max_residual_error']):.1e}"
+            f"  pattern score (k={k}): sublayer inputs {_fmt(ps.sel(group='sublayers'))} (attention "
+            f"{_fmt(ps.sel(group='attn'))}, MLP {_fmt(ps.sel(group='mlp'))}{ssm}), read-out "
+            f"{_fmt(ps.sel(group='readout'))}; 1 = uniform, above 1 the input-and-recent pattern"
         )
+    out.print(f"  max residual error {float(s['max_residual_error']):.1e}")
+
+
+def _dilution_sources(t, layer: str) -> None:
+    from depthscope.analysis.dilution import sources_at
+
+    labels = [str(x) for x in t["layer"].values]
+    if layer not in labels:
+        raise ConfigError(f"no consumer {layer!r} in this trace (e.g. {', '.join(labels[:3])}, readout)")
+    view = sources_at(t, layer)
+    n = view.attrs["n_sources"]
+    rows = Table("source", "share", f"index (share x {n})", "weight M", title=f"{layer}: its {n} sources")
+    for s in view["source"].values:
+        r = view.sel(source=s)
+        rows.add_row(str(s), _fmt(r["share"], 4), _fmt(r["index"], 3), _fmt(r["weight"], 3))
+    out.print(rows)
+
+
+def _dilution_table(t, k: int) -> None:
+    from depthscope.analysis.dilution import consumer_table
+
+    table = consumer_table(t, k)
+    rows = Table(
+        "consumer",
+        "sources",
+        "1/T",
+        "embed share",
+        "latest share",
+        "embed index",
+        "latest index",
+        f"pattern (k={k})",
+        title="per consumer, against the 1/T baseline (embed: the embedding group; latest: the latest "
+        "sublayer)",
+    )
+    for i in range(table.sizes["layer"]):
+        r = table.isel(layer=i)
+        rows.add_row(
+            str(r["layer"].item()),
+            str(int(r["n_sources"])),
+            _fmt(r["baseline"]),
+            _fmt(r["embed_share"]),
+            _fmt(r["latest_share"]),
+            _fmt(r["embed_index"], 2),
+            _fmt(r["latest_index"], 2),
+            _fmt(r["pattern_score"], 2),
+        )
+    out.print(rows)
 
 
 @app.command()

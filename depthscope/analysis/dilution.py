@@ -4,6 +4,8 @@ Definitions (docs/design.md "Estimators"); n_l is the number of sources availabl
 
     baseline[l]          = 1 / n_l                    the uniform share of a PreNorm residual, ~1/T
     dilution_index[l, s] = contribution_share[l, s] * n_l     (1.0 = exactly the uniform share)
+    a group's index      = its summed share / (k / n_l) for a group of k sources (the embedding
+                           group: a token and a position embedding are k = 2; 1.0 = uniform)
     row_normalized[l, s] = |M[l, s]| / sum_s' |M[l, s']|      (a standard residual reads 1/n_l)
     retention[s, lag]    = contribution_share of source s at the consumers ``lag`` sublayers after it
     relative_retention   = retention / the same of a trace whose every share is 1/n_l
@@ -105,17 +107,18 @@ def pattern_score(trace: xr.Dataset, k: int = 2) -> xr.DataArray:
 
 
 def share_of(trace: xr.Dataset, which: str) -> xr.DataArray:
-    """Contribution share per consumer of ``embed`` (all embedding sources), the ``first``
-    sublayer source, or the ``latest`` available source.
+    """Contribution share per consumer of ``embed`` (the embedding group: every embedding source
+    together), the ``first`` sublayer source, or the ``latest`` sublayer source written before it
+    (NaN where no sublayer has written yet: a position embedding is not "the latest layer").
     """
     share = trace["contribution_share"]
     avail = share.notnull()
+    layers = avail & (trace["source_kind"] != EMBED)
     if which == "embed":
         mask = trace["source_kind"] == EMBED
     elif which == "latest":
-        mask = avail & (_from_end(avail) == 0)
+        mask = layers & (_from_end(layers) == 0)
     elif which == "first":
-        layers = avail & (trace["source_kind"] != EMBED)
         mask = layers & (layers.cumsum("source") == 1)
     else:
         raise ValueError(f"which must be 'embed', 'latest' or 'first', got {which!r}")
@@ -241,10 +244,66 @@ def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
             "residual_error": trace["residual_error"],
         }
     )
-    for which in ("embed", "first", "latest"):
-        table[f"{which}_index"] = table[f"{which}_share"] * n
-        table[f"{which}_index"].attrs.update(long_name=f"dilution index of the {which} source", units="1")
+    # each index against its own uniform share: the embedding group of k sources holds k / n_l
+    group = (trace["mixing"].notnull() & (trace["source_kind"] == EMBED)).sum("source")
+    for which, k in (("embed", group), ("first", 1), ("latest", 1)):
+        table[f"{which}_index"] = table[f"{which}_share"] * n / k
+        what = "the embedding group (its share over k/n)" if which == "embed" else f"the {which} source"
+        table[f"{which}_index"].attrs.update(long_name=f"dilution index of {what}", units="1")
     return table
+
+
+def sources_at(trace: xr.Dataset, layer: str = READOUT) -> xr.Dataset:
+    """One consumer's sources: each one's ``share``, its ``index`` (share over the uniform 1/n_l,
+    n_l the sources available there) and ``weight`` (M), the sources it cannot read left out.
+    """
+    row = trace.sel(layer=layer)
+    avail = row["mixing"].notnull()
+    n = int(avail.sum())
+    share = row["contribution_share"].where(avail, drop=True)
+    out = xr.Dataset({"share": share, "index": share * n, "weight": row["mixing"].where(avail, drop=True)})
+    return out.assign_attrs(layer=str(layer), n_sources=n)
+
+
+def findings(trace: xr.Dataset, layer: str = READOUT) -> dict[str, object]:
+    """What one consumer's shares say (the read-out by default): how many sublayer writes sit
+    below the uniform 1/T share there and how many pull against the input (a negative share), the
+    most and least diluted of them (the smallest and largest |index|), and the embedding group's
+    share and index (against its own k/n).
+    """
+    view = sources_at(trace, layer)
+    writes = view.where(view["source_kind"] != EMBED, drop=True)
+    embeds = view.where(view["source_kind"] == EMBED, drop=True)
+    n, k = view.attrs["n_sources"], int(embeds.sizes["source"])
+    index = writes["index"]
+    below = int((index < 1).sum())
+    size = np.abs(index.values)
+    most, least = (str(index["source"].values[f(size)]) if index.size else "" for f in (np.argmin, np.argmax))
+    embed_share = float(embeds["share"].sum()) if k else float("nan")
+    return {
+        "layer": str(layer),
+        "n_sources": n,
+        "writes": int(index.size),
+        "below": below,
+        "negative": int((index < 0).sum()),
+        "most_diluted": most,
+        "most_diluted_index": float(index.sel(source=most)) if most else float("nan"),
+        "least_diluted": least,
+        "least_diluted_index": float(index.sel(source=least)) if least else float("nan"),
+        "embed_sources": k,
+        "embed_share": embed_share,
+        "embed_index": embed_share / (k / n) if k else float("nan"),
+    }
+
+
+def unit_weights(trace: xr.Dataset) -> bool:
+    """Whether every available weight is exactly 1 at every token (a standard residual read as it
+    is): its pattern score is then 1 by construction, no finding.
+    """
+    m = trace["mixing"].values
+    spread = trace["mixing_std"].values if "mixing_std" in trace else np.zeros_like(m)
+    avail = np.isfinite(m)
+    return bool(avail.any() and (m[avail] == 1.0).all() and (spread[avail] == 0.0).all())
 
 
 # The consumer groups a summary reports separately (the papers do: AttnRes Fig. 8 draws

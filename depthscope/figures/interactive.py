@@ -252,6 +252,43 @@ def series_rows(panels: list[tuple[str, str, xr.DataArray]], x: str) -> dict[str
     return rows
 
 
+def log_scale(rows: dict[str, list], panel: str | None, axis: str = "y") -> dict[str, Any]:
+    """A log axis for the values of ``panel`` (every panel: None) where every one is > 0, else a
+    symlog one, linear below the decade of the smallest positive value (within 1e-3..0.1), as the
+    PNG figures draw it: a log domain that includes 0 or less draws nothing at all in Vega.
+    """
+    values = np.array([v for p, v in zip(rows["p"], rows[axis]) if panel is None or p == panel], dtype=float)
+    if values.size == 0 or values.min() > 0:
+        return {"type": "log"}
+    positive = values[values > 0]
+    floor = float(np.clip(10 ** math.floor(math.log10(positive.min())), 1e-3, 0.1)) if positive.size else 0.01
+    return {"type": "symlog", "constant": floor}
+
+
+def symlog_ticks(
+    scale: dict[str, Any], rows: dict[str, list], panel: str | None, axis: str = "y"
+) -> list[float]:
+    """Tick values of a symlog axis: 0 and the decades from its linear threshold out to the data,
+    both signs (Vega's own ticks on a symlog scale are linear ones, crowded at the top).
+    """
+    values = np.array([v for p, v in zip(rows["p"], rows[axis]) if panel is None or p == panel], dtype=float)
+    floor, top = scale["constant"], float(np.abs(values).max()) if values.size else 1.0
+    decades = [10.0**e for e in range(round(math.log10(floor)), math.ceil(math.log10(max(top, floor))) + 1)]
+    low = float(values.min()) if values.size else 0.0
+    negative = [-d for d in decades if d <= 10 * -low] if low < 0 else []
+    return sorted({0.0, *decades, *negative})
+
+
+def _y(rows: dict[str, list], panel: str, title: str, log: bool) -> dict[str, Any]:
+    """A curves panel's y encoding: linear, or log (symlog with decade ticks where a value is <= 0)."""
+    y: dict[str, Any] = {"field": "y", "type": "quantitative", "title": title, "scale": {"zero": False}}
+    if log:
+        y["scale"] = log_scale(rows, panel)
+        if y["scale"]["type"] == "symlog":
+            y["axis"] = {"values": symlog_ticks(y["scale"], rows, panel), "format": "~g"}
+    return y
+
+
 def curves(
     out: Charts,
     key: str,
@@ -278,6 +315,10 @@ def curves(
     if colors:
         color["scale"] = {"domain": order, "range": [colors.get(c, "#888888") for c in order]}
     charts = []
+    # a reference series (the uniform share 1/T) is drawn dashed and black, apart from every model
+    dash = {"condition": {"test": "datum.c === '1/T'", "value": [5, 3]}, "value": [1, 0]}
+    if colors and "1/T" in order:
+        color["scale"]["range"] = [colors.get(c, "#000000" if c == "1/T" else "#888888") for c in order]
     for n, (panel, ytitle) in enumerate(y.items()):
         mark: dict[str, Any] = (
             {"type": "point", "filled": True, "size": 18} if points else {"type": "line", "point": True}
@@ -294,14 +335,9 @@ def curves(
                     "field": "x",
                     "type": "quantitative",
                     "title": x,
-                    "scale": {"type": "log"} if logx else {"zero": False},
+                    "scale": log_scale(rows, None, "x") if logx else {"zero": False},
                 },
-                "y": {
-                    "field": "y",
-                    "type": "quantitative",
-                    "title": ytitle,
-                    "scale": {"type": "log"} if panel in logy else {"zero": False},
-                },
+                "y": _y(rows, panel, ytitle, panel in logy),
                 "color": color,
                 "tooltip": [
                     {"field": "c", "title": series},
@@ -313,6 +349,8 @@ def curves(
         }
         if not points:
             spec["encoding"]["order"] = {"field": "x", "type": "quantitative"}
+            if "1/T" in order:
+                spec["encoding"]["strokeDash"] = dash
         charts.append(out.add(Chart(f"{chart_id}-{n}", key, spec)))
     return charts
 

@@ -26,6 +26,7 @@ from depthscope.analysis.dilution import (
     pattern_curves,
     row_normalized,
     summary,
+    unit_weights,
 )
 from depthscope.analysis.rank import conclusion, rank_profile
 from depthscope.figures.causal import has_native
@@ -157,21 +158,31 @@ SCORES = Markup(
     "of a hybrid's state-space, convolution or linear-attention mixers; DCA's three q/k/v views of one "
     "attention input averaged first), and the read-out's own values. Dilution index = share &times; number "
     "of available sources (1 = the uniform 1/T share). Pattern score: |M| mass on the embedding and the last "
-    "{k} sources over the uniform mass (1 = uniform; &gt; 1 = the input-and-recent-layers pattern)."
+    "{k} sources over the uniform mass (1 = uniform; &gt; 1 = the input-and-recent-layers pattern); shown "
+    "only for learned weights: a model read with unit weights scores 1 by construction. The embedding's "
+    "index is the embedding group's (a token and a position embedding together) against its own uniform "
+    "share, k/n for k embeddings."
 )
 
 
 def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
     g = s.sel
+    # unit weights (a standard residual read as it is): the pattern score is 1 by construction, no finding
+    pattern = (
+        (lambda group: float("nan"))
+        if unit_weights(t)
+        else (lambda group: _f(g(group=group)["pattern_score"]))
+    )
     return {
         "model": trace_label(t),
         "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
         "tokens": int(t.attrs.get("tokens", 0)),
-        "pattern": _f(g(group="sublayers")["pattern_score"]),
-        "pattern_attn": _f(g(group="attn")["pattern_score"]),
-        "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
-        "pattern_ssm": _f(g(group="ssm")["pattern_score"]),
-        "pattern_readout": _f(g(group="readout")["pattern_score"]),
+        "weights": "unit (pattern 1 by construction)" if unit_weights(t) else "learned",
+        "pattern": pattern("sublayers"),
+        "pattern_attn": pattern("attn"),
+        "pattern_mlp": pattern("mlp"),
+        "pattern_ssm": pattern("ssm"),
+        "pattern_readout": pattern("readout"),
         "embed_index": _f(g(group="sublayers")["embed_index"]),
         "latest_index": _f(g(group="sublayers")["latest_index"]),
         "readout_embed_share": _f(g(group="readout")["embed_share"]),
@@ -185,6 +196,7 @@ def _scores(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> Section:
         Column("model", "model", "text"),
         Column("checkpoint / trace", "checkpoint", "text"),
         Column("tokens", "tokens", "text"),
+        Column("weights", "weights", "text"),
         Column(f"pattern score (k={k})", "pattern", cls="pattern"),
         Column("attention inputs", "pattern_attn"),
         Column("MLP inputs", "pattern_mlp"),

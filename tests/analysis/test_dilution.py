@@ -94,7 +94,9 @@ def test_row_normalized_is_magnitude_over_row_sum(trace):
 
 def test_shares_of_embed_first_and_latest(trace):
     np.testing.assert_allclose(est.share_of(trace, "embed"), [1.0, 0.25, 0.1, 0.4])
-    np.testing.assert_allclose(est.share_of(trace, "latest"), [1.0, 0.75, 0.6, 0.3])
+    latest = est.share_of(trace, "latest")
+    assert np.isnan(latest.values[0])  # only the embedding before it: no latest layer
+    np.testing.assert_allclose(latest.values[1:], [0.75, 0.6, 0.3])
     first = est.share_of(trace, "first")
     assert np.isnan(first.values[0])  # no sublayer source yet
     np.testing.assert_allclose(first.values[1:], [0.75, 0.3, 0.1])
@@ -271,3 +273,48 @@ def test_summary_of_a_stack_keeps_the_per_model_coordinates(trace):
     assert list(s["step"].values) == [10, 20] and list(s["variant"].values) == ["run", "run"]
     np.testing.assert_allclose(s["val_loss"].values, [0.1, 0.05])
     assert "data_variables" not in s.coords  # the stack's own bookkeeping stays behind
+
+
+def test_the_embedding_group_is_one_source_against_its_own_uniform_share():
+    """GPT-2 / nanoGPT: a token and a position embedding. A consumer reading only them (100% of its
+    input) is exactly at the uniform share of the group (index 1, not 2), the read-out's index is
+    the group's share over 2/n, and the latest source is the latest layer, never the position
+    embedding."""
+    layers = ["0.attn", "0.mlp", "readout"]
+    sources = ["embed", "embed.wpe", "0.attn", "0.mlp"]
+    kinds = ["embed", "embed", "attn", "mlp"]
+    mix = [[1.0, 1.0, NAN, NAN], [1.0, 1.0, 1.0, NAN], [1.0, 1.0, 1.0, 1.0]]
+    share = [[0.7, 0.3, NAN, NAN], [0.5, 0.1, 0.4, NAN], [0.2, 0.3, 0.1, 0.4]]
+    t = planted(mix, share, layers, sources, source_kinds=kinds)
+    table = est.consumer_table(t)
+    np.testing.assert_allclose(table["embed_share"], [1.0, 0.6, 0.5])
+    np.testing.assert_allclose(table["embed_index"], [1.0, 0.6 / (2 / 3), 0.5 / (2 / 4)])
+    latest = table["latest_share"].values
+    assert np.isnan(latest[0])  # at 0.attn no layer has written yet
+    np.testing.assert_allclose(latest[1:], [0.4, 0.4])
+    np.testing.assert_allclose(table["latest_index"].values[1:], [0.4 * 3, 0.4 * 4])
+    assert est.unit_weights(t)
+
+
+def test_unit_weights_are_told_apart_from_learned_ones(trace):
+    assert not est.unit_weights(trace)  # planted weights 2, -1, 3 ...
+    ones = trace.assign(mixing=trace["mixing"] * 0 + 1)
+    assert est.unit_weights(ones)
+    spread = ones.assign(mixing_std=ones["mixing_std"] + 0.1)
+    assert not est.unit_weights(spread)  # per-token weights whose mean is 1 are still learned
+
+
+def test_findings_of_the_read_out_by_hand():
+    """The read-out of a 4-source model: shares 0.4 (embed), -0.05, 0.1, 0.55 over n = 4, so the
+    uniform share is 1/4; 2 of the 3 writes are below it, one of them negative; the most diluted
+    (smallest |index|) is 0.attn (-0.2), the least 1.attn (2.2); the embedding's index 1.6."""
+    mix = [[1.0, NAN, NAN, NAN], [1.0, 1.0, NAN, NAN], [1.0, 1.0, 1.0, NAN], [1.0, 1.0, 1.0, 1.0]]
+    share = [[1.0, NAN, NAN, NAN], [0.5, 0.5, NAN, NAN], [0.2, 0.3, 0.5, NAN], [0.4, -0.05, 0.1, 0.55]]
+    t = planted(mix, share, LAYERS, SOURCES)
+    f = est.findings(t)
+    assert (f["n_sources"], f["writes"], f["below"], f["negative"]) == (4, 3, 2, 1)
+    assert f["most_diluted"] == "0.attn" and f["most_diluted_index"] == pytest.approx(-0.2)
+    assert f["least_diluted"] == "1.attn" and f["least_diluted_index"] == pytest.approx(2.2)
+    assert f["embed_sources"] == 1 and f["embed_index"] == pytest.approx(1.6)
+    view = est.sources_at(t, "1.attn")
+    np.testing.assert_allclose(view["index"], [0.6, 0.9, 1.5])

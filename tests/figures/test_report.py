@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 from depthscope.analysis.dilution import summary
 from depthscope.cli import main
 from depthscope.trace import load_trace, save_trace, select_model
+from tests.figures.browser import assert_every_chart_drew, chromium, render
 
 SMALL = ["--layers", "3", "--d-model", "16", "--heads", "2", "--ctx", "32", "--batch-size", "4", "--quiet"]
 
@@ -127,17 +127,6 @@ def test_unwritable_output_directory(report, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
-
 def test_report_is_offline_and_sized_by_its_data(report):
     """No script or stylesheet from a URL; the charting runtime once; the rest of the page is what
     its data needs (rounded numbers: 4 significant digits)."""
@@ -157,35 +146,30 @@ def test_report_is_offline_and_sized_by_its_data(report):
 
 @pytest.mark.slow
 def test_report_renders_in_a_browser(report, tmp_path):
-    """Headless chromium: the page's script runs with no error, draws one chart per chart in its
-    data, offers one option per model, and the page is not blank."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert browser, "chromium is needed for this test: apt-get install chromium (.ci/run and make test do)"
-    url = (report / "index.html").resolve().as_uri()
-    common = [browser, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
-    dom = subprocess.run(
-        [*common, "--virtual-time-budget=5000", "--dump-dom", url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    ).stdout
-    body = re.search(r"<body([^>]*)>", dom).group(1)
-    assert 'data-status="ready"' in body, body  # every chart settled
-    assert 'data-errors="0"' in body, body  # no script error, no failed chart
-    drawn, total = map(int, re.search(r'data-charts="(\d+)/(\d+)"', body).groups())
-    html = (report / "index.html").read_text()
-    ids = re.findall(r'<div class="chart" id="([^"]+)">', html)
-    assert drawn == total == len(ids) >= 8
-    assert len(re.findall(r'<div [^>]*data-drawn="1"', dom)) == len(ids)
-    assert len(re.findall(r"<canvas", dom)) >= len(ids)  # each chart drew its canvas
+    """Headless chromium: the page's script runs with no error or warning, every chart draws marks,
+    it offers one option per model, and the page is not blank."""
+    page = render(report, tmp_path / "profile")
+    assert_every_chart_drew(page)
+    assert len(page.charts) >= 8
+    dom = page.dom
+    assert len(re.findall(r"<canvas", dom)) >= len(page.charts)  # each chart drew its canvas
     select = re.search(r'<select id="model-select">(.*?)</select>', dom, re.S).group(1)
     assert re.findall(r'<option value="([^"]+)"', select) == ["standard", "attnres"]
     # the selector shows one model's section
     shown = re.findall(r'<section id="section-[^"]+" data-model="([^"]+)"(?! hidden)', dom)
     assert shown == ["standard"], shown
     shot = tmp_path / "shot.png"
+    url = (report / "index.html").resolve().as_uri()
     subprocess.run(
-        [*common, f"--screenshot={shot}", "--window-size=1280,1600", url], capture_output=True, timeout=120
+        [
+            *chromium(),
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1280,1600",
+            url,
+        ],
+        capture_output=True,
+        timeout=120,
     )
     from matplotlib.image import imread
 

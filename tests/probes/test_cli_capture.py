@@ -151,3 +151,31 @@ def _versioned(path, version):
     ds = xr.Dataset({"mixing": (("layer", "source"), np.ones((1, 1)))}, attrs={"trace_format": version})
     ds.to_netcdf(path)
     return path
+
+
+def test_dilution_concludes_first_and_shows_one_consumers_sources(ckpt, tmp_path, capsys):
+    """The summary comes first (writes below 1/T at the read-out, the most and least diluted, the
+    embedding group, the pattern), and --readout / --layer print one consumer's sources with the
+    analysis's own numbers; a checkpoint given instead of a trace says to capture it."""
+    from depthscope.analysis.dilution import findings, sources_at
+
+    out = tmp_path / "t.nc"
+    assert main(["capture", str(ckpt), "--out", str(out), "--tokens", "128", "--quiet"]) == 0
+    trace = load_trace(out)
+    capsys.readouterr()
+    assert main(["dilution", str(out), "--readout"]) == 0
+    printed = capsys.readouterr().out
+    f = findings(trace)
+    head = printed.split("readout: its")[0]
+    assert f"{f['below']} of {f['writes']} sublayer writes are below it" in head
+    assert f"most diluted {f['most_diluted']}" in head and f"least {f['least_diluted']}" in head
+    assert "pattern score (k=2):" in head  # attnres: learned weights, a finding
+    view = sources_at(trace, "readout")
+    for s in view["source"].values:
+        assert f"{float(view['share'].sel(source=s)):.4f}" in printed
+    assert main(["dilution", str(out), "--layer", "1.mlp"]) == 0
+    assert "1.mlp: its 4 sources" in capsys.readouterr().out
+    assert main(["dilution", str(out), "--layer", "nope"]) == 2
+    assert "no consumer 'nope'" in capsys.readouterr().err
+    assert main(["dilution", str(ckpt)]) == 2
+    assert "a model, not a trace: capture it first" in capsys.readouterr().err

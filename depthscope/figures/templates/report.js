@@ -1,6 +1,8 @@
 // The report's charts: REPORT (data entries, Vega-Lite specs) in, one vegaEmbed view per chart out.
 // The body's data-status says what happened, for people and for the browser test:
-// data-charts="drawn/total", data-errors (script errors and failed charts), data-status="ready".
+// data-charts="drawn/total", data-errors (script errors and failed charts), data-warnings (Vega's
+// console warnings: a log domain that includes zero draws empty axes and only warns),
+// data-status="ready"; each chart's element gets data-marks, the items its marks drew.
 (function () {
   var errors = [];
   var body = document.body;
@@ -17,6 +19,28 @@
     consoleError.apply(console, arguments);
   };
   body.setAttribute('data-errors', '0');
+  var warnings = 0;
+  var consoleWarn = console.warn;
+  console.warn = function () {
+    warnings += 1;
+    body.setAttribute('data-warnings', String(warnings));
+    body.setAttribute('data-last-warning', Array.prototype.join.call(arguments, ' ').slice(0, 300));
+    consoleWarn.apply(console, arguments);
+  };
+  body.setAttribute('data-warnings', '0');
+
+  function marks(node) {  // the items drawn by a view's data marks (not its axes, legends or frame)
+    var n = 0;
+    (node.items || []).forEach(function (item) {
+      if (item.marktype) {
+        if (item.role === 'mark' && item.marktype !== 'group') n += (item.items || []).length;
+        else n += marks(item);
+      } else if (item.items) {
+        n += marks(item);
+      }
+    });
+    return n;
+  }
 
   function rows(entry) {  // columns (labels as dictionary + indices) -> row objects
     var cache = entry.__rows;
@@ -49,6 +73,7 @@
         views.push({chart: chart, view: res.view});
         drawn += 1;
         el.setAttribute('data-drawn', '1');
+        el.setAttribute('data-marks', String(marks(res.view.scenegraph().root)));
         body.setAttribute('data-charts', drawn + '/' + total);
       })
       .catch(function (err) { report('chart ' + chart.id + ': ' + (err && err.message || err)); });
