@@ -1089,11 +1089,20 @@ def rank_measure(
                 f"r* ({kind}) = {res['collective_rank'][kind]:.1f} over {res['n_layers_counted']} "
                 f"sublayers; r*/d = {res['ratio'][kind]:.3f}"
             )
+        if "ratio_half" in res:
+            out.print(
+                f"convergence: r*/d (numerical) = {res['ratio_half']:.3f} from half the tokens "
+                f"({res['tokens_half']}), {res['ratio']['numerical']:.3f} from all {res['tokens']}"
+            )
         if kappa is not None:
             bound = "none" if res["derived_bound"] is None else f"{res['derived_bound']:.3f}"
+            won = (
+                f"wins at every r*/d scanned (1/{res['d']} to {res['d'] - 1}/{res['d']})"
+                if res["at_edge"]
+                else f"wins up to r*/d = {res['threshold']:.3f}"
+            )
             out.print(
-                f"kappa = {kappa}: GRN-{variant.value} threshold r*/d = {res['threshold']:.3f} (exact "
-                f"risks), derived sufficient bound {bound}"
+                f"kappa = {kappa}: GRN-{variant.value} {won} (exact risks); derived sufficient bound {bound}"
             )
         out.print(res["conclusion"])
 
@@ -1124,8 +1133,9 @@ def rank_threshold(
     if as_json:
         _emit_json(res)
         return
+    won = f"at every r*/d scanned (1/{d} to {d - 1}/{d})" if num >= (d - 1) / d else f"up to r*/d = {num:.3f}"
     out.print(
-        f"GRN-{variant.value}, d = {d}, kappa = {kappa}: wins at equal parameters up to r*/d = {num:.3f} "
+        f"GRN-{variant.value}, d = {d}, kappa = {kappa}: wins at equal parameters {won} "
         f"(exact risks, mean of {tasks} tasks)"
     )
     out.print(

@@ -146,8 +146,10 @@ def add_ranks(trace: xr.Dataset, energy: float = 0.99) -> xr.Dataset:
 def rank_summary(
     trace: xr.Dataset, energy: float = 0.99, kappa: float | None = None, variant: str = "v1"
 ) -> dict:
-    """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d and, for a
-    task complexity ``kappa``, the GRN threshold (exact risks) and the derived sufficient bound.
+    """A JSON-ready summary of a rank trace: per-source effective ranks, r*, d, r*/d (and r*/d from
+    the first half of the tokens where the trace has it: how far the estimate has converged), and
+    DCA's verdict (``verdict``: exact risks at ``kappa``, else over the kappas scanned); for a given
+    ``kappa`` also the derived sufficient bound.
     """
     r = collective_rank(trace, energy)
     d = int(r.attrs["d_model"])
@@ -165,13 +167,11 @@ def rank_summary(
         "collective_rank": {k: float(r["collective_rank"].sel(rank_kind=k)) for k in KINDS},
         "ratio": {k: float(r["collective_rank_ratio"].sel(rank_kind=k)) for k in KINDS},
     }
+    res.update(convergence(trace, energy))
+    res.update(verdict(res["ratio"]["numerical"], d, kappa, variant))
     if kappa is not None:
-        num = threshold(d, kappa, variant)
         bound = derived_bound(kappa, variant, d=d)
-        res.update(
-            kappa=kappa, variant=variant, threshold=num, derived_bound=None if bound is None else float(bound)
-        )
-        res["below_threshold"] = {k: v < num for k, v in res["ratio"].items()}
+        res["derived_bound"] = None if bound is None else float(bound)
     res["conclusion"] = conclusion(res)
     return res
 
@@ -190,33 +190,80 @@ def least_kappa(ratio: float) -> float | None:
     return hi
 
 
-def conclusion(res: dict) -> str:
-    """One sentence: what DCA's theory (arXiv 2502.06785, Sec. 4) expects of this model, from its
-    numerical r*/d: against the exact-risk threshold at the given kappa, else the least kappa at
-    which the derived sufficient condition holds.
+def convergence(trace: xr.Dataset, energy: float = 0.99) -> dict:
+    """r*/d (numerical) from half the tokens (``ratio_half``, over ``tokens_half``: every other
+    batch), where the trace keeps that half's spectra; beside r*/d from every token it says how far
+    the estimate has converged (a numerical rank grows with the tokens seen).
     """
-    x, label, d = res["ratio"]["numerical"], res["label"] or "this model", res["d"]
-    if "kappa" in res:
-        v, t, k = res["variant"], res["threshold"], res["kappa"]
-        where = f"DCA's theory (GRN-{v}, exact risks at d = {d}, kappa = {k:g})"
-        if t <= 0:
-            return f"{where} expects no gain from learned depth weights for {label}: GRN wins at no r*/d."
-        if x < t:
-            return (
-                f"{where} expects learned depth weights to help {label}: its r*/d = {x:.3f} is below the "
-                f"threshold {t:.3f}, under which GRN beats a residual network with as many parameters."
-            )
-        return (
-            f"{where} expects no gain from learned depth weights for {label}: its r*/d = {x:.3f} is above "
-            f"the threshold {t:.3f}; GRN beats a residual network with as many parameters only below it."
-        )
-    k = least_kappa(x)
-    if k is None:
-        return (
-            f"DCA's derived sufficient condition (GRN-v1) holds at no task complexity kappa for {label}: "
-            f"its r*/d = {x:.3f} is above 0.866, the bound at kappa = 1."
-        )
-    return (
-        f"DCA's derived sufficient condition (GRN-v1) expects learned depth weights to help {label} on tasks "
-        f"of complexity kappa = lambda_min/lambda_max above {k:.2f} (its r*/d = {x:.3f}, d = {d})."
+    if "source_spectrum_half" not in trace:
+        return {}
+    half = collective_rank(trace.assign(source_spectrum=trace["source_spectrum_half"]), energy)
+    ratio = float(half["collective_rank_ratio"].sel(rank_kind="numerical"))
+    return {"ratio_half": ratio, "tokens_half": int(trace["source_spectrum_half"].attrs.get("tokens", 0))}
+
+
+KAPPAS = tuple(round(0.05 * i, 2) for i in range(1, 21))  # task complexities scanned when none is given
+CONVERGED = 0.02  # |r*/d from all the tokens - from the first half| above this: not yet converged
+
+
+def verdict(ratio: float, d: int, kappa: float | None = None, variant: str = "v1") -> dict:
+    """DCA's theory (arXiv 2502.06785, Sec. 4) on a model of r*/d = ``ratio`` at width ``d``, by
+    exact risks (``theory.threshold``: GRN against a residual network with as many parameters, mean
+    over random tasks): at ``kappa`` (``threshold``, ``at_edge`` when GRN wins at every r*/d the scan
+    has, 1/d .. (d-1)/d, so the threshold is no threshold but the scan's end, and ``helps``), else
+    at every kappa of ``KAPPAS`` (``helps_at``, the kappas where GRN wins at this r*/d). The one
+    verdict the command line, the report and the notebooks print.
+    """
+    edge = (d - 1) / d
+    if kappa is not None:
+        t = threshold(d, kappa, variant)
+        return {"variant": variant, "kappa": kappa, "threshold": t, "at_edge": t >= edge, "helps": ratio < t}
+    return {"variant": variant, "helps_at": [k for k in KAPPAS if ratio < threshold(d, k, variant)]}
+
+
+def conclusion(res: dict) -> str:
+    """One sentence: ``verdict``'s (from ``rank_summary``'s fields), with the convergence caveat."""
+    x, label, d, v = res["ratio"]["numerical"], res["label"] or "this model", res["d"], res["variant"]
+    where = (
+        f"DCA's theory (GRN-{v} against a residual network with as many parameters, exact risks at d = {d}"
     )
+    mine = f"its r*/d = {x:.3f}"
+    if "kappa" in res:
+        t, where = res["threshold"], f"{where}, kappa = {res['kappa']:g})"
+        if t <= 0:
+            text = f"{where} expects no gain from learned depth weights: GRN wins at no r*/d."
+        elif res["helps"] and res["at_edge"]:
+            text = (
+                f"{where} expects learned depth weights to help {label}: GRN wins at every r*/d scanned "
+                f"(1/{d} to {d - 1}/{d}), {mine} among them."
+            )
+        elif res["helps"]:
+            text = f"{where} expects learned depth weights to help {label}: {mine} is below {t:.3f}, the "
+            text += "largest r*/d at which GRN wins."
+        elif res["at_edge"]:
+            text = (
+                f"{where} expects no gain for {label}: GRN wins at every r*/d scanned (up to {d - 1}/{d}), "
+            )
+            text += f"but {mine} is beyond them (the layers' ranks fill the width)."
+        else:
+            text = f"{where} expects no gain for {label}: {mine} is above {t:.3f}, the largest r*/d at "
+            text += "which GRN wins."
+    else:
+        helps, scanned = res["helps_at"], f"kappa {KAPPAS[0]:g} to {KAPPAS[-1]:g}"
+        if not helps:
+            text = f"{where}) expects no gain from learned depth weights for {label} at any task "
+            text += f"complexity scanned ({scanned}): {mine}."
+        elif len(helps) == len(KAPPAS):
+            text = f"{where}) expects learned depth weights to help {label} at every task complexity "
+            text += f"scanned ({scanned}): {mine}."
+        else:
+            at = ", ".join(f"{k:g}" for k in helps)
+            text = f"{where}) expects learned depth weights to help {label} at kappa {at} of those "
+            text += f"scanned ({scanned}): {mine}."
+    half = res.get("ratio_half")
+    if half is not None and not abs(x - half) <= CONVERGED:
+        text += (
+            f" Not converged: r*/d is {half:.3f} from half of the {res['tokens']} tokens; capture more "
+            "tokens before reading it."
+        )
+    return text

@@ -28,7 +28,7 @@ from depthscope.analysis.dilution import (
     summary,
     unit_weights,
 )
-from depthscope.analysis.rank import conclusion, rank_profile
+from depthscope.analysis.rank import rank_profile, rank_summary
 from depthscope.figures.causal import has_native
 from depthscope.figures.data import trace_label
 from depthscope.figures.report import (
@@ -78,7 +78,7 @@ def report_data(
         *_causal(traces),
         *_trajectories(trajectories, runs, tables),
         *_versus_depth(depth),
-        _rank(stacked, traces),
+        _rank(stacked, traces, settings.energy),
         _claims(claims) if claims is not None else None,
         _models(traces, k),
     ]
@@ -418,7 +418,7 @@ RANK = Markup(
 )
 
 
-def _rank(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
+def _rank(stacked: xr.Dataset, traces: list[xr.Dataset], energy: float) -> Section:
     rows, sentences = [], []
     for t in traces:
         if "collective_rank" not in t:
@@ -429,8 +429,7 @@ def _rank(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
             row[f"r_{kind}"] = _f(t["collective_rank"].sel(rank_kind=kind))
             row[f"ratio_{kind}"] = _f(t["collective_rank_ratio"].sel(rank_kind=kind))
         rows.append(row)
-        ratio = {"numerical": float(t["collective_rank_ratio"].sel(rank_kind="numerical"))}
-        sentences.append((label, conclusion({"label": label, "d": d, "ratio": ratio})))
+        sentences.append((label, rank_summary(t, energy)["conclusion"]))
     content: list = [Note(RANK)]
     if rows:
         columns = [Column("model", "model", "text"), Column("d", "d", "text")]

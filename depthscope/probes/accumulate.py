@@ -71,6 +71,7 @@ class Accumulator:
         self.sums["src_sq"] = torch.zeros(n_s, dtype=self.dtype)
         self.moments = Moments(self.n_layers, n_s, self.dtype)
         self.cov = Covariance()
+        self.half_batch = False  # the batch in flight is an even one (its covariance also kept apart)
         self.native: dict[str, tuple[tuple[str, ...], dict[int, Tensor]]] = {}
         self.folds = {kind: fold(self) for kind, fold in FOLDS.items()}
         self.V: Tensor | None = None
@@ -155,7 +156,7 @@ class Accumulator:
         self.norms[j] = norms
         self.sums["src_sq"][j].add_(torch.dot(norms, norms))
         if self.covariance:
-            self.cov.add(j, v, self.dtype)
+            self.cov.add(j, v, self.dtype, half=self.half_batch)
 
     @torch.no_grad()
     def positions(self, i: int, h: Tensor) -> None:
@@ -333,6 +334,14 @@ class Accumulator:
             ds["source_spectrum"] = (("source", "component"), self.cov.spectra(len(lay.source), self.d_model))
             ds["source_spectrum"].attrs.update(
                 long_name="eigenvalues of the source's covariance over tokens (descending)", units="1"
+            )
+        if self.covariance and self.cov.half and self.cov.tokens(half=True) < self.cov.tokens():
+            half = self.cov.spectra(len(lay.source), self.d_model, half=True)
+            ds["source_spectrum_half"] = (("source", "component"), half)
+            ds["source_spectrum_half"].attrs.update(
+                long_name="the same over every other batch (how far a rank estimate has converged)",
+                units="1",
+                tokens=int(self.cov.tokens(half=True)),
             )
         for key, arr in state.items():
             if key.startswith("native."):

@@ -310,6 +310,7 @@ class Run:
     def batch(self, model: Any, chunk: Tensor, b: int, first: int = 0) -> None:
         """Batch ``b``: windows ``first``, ``first + 1``, ... of the capture."""
         ad = self.ad
+        self.acc.half_batch = b % 2 == 0  # by the batch's global index: shards and resumes keep it
         self.taps.new_batch(chunk)
         output = None
         with _model_failure(b, chunk):

@@ -76,49 +76,69 @@ class Moments:
 
 
 class Covariance:
-    """Each source's running mean and scatter matrix over tokens (d x d per source)."""
+    """Each source's running mean and scatter matrix over tokens (d x d per source), over every token
+    and over every other batch (``half``: the even batches, for how far a rank estimate has
+    converged: the same estimate from half the tokens).
+    """
 
     def __init__(self) -> None:
         self.parts: dict[int, list] = {}  # source -> [tokens, mean (d,), M2 (d, d)]
+        self.half: dict[int, list] = {}  # the same over the even batches
 
     def to(self, device: torch.device, dtype: torch.dtype) -> None:
         """Move the sums."""
-        self.parts = {
-            j: [n, m.to(device, dtype), m2.to(device, dtype)] for j, (n, m, m2) in self.parts.items()
-        }
+        for held in (self.parts, self.half):
+            for j, (n, m, m2) in list(held.items()):
+                held[j] = [n, m.to(device, dtype), m2.to(device, dtype)]
 
-    def add(self, j: int, x: Tensor, dtype: torch.dtype) -> None:
-        """Merge a batch [T, d] of source j, its scatter formed in the data's dtype, summed in ``dtype``."""
+    def add(self, j: int, x: Tensor, dtype: torch.dtype, half: bool = False) -> None:
+        """Merge a batch [T, d] of source j, its scatter formed in the data's dtype, summed in ``dtype``
+        (into the half's sums too when ``half``).
+        """
         mean_b = x.mean(0, dtype=torch.float64 if dtype == torch.float64 else x.dtype)
         centred = x - mean_b.to(x.dtype)
         part = [x.shape[0], mean_b.to(dtype), (centred.T @ centred).to(dtype)]
-        self.parts[j] = part if j not in self.parts else _chan(self.parts[j], part)
+        for held in (self.parts, self.half) if half else (self.parts,):
+            held[j] = part if j not in held else _chan(held[j], part)
 
     def tensors(self) -> list[Tensor]:
         """Every sum (for the finiteness check)."""
-        return [t for _, m, m2 in self.parts.values() for t in (m, m2)]
+        return [t for held in (self.parts, self.half) for _, m, m2 in held.values() for t in (m, m2)]
 
     def state(self, n_sources: int, d: int) -> dict[str, np.ndarray]:
         """The summaries as arrays [source, ...] (zero tokens where a source has none)."""
-        out = {"cov.n": np.zeros(n_sources, dtype=np.int64)}
-        out["cov.mean"], out["cov.m2"] = np.zeros((n_sources, d)), np.zeros((n_sources, d, d))
-        for j, (n, mean, m2) in self.parts.items():
-            out["cov.n"][j], out["cov.mean"][j], out["cov.m2"][j] = n, host(mean), host(m2)
+        out = {}
+        for prefix, held in (("cov.", self.parts), ("cov.half.", self.half)):
+            out[f"{prefix}n"] = np.zeros(n_sources, dtype=np.int64)
+            out[f"{prefix}mean"], out[f"{prefix}m2"] = np.zeros((n_sources, d)), np.zeros((n_sources, d, d))
+            for j, (n, mean, m2) in held.items():
+                out[f"{prefix}n"][j], out[f"{prefix}mean"][j], out[f"{prefix}m2"][j] = n, host(mean), host(m2)
         return out
 
     def merge(self, state: dict[str, np.ndarray], like: Tensor) -> None:
         """Add another run's summaries (on ``like``'s device and dtype)."""
         dev = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64)).to(like)  # noqa: E731
-        for j in np.flatnonzero(state["cov.n"]):
-            other = [int(state["cov.n"][j]), dev(state["cov.mean"][j]), dev(state["cov.m2"][j])]
-            self.parts[int(j)] = other if int(j) not in self.parts else _chan(self.parts[int(j)], other)
+        for prefix, held in (("cov.", self.parts), ("cov.half.", self.half)):
+            if f"{prefix}n" not in state:  # a partial state from before the half was kept
+                continue
+            for j in np.flatnonzero(state[f"{prefix}n"]):
+                other = [
+                    int(state[f"{prefix}n"][j]),
+                    dev(state[f"{prefix}mean"][j]),
+                    dev(state[f"{prefix}m2"][j]),
+                ]
+                held[int(j)] = other if int(j) not in held else _chan(held[int(j)], other)
 
-    def spectra(self, n_sources: int, d: int) -> np.ndarray:
-        """Eigenvalues of each source's covariance over tokens, descending: [source, component]."""
+    def spectra(self, n_sources: int, d: int, half: bool = False) -> np.ndarray:
+        """Eigenvalues of each source's covariance (or the half's), descending: [source, component]."""
         out = np.full((n_sources, d), np.nan)
-        for j, (n, _, m2) in self.parts.items():
+        for j, (n, _, m2) in (self.half if half else self.parts).items():
             out[j] = np.linalg.eigvalsh(host(m2) / max(n - 1, 1))[::-1].clip(min=0.0)
         return out
+
+    def tokens(self, half: bool = False) -> int:
+        """Tokens summed (of the half): the most any source holds."""
+        return max((n for n, _, _ in (self.half if half else self.parts).values()), default=0)
 
 
 def _chan(a: list, b: list) -> list:

@@ -82,6 +82,7 @@ DIMS = {
     "layer_depth": ("layer",),
     "source_depth": ("source",),
     "source_spectrum": ("source", "component"),
+    "source_spectrum_half": ("source", "component"),
 }
 
 

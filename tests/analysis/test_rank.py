@@ -102,6 +102,29 @@ def test_capture_spectrum_matches_cached_outputs():
         )  # float32 capture
 
 
+def test_the_half_spectrum_is_the_even_batches_own():
+    """Convergence: ``source_spectrum_half`` is the covariance spectrum of the even batches alone
+    (batch 0 and 2 of windows [0, 1], [2, 3], [4, 5]: windows 0, 1, 4, 5), from run_with_cache; a
+    capture of one batch keeps none (no half to compare)."""
+    from depthscope.analysis.rank import rank_summary
+
+    cfg = tiny()
+    model = build(cfg)
+    tokens = random_tokens(cfg, batch=6)
+    trace = capture(model, tokens, batch_size=2, rank=True, skip_positions=0, progress=False)
+    half = trace["source_spectrum_half"]
+    assert half.attrs["tokens"] == 4 * cfg.ctx
+    _, cache = model.run_with_cache(tokens[[0, 1, 4, 5]])
+    for j, s in enumerate(sources(cfg)):
+        x = cache[s.hook].flatten(0, 1).double().numpy()
+        ref = np.linalg.eigvalsh(np.cov(x, rowvar=False))[::-1].clip(min=0)
+        np.testing.assert_allclose(half.values[j], ref, rtol=1e-4, atol=1e-5 * ref[0])
+    res = rank_summary(trace)
+    assert res["tokens_half"] == 4 * cfg.ctx and 0 < res["ratio_half"]
+    one = capture(model, tokens[:2], batch_size=2, rank=True, progress=False)
+    assert "source_spectrum_half" not in one and "ratio_half" not in rank_summary(one)
+
+
 def test_collective_rank_sums_sublayers_and_round_trips(tmp_path):
     cfg = tiny()
     trace = add_ranks(capture(build(cfg), random_tokens(cfg, batch=4), rank=True))
