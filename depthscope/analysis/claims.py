@@ -16,12 +16,15 @@ those; ``depthscope.pipelines.claims`` reads them from disk.
 * **Costs** against the standard model of the same size: extra parameters, forward FLOPs per
   token and seconds per training step (measured by ``depthscope.pipelines.claims``), as fractions
   above the standard's, and the gain per +1% of each.
-* **Verdicts** for n seeds with mean m and standard error se = sd / sqrt(n): a claimed direction
-  ``holds`` where m has the claimed sign, every seed agrees and |m| > 2 se; ``holds weakly`` where m
-  has the claimed sign without that; ``contradicted`` where the opposite sign holds by the same
-  test; ``not reproduced here`` otherwise. A claimed factor (3x) ``holds`` where the ratio's mean
-  reaches it with the same test against 1, ``holds weakly`` where it is significantly above 1 but
-  short of the factor. One seed is never a verdict (``one seed``).
+* **Verdicts** for n seeds with mean m and standard error se = sd / sqrt(n): ``inconclusive`` where
+  |m| <= 2 se (the seeds do not decide; the verdict adds how many seeds would, at the spread seen:
+  the n with 2 sd / sqrt(n) < |m|); else a claimed direction ``holds`` where m has the claimed sign
+  and every seed agrees, ``holds weakly`` where m has it by the test but some seed disagrees, and
+  ``contradicted`` (``contradicted weakly``) where the opposite sign holds. A claimed factor (3x) is
+  judged by the factor: ``holds`` where the ratio's mean reaches it by the same test and every seed
+  reached the target at all, ``short of the claim`` where the mean is below the factor by the test
+  (a seed that never reaches the target counts as short), ``inconclusive`` between. One seed is
+  never a verdict (``one seed``).
 """
 
 from __future__ import annotations
@@ -131,27 +134,42 @@ def fmt(s: Mapping[str, float], digits: int = 3) -> str:
 
 
 def verdict(values: Sequence[float], *, null: float = 0.0, claimed: float | None = None) -> str:
-    """The verdict on a claim that ``values`` (one per seed) exceed ``null`` (and reach
-    ``claimed``, for a factor): see the module docstring.
+    """The verdict on a claim that ``values`` (one per seed) exceed ``null``, or, for a factor,
+    reach ``claimed`` (NaN: a seed that never reached the target): see the module docstring.
     """
     x = np.asarray(values, dtype=np.float64)
+    never = int((~np.isfinite(x)).sum())
     x = x[np.isfinite(x)]
     if len(x) == 0:
         return "not measured"
     if len(x) == 1:
         return "one seed"
+    if claimed is not None:
+        m, se = x.mean(), x.std(ddof=1) / math.sqrt(len(x))
+        if m + 2 * se < claimed:
+            return "short of the claim"
+        if m - 2 * se >= claimed and not never:
+            return "holds"
+        return _inconclusive(x - claimed)
     d = x - null
     m, se = d.mean(), d.std(ddof=1) / math.sqrt(len(d))
-    clear = abs(m) > 2 * se and (np.all(d > 0) or np.all(d < 0))
-    if m > 0 and clear:
-        if claimed is not None and x.mean() < claimed:
-            return "holds weakly"
-        return "holds"
-    if m < 0 and clear:
-        return "contradicted"
+    if not abs(m) > 2 * se:
+        return _inconclusive(d)
+    agree = bool(np.all(d > 0) or np.all(d < 0))
     if m > 0:
-        return "holds weakly"
-    return "not reproduced here"
+        return "holds" if agree else "holds weakly"
+    return "contradicted" if agree else "contradicted weakly"
+
+
+def _inconclusive(d: np.ndarray) -> str:
+    """``inconclusive``, with the number of seeds that would decide at the spread seen: the least n
+    with 2 sd / sqrt(n) < |mean| (none where the mean is 0).
+    """
+    m, sd = abs(float(d.mean())), float(d.std(ddof=1))
+    if m == 0:
+        return "inconclusive (no difference at all)"
+    need = max(len(d) + 1, math.floor((2 * sd / m) ** 2 * (1 + 1e-12)) + 1)  # (n > that, strictly)
+    return f"inconclusive (about {need} seeds would decide at this spread)"
 
 
 def costs(

@@ -251,11 +251,19 @@ def _apart_verdict(verdicts: list[str]) -> str:
     return "one seed" if "one seed" in verdicts else "not reproduced here"
 
 
-STRENGTH = {"holds": 3, "holds weakly": 2, "contradicted": 1, "not reproduced here": 0, "one seed": -1}
+STRENGTH = {
+    "holds": 4,
+    "holds weakly": 3,
+    "contradicted": 2,
+    "contradicted weakly": 1,
+    "inconclusive": 0,
+    "not reproduced here": 0,
+    "one seed": -1,
+}
 
 
 def _strength(v: str) -> int:
-    return STRENGTH.get(v, -2)
+    return STRENGTH.get(v.split(" (")[0], -2)
 
 
 def build_claims(
