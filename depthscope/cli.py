@@ -2,7 +2,8 @@
 
 ``main(argv)`` returns the exit status (tests call it directly); a user mistake prints one line
 ``error: ...`` on stderr and returns 2, with no traceback. Option ranges and choices are typer's
-own constraints (``min=``, ``Literal`` choices, repeatable options), reported the same way.
+own constraints (``Literal`` choices, repeatable options) and the parsers below (``_count`` for
+whole numbers, ``_unit``, ``_positive``, ``_path``), reported the same way.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ app = typer.Typer(
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain help: "--layers N", flags without a type column
     help="Measure how transformers mix earlier layers' outputs across depth.",
 )
 # user strings (labels, layer names, paths, manifest entries) are printed as they are: no markup,
@@ -50,6 +52,28 @@ def _options(
     ] = False,
 ) -> None:
     """Measure how transformers mix earlier layers' outputs across depth."""
+
+
+def _count(low: int, high: int = BIG):
+    """A parser for a whole number in [low, high]; its metavar in the help is N. ``high`` is the
+    int64 limit torch and numpy count in unless an option has a real one (the theory's width).
+    """
+
+    def parse(text: str | int) -> int:
+        if isinstance(text, int) and not isinstance(text, bool):  # typer passes the default through
+            value = text
+        else:
+            try:
+                value = int(str(text).strip())
+            except ValueError:
+                raise ValueError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise ValueError(f"{value} is less than {low}")
+        if value > high:
+            raise ValueError(f"{value} is more than {high}")
+        return value
+
+    return parse
 
 
 def _unit(text: str) -> float:
@@ -186,11 +210,19 @@ SpecOpt = Annotated[
         "MODEL` prints one to start from.",
     ),
 ]
+TokenizerOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="How text becomes the model's ids: a Hugging Face tokenizer's directory or hub id (default: "
+        "the tokenizer saved with the model; without one, the text's bytes for a 256-id vocabulary). The "
+        "trace records which (tokenization).",
+    ),
+]
 CtxOpt = Annotated[
     int | None,
     typer.Option(
-        min=1,
-        max=BIG,
+        parser=_count(1),
+        metavar="N",
         help="Window length in tokens (at most the model's context; default: the model's context). Shares "
         "depend on it; for long-context models choose what your question needs (e.g. 256 or 1024): one "
         "window of 8192 tokens costs minutes and gigabytes on a CPU.",
@@ -199,8 +231,8 @@ CtxOpt = Annotated[
 SkipOpt = Annotated[
     int | None,
     typer.Option(
-        min=0,
-        max=BIG,
+        parser=_count(0),
+        metavar="N",
         help="Leave the first K positions of every window out of every statistic (default: 1 for pretrained "
         "causal LMs, whose first position holds an attention sink; 0 for depthscope's own models).",
     ),
@@ -228,8 +260,8 @@ AblateMeanOpt = Annotated[bool, typer.Option(help="Ablation replaces a term by i
 AblateTokensOpt = Annotated[
     int | None,
     typer.Option(
-        min=1,
-        max=BIG,
+        parser=_count(1),
+        metavar="N",
         help="Ablate only the first batches holding this many tokens (ablation costs a forward per "
         "source or cell); the rest of the trace covers every token.",
     ),
@@ -253,16 +285,16 @@ def train(
     out_path: Annotated[
         Path, typer.Option("--out", parser=_path, help="Checkpoint to write (.safetensors).")
     ] = Path("model.safetensors"),
-    layers: Annotated[int, typer.Option(min=1, max=BIG, help="Number of blocks.")] = 4,
-    d_model: Annotated[int, typer.Option(min=1, max=BIG, help="Width.")] = 64,
-    heads: Annotated[int, typer.Option(min=1, max=BIG, help="Attention heads.")] = 4,
-    ctx: Annotated[int, typer.Option(min=1, max=BIG, help="Context length in bytes.")] = 128,
+    layers: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Number of blocks.")] = 4,
+    d_model: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Width.")] = 64,
+    heads: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Attention heads.")] = 4,
+    ctx: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Context length in bytes.")] = 128,
     steps: Annotated[
-        int, typer.Option(min=0, max=BIG, help="Optimiser steps (0 writes the initialised model).")
+        int, typer.Option(parser=_count(0), metavar="N", help="Optimiser steps (0 writes the initialised model).")
     ] = 300,
-    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per step.")] = 16,
+    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per step.")] = 16,
     lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for initialisation and batches.")] = 0,
+    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for initialisation and batches.")] = 0,
     corpus: CorpusOpt = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Scheme option key=value (repeatable).")
@@ -271,7 +303,7 @@ def train(
     save_every: Annotated[
         int,
         typer.Option(
-            min=0, max=BIG, help="Also write NAME.step-000500.safetensors every N steps (0: never)."
+            parser=_count(0), metavar="N", help="Also write NAME.step-000500.safetensors every N steps (0: never)."
         ),
     ] = 0,
     quiet: QuietOpt = False,
@@ -380,10 +412,10 @@ def report(
         Path, typer.Option("--out", parser=_path, help="Directory for index.html, traces.nc and the figures.")
     ] = Path("report"),
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured per checkpoint.")] = 8192,
-    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for the window offsets.")] = 0,
-    k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
+    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per checkpoint.")] = 8192,
+    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")] = 0,
+    k: Annotated[int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")] = 2,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     trajectory: Annotated[
@@ -394,8 +426,8 @@ def report(
         list[int] | None,
         typer.Option(
             "--step",
-            min=0,
-            max=BIG,
+            parser=_count(0),
+            metavar="N",
             help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
         ),
     ] = None,
@@ -417,6 +449,7 @@ def report(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     spec: SpecOpt = None,
+    tokenizer: TokenizerOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
@@ -444,6 +477,7 @@ def report(
         ablate="auto" if ablate is None else ablate,
         trust_remote_code=trust_remote_code,
         spec_file=sf.path if sf is not None else None,
+        tokenizer=tokenizer,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
     out.print(f"report written: {index.resolve()}")
@@ -461,9 +495,9 @@ def capture(
     ],
     out_path: Annotated[Path, typer.Option("--out", parser=_path, help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens to analyse.")] = 16384,
-    batch_size: Annotated[int, typer.Option(min=1, max=BIG, help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed for the window offsets.")] = 0,
+    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens to analyse.")] = 16384,
+    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")] = 16,
+    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")] = 0,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     rank: Annotated[
@@ -478,14 +512,14 @@ def capture(
     workers: Annotated[
         int,
         typer.Option(
-            min=1, max=BIG, help="Local processes that share the windows (gloo); or run under torchrun."
+            parser=_count(1), metavar="N", help="Local processes that share the windows (gloo); or run under torchrun."
         ),
     ] = 1,
     checkpoint_every: Annotated[
         int,
         typer.Option(
-            min=0,
-            max=BIG,
+            parser=_count(0),
+            metavar="N",
             help="Save the partial sums every N batches beside the output (OUT.partial); 0: never.",
         ),
     ] = 0,
@@ -511,6 +545,7 @@ def capture(
     revision: RevisionOpt = None,
     trust_remote_code: TrustOpt = False,
     spec: SpecOpt = None,
+    tokenizer: TokenizerOpt = None,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
     _output_file(out_path, checkpoint, *([corpus] if corpus else []), *([spec] if spec else []))
@@ -545,6 +580,7 @@ def capture(
         workers=workers,
         trust_remote_code=trust_remote_code,
         spec_file=sf.path if sf is not None else None,
+        tokenizer=tokenizer,
     )
     trace = run_capture(job)
     if trace is None:  # a rank other than 0 under torchrun: rank 0 reports
@@ -669,6 +705,7 @@ def inspect(
     var: Annotated[str, typer.Option(help="share (contribution share) or mixing (the weights M).")] = "share",
     trust_remote_code: TrustOpt = False,
     spec: SpecOpt = None,
+    tokenizer: TokenizerOpt = None,
 ) -> None:
     """One prompt, position by position: where each token's inputs come from."""
     from depthscope.pipelines.plot import check_figure_path
@@ -688,6 +725,7 @@ def inspect(
         var=var,
         spec_file=sf,
         trust_remote_code=trust_remote_code,
+        tokenizer=tokenizer,
     )
     out.print(f"written: {written} ({what})")
 
@@ -737,7 +775,7 @@ def spec_(
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
-    k: Annotated[int, typer.Option(min=0, max=BIG, help="Recent sources counted by the pattern score.")] = 2,
+    k: Annotated[int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")] = 2,
     layer: Annotated[
         str | None,
         typer.Option(help="Show one consumer's sources instead of the table (e.g. readout, 12.attn)."),
@@ -777,17 +815,18 @@ def _dilution_findings(t, k: int) -> None:
     f = findings(t)
     title = t.attrs.get("label", t.attrs.get("scheme", ""))
     n, tokens = f["n_sources"], t.attrs.get("tokens", "?")
+    where = "the read-out" if f["layer"] == "readout" else f["layer"]
     out.print(f"{title}: {t.sizes['layer']} consumers x {t.sizes['source']} sources, {tokens} tokens")
     out.print(
-        f"  at the read-out ({n} sources, uniform share 1/{n} = {1 / n:.4f} each): {f['below']} of "
+        f"  at {where} ({n} sources, uniform share 1/{n} = {1 / n:.4f} each): {f['below']} of "
         f"{f['writes']} sublayer writes are below it ({f['negative']} negative: pulling against the rest); "
         f"most diluted {f['most_diluted']} (index {_fmt(f['most_diluted_index'], 4)}: its share over 1/{n}), "
         f"least {f['least_diluted']} (index {_fmt(f['least_diluted_index'], 2)})"
     )
     k_e = f["embed_sources"]
     out.print(
-        f"  the embedding ({k_e} source{'s' if k_e != 1 else ''}) holds {_fmt(f['embed_share'], 4)} of the "
-        f"read-out: index {_fmt(f['embed_index'], 3)} against its uniform share {k_e}/{n}"
+        f"  the embedding ({k_e} source{'s' if k_e != 1 else ''}) holds {_fmt(f['embed_share'], 4)} of "
+        f"{where}: index {_fmt(f['embed_index'], 3)} against its uniform share {k_e}/{n}"
     )
     s = summary(t, k)
     ps = s["pattern_score"]
@@ -955,7 +994,7 @@ def zoo_build(
         typer.Option("--out", parser=_path, help="Where to write (default: the bundled zoo directory)."),
     ] = None,
     steps: Annotated[
-        int | None, typer.Option(min=1, max=BIG, help="Training steps per model (default: the zoo's).")
+        int | None, typer.Option(parser=_count(1), metavar="N", help="Training steps per model (default: the zoo's).")
     ] = None,
     only: Annotated[
         list[str] | None,
@@ -1040,7 +1079,7 @@ def rank_measure(
         ),
     ] = None,
     variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
-    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured from a checkpoint.")] = 16384,
+    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured from a checkpoint.")] = 16384,
     energy: Annotated[
         float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")
     ] = 0.99,
@@ -1109,13 +1148,13 @@ def rank_measure(
 
 @rank_app.command("threshold")
 def rank_threshold(
-    d: Annotated[int, typer.Option(min=2, max=D_MAX, help="Width d.")],
+    d: Annotated[int, typer.Option(parser=_count(2, D_MAX), metavar="N", help="Width d.")],
     kappa: Annotated[
         float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")
     ],
     variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
-    tasks: Annotated[int, typer.Option(min=1, max=BIG, help="Random tasks averaged.")] = 8,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random tasks.")] = 0,
+    tasks: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged.")] = 8,
+    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
@@ -1155,8 +1194,8 @@ def rank_theory(
         list[Variant] | None,
         typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes)."),
     ] = None,
-    tasks: Annotated[int, typer.Option(min=1, max=BIG, help="Random tasks averaged per point.")] = 2,
-    seed: Annotated[int, typer.Option(min=0, max=SEED_MAX, help="Seed of the random tasks.")] = 0,
+    tasks: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged per point.")] = 2,
+    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
@@ -1181,7 +1220,7 @@ def rank_identity(
     out_dir: Annotated[
         Path, typer.Option("--out", parser=_path, help="Directory for identity.json and the figures.")
     ],
-    steps: Annotated[int, typer.Option(min=1, max=BIG, help="SGD steps (the paper: 1000).")] = 1000,
+    steps: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="SGD steps (the paper: 1000).")] = 1000,
     sweep: Annotated[
         bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")
     ] = True,
@@ -1211,16 +1250,16 @@ def rank_sweep_cmd(
     widths: Annotated[
         list[int] | None,
         typer.Option(
-            "--width", min=32, max=BIG, help="Width (repeatable; multiples of 16; default 32, 64, 128)."
+            "--width", parser=_count(32), metavar="N", help="Width (repeatable; multiples of 16; default 32, 64, 128)."
         ),
     ] = None,
     schemes: Annotated[
         list[str] | None,
         typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca)."),
     ] = None,
-    layers: Annotated[int, typer.Option(min=1, max=BIG, help="Blocks per model.")] = 4,
-    steps: Annotated[int, typer.Option(min=1, max=BIG, help="Training steps per model.")] = 300,
-    tokens: Annotated[int, typer.Option(min=1, max=BIG, help="Tokens captured per model.")] = 8192,
+    layers: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Blocks per model.")] = 4,
+    steps: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Training steps per model.")] = 300,
+    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per model.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -1250,11 +1289,34 @@ def _fmt(x, digits: int = 3) -> str:
     return "-" if v != v else f"{v:.{digits}f}"
 
 
+_METAVARS = {"Path": "PATH", "str": "TEXT", "float": "X", "int": "N"}
+
+
+def _plain_metavars(command) -> None:
+    """Name every option's value the way command-line help does (PATH, TEXT, X, N, {a|b}) instead
+    of the Python type in angle brackets that typer would print, and leave flags without one.
+    """
+    for param in getattr(command, "params", []):
+        kind = getattr(param, "param_type_name", "")
+        if kind == "argument" and param.metavar is None:  # the name alone; its help says what it takes
+            param.metavar = param.name.upper().removesuffix("_PATH")
+            param.display_type_rich = lambda ctx: None
+        if kind != "option" or param.is_flag or param.metavar is not None:
+            continue
+        shown = (param.display_type(None) or "").strip("<>")
+        inner = shown[5:-1] if shown.startswith("list[") else shown
+        param.metavar = _METAVARS.get(inner, "{" + inner + "}" if "|" in inner else inner.upper())
+    for sub in getattr(command, "commands", {}).values():
+        _plain_metavars(sub)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (2 for a user mistake, with one line on stderr)."""
     err = Console(stderr=True, markup=False, highlight=False)
     try:
-        status = app(args=argv, prog_name="depthscope", standalone_mode=False)
+        command = typer.main.get_command(app)
+        _plain_metavars(command)
+        status = command(args=argv, prog_name="depthscope", standalone_mode=False)
     except DepthscopeError as e:
         err.print(
             Text.assemble(("error:", "red"), " ", " ".join(str(e).split())), highlight=False, soft_wrap=True
@@ -1271,7 +1333,8 @@ def main(argv: list[str] | None = None) -> int:
         err.print(Text.assemble(("error:", "red"), " ", line), highlight=False, soft_wrap=True)
         return 2
     except typer.TyperException as e:  # usage errors: unknown option, bad value ...
-        message = " ".join(e.format_message().split()) or "no command given (the commands are listed above)"
+        message = " ".join(e.format_message().split()).replace("Value error, ", "")
+        message = message or "no command given (the commands are listed above)"
         err.print(
             Text.assemble(("error:", "red"), " ", message),
             highlight=False,

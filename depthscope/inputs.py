@@ -152,9 +152,13 @@ def input_kind(path: str | Path) -> str:
     elif not path.exists():
         if "/" in str(path) or os.sep in str(path) or str(path).lower().endswith(FILE_SUFFIXES):
             raise CheckpointError(f"{path}: no such file or directory")
+        import difflib
+
+        close = difflib.get_close_matches(str(path), [*SHORT_NAMES, *zoo_names()], n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise CheckpointError(
             f"{path}: no such file or directory (nor a known model name: {', '.join(SHORT_NAMES)}; a zoo "
-            f"model: {', '.join(zoo_names())}; or a Hugging Face hub id ORG/NAME[@REVISION])"
+            f"model: `depthscope zoo list`; or a Hugging Face hub id ORG/NAME[@REVISION]){hint}"
         )
     raise DepthscopeError(
         f"{path}: neither a checkpoint (.safetensors), a trace (.nc), a .gguf file, a PyTorch file "

@@ -51,3 +51,20 @@ def bar(
         *columns, console=Console(file=sys.stderr), transient=False, disable=not enabled
     ) as progress:
         yield Bar(progress, progress.add_task(description, total=total, **fields))
+
+
+@contextlib.contextmanager
+def status(message: str, *, enabled: bool = True) -> Iterator[None]:
+    """A spinner with ``message`` on stderr while a step without a count runs (loading a model),
+    then the same line with the seconds it took; nothing when not ``enabled``.
+    """
+    if not enabled:
+        yield
+        return
+    import time
+
+    console = Console(file=sys.stderr, markup=False, highlight=False)
+    start = time.perf_counter()
+    with console.status(message):
+        yield
+    console.print(f"{message} done ({time.perf_counter() - start:.0f} s)")

@@ -60,13 +60,13 @@ def perturb(
 
 
 def tiny_llama(seed: int = 0):
-    """A one-layer random Llama of width 16 (vocabulary 300, context 256): the Hugging Face model the
+    """A one-layer random Llama of width 16 (vocabulary 256: read as bytes, context 256): the Hugging Face model the
     tests save as a directory, a hub snapshot or a custom-code model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=300,
+        vocab_size=256,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=1,

@@ -503,13 +503,15 @@ def test_a_directory_without_tokenizer_files_asks_for_token_ids_or_a_tokenizer(t
     the decoders' have no vocabulary): none is used, and text is refused in one line."""
     path = _saved(tmp_path / kind, kind)
     err = _capture_refused(path, tmp_path, capfd)
-    assert "no tokenizer" in err and "pass token ids (Python: capture(model, ids)) or a tokenizer" in err
+    assert "no tokenizer" in err and "--tokenizer NAME_OR_DIR" in err
+    assert "pass token ids (Python: capture(model, ids))" in err
 
 
 def test_a_decoder_without_tokenizer_files_reads_bytes_only_with_a_byte_level_vocabulary(tmp_path, capfd):
     """No tokenizer saved and a vocabulary of 1000: its ids are a learned vocabulary's, not the
-    corpus's bytes, so text is refused in one line; with 300 ids (bytes and a few special ones) the
-    windows are the corpus's bytes."""
+    corpus's bytes, so text is refused in one line; 300 ids (bytes and special ones, which may come
+    first and shift every byte) too; with exactly 256 ids the windows are the corpus's bytes, and the
+    trace says so."""
     import transformers as T
 
     from depthscope.trace import load_trace
@@ -521,13 +523,16 @@ def test_a_decoder_without_tokenizer_files_reads_bytes_only_with_a_byte_level_vo
         T.LlamaForCausalLM(cfg).save_pretrained(tmp_path / f"v{vocab}")
         return tmp_path / f"v{vocab}"
 
-    err = _capture_refused(llama(1000), tmp_path, capfd)
-    assert "no tokenizer and its vocabulary of 1000 ids is not bytes" in err
+    for vocab in (1000, 300, 257):
+        err = _capture_refused(llama(vocab), tmp_path, capfd)
+        assert f"no tokenizer and its vocabulary of {vocab} ids is not exactly the 256 bytes" in err
     out = tmp_path / "t.nc"
     assert (
-        main(["capture", str(llama(300)), "--out", str(out), "--ctx", "16", "--tokens", "64", "--quiet"]) == 0
+        main(["capture", str(llama(256)), "--out", str(out), "--ctx", "16", "--tokens", "64", "--quiet"]) == 0
     )
-    assert load_trace(out).attrs["tokens"] == 4 * 15  # 4 windows of 16 bytes, the first position skipped
+    t = load_trace(out)
+    assert t.attrs["tokens"] == 4 * 15  # 4 windows of 16 bytes, the first position skipped
+    assert t.attrs["tokenization"].startswith("bytes")
 
 
 def test_a_tokenizer_that_reads_the_corpus_as_one_id_or_as_nothing_is_refused(tmp_path, capfd):

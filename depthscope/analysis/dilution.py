@@ -31,6 +31,7 @@ import numpy as np
 import xarray as xr
 
 from depthscope.analysis.stack import per_model
+from depthscope.errors import TraceError
 from depthscope.trace import STACK, split_models, stack_traces, with_blocks
 from depthscope.trace.labels import ATTN, BLOCK, EMBED, MLP, READOUT, SSM, SWA
 
@@ -265,12 +266,18 @@ def sources_at(trace: xr.Dataset, layer: str = READOUT) -> xr.Dataset:
     return out.assign_attrs(layer=str(layer), n_sources=n)
 
 
-def findings(trace: xr.Dataset, layer: str = READOUT) -> dict[str, object]:
-    """What one consumer's shares say (the read-out by default): how many sublayer writes sit
+def findings(trace: xr.Dataset, layer: str | None = None) -> dict[str, object]:
+    """What one consumer's shares say (the read-out by default, the last consumer in a trace cut
+    before it): how many sublayer writes sit
     below the uniform 1/T share there and how many pull against the input (a negative share), the
     most and least diluted of them (the smallest and largest |index|), and the embedding group's
     share and index (against its own k/n).
     """
+    if layer is None:
+        layers = [str(x) for x in trace["layer"].values]
+        if not layers:
+            raise TraceError("the trace has no consumers: nothing to read dilution from")
+        layer = READOUT if READOUT in layers else layers[-1]
     view = sources_at(trace, layer)
     writes = view.where(view["source_kind"] != EMBED, drop=True)
     embeds = view.where(view["source_kind"] == EMBED, drop=True)

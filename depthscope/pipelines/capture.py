@@ -26,11 +26,12 @@ import xarray as xr
 from depthscope.errors import DepthscopeError
 from depthscope.inputs import hub_snapshot, input_kind
 from depthscope.probes import capture
-from depthscope.probes.load import Placement, declared_context
+from depthscope.probes.load import Placement, declared_context, load_tokenizer
 from depthscope.probes.partial import partial_path
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
 from depthscope.probes.specfile import load_model_with, read_spec_file, set_up
+from depthscope.progress import status
 from depthscope.resources import cores
 from depthscope.trace import load_trace, save_trace
 
@@ -93,6 +94,7 @@ class CaptureJob:
     workers: int = 1
     trust_remote_code: bool = False  # load a Hugging Face model's own modeling code (auto_map)
     spec_file: Path | None = None  # a spec file named with --spec (``probes.specfile``): run in each process
+    tokenizer: str | None = None  # --tokenizer: a tokenizer's directory or hub id (default: the model's)
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -126,15 +128,25 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     if settings.ctx is not None and context is not None:  # before the load, which takes a while
         check_window(settings.ctx, context)
     spec = sf.require_spec() if sf is not None else None
-    model = load_model_with(
-        sf,
-        job.model,
-        _local(settings.placement),
-        trust_remote_code=job.trust_remote_code,
-        progress=job.progress and me == 0,
-    )
+    with status(f"loading {job.model}", enabled=job.progress and me == 0):
+        model = load_model_with(
+            sf,
+            job.model,
+            _local(settings.placement),
+            trust_remote_code=job.trust_remote_code,
+            progress=job.progress and me == 0,
+        )
     set_up(sf, model, settings.batch_size, settings.ctx)
-    trace = capture(model, job.corpus, settings, progress=job.progress, checkpoint=str(job.model), spec=spec)
+    tokenizer = load_tokenizer(job.tokenizer) if job.tokenizer else None
+    trace = capture(
+        model,
+        job.corpus,
+        settings,
+        progress=job.progress,
+        checkpoint=str(job.model),
+        spec=spec,
+        tokenizer=tokenizer,
+    )
     _write(trace, job.out, me, world)
     if keep:
         partial.unlink(missing_ok=True)

@@ -106,6 +106,7 @@ def inspect_prompt(
     var: str = "share",
     spec_file: Any = None,
     trust_remote_code: bool = False,
+    tokenizer: str | None = None,
 ) -> tuple[Path, str]:
     """``depthscope inspect``: one prompt through a model, drawn (``out`` .pdf/.svg/.png) or saved as
     the per-position dataset (``out`` .nc). The figure is one position's consumer x source heatmap
@@ -119,6 +120,7 @@ def inspect_prompt(
     from depthscope.figures.heatmaps import plot_heatmap
     from depthscope.figures.style import save
     from depthscope.probes import inspect
+    from depthscope.probes.load import load_tokenizer
     from depthscope.probes.specfile import load_model_with, set_up
 
     out = Path(out)
@@ -130,7 +132,8 @@ def inspect_prompt(
         raise DepthscopeError(f"unknown --var {var!r} (share or mixing)")
     model = load_model_with(spec_file, model_path, trust_remote_code=trust_remote_code)
     set_up(spec_file, model, 1, None)
-    ds = inspect(model, text, spec=spec_file.require_spec() if spec_file is not None else None)
+    spec = spec_file.require_spec() if spec_file is not None else None
+    ds = inspect(model, text, spec=spec, tokenizer=load_tokenizer(tokenizer) if tokenizer else None)
     if table:
         with atomic_path(out) as tmp:
             ds.to_netcdf(tmp)

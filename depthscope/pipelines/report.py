@@ -56,6 +56,7 @@ from depthscope.pipelines.report_settings import (  # noqa: F401 (re-exported: t
     used,
 )
 from depthscope.probes import capture
+from depthscope.probes.load import load_tokenizer
 from depthscope.probes.specfile import SpecFile, load_model_with, read_spec_file, set_up
 from depthscope.progress import bar
 from depthscope.schemes import DepthModel
@@ -111,6 +112,9 @@ def collect(
                 else:
                     traces += split_models(t)
             else:
+                pb.advance(
+                    0, description=f"report: {path.name or path}"
+                )  # (a model loads, silently, for a while)
                 t, info = _capture_one(path, sf, settings, progress)
                 if steps is not None:
                     info.update(step=next(given), run="given")
@@ -131,9 +135,9 @@ def _capture_one(path: Path, sf: SpecFile | None, settings: ReportSettings, prog
     set_up(sf, model, settings.capture.batch_size, settings.capture.ctx)
     own = isinstance(model, DepthModel)
     spec = sf.require_spec() if sf is not None else None
-    t = capture(
-        model, settings.corpus, settings.for_model(own), checkpoint=str(path), progress=False, spec=spec
-    )
+    tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
+    options = {"checkpoint": str(path), "progress": False, "spec": spec, "tokenizer": tokenizer}
+    t = capture(model, settings.corpus, settings.for_model(own), **options)
     return t, _run_info(model, path)
 
 

@@ -39,6 +39,7 @@ class ReportSettings:
     ablate: Literal["auto", "off", "sources", "cells"] = "auto"
     trust_remote_code: bool = False  # load Hugging Face models' own modeling code (auto_map)
     spec_file: Path | None = None  # read every model as this spec file says (``probes.specfile``)
+    tokenizer: str | None = None  # --tokenizer: how text becomes every model's ids (default: each model's)
 
     def for_model(self, own: bool) -> CaptureSettings:
         """The capture settings of one model (``own``: one of depthscope's own)."""

@@ -127,6 +127,7 @@ def capture(
             **source_attrs(model),  # where depthscope.load found it: a hub id and commit, custom code run
             "checkpoint": str(checkpoint),
             "corpus": corpus_name,
+            "tokenization": _tokenization(ad, data),
             "seed": settings.seed,
             "ctx": int(windows.shape[1]),
             "skip_positions": int(skip),
@@ -134,6 +135,15 @@ def capture(
             "world_size": world,
         }
     )
+
+
+def _tokenization(ad: Adapter, data: Any) -> str:
+    """How the analysed ids were made: given, the corpus's bytes, or a named tokenizer's."""
+    if isinstance(data, Tensor):
+        return "token ids given"
+    if ad.encode is None:
+        return "bytes (the text's bytes are the ids: a byte-level model)"
+    return str(getattr(ad.encode, "tokenization", "a tokenizer"))
 
 
 def unwrap(model: Any, tokenizer: Any = None) -> tuple[Any, Any]:

@@ -616,6 +616,25 @@ TOKENIZER_FILES = (
 )
 
 
+def load_tokenizer(ref: str | Path) -> Any:
+    """A Hugging Face tokenizer named with ``--tokenizer``: a local directory holding tokenizer files,
+    or a hub id (its snapshot from the cache, else downloaded); one line where there is none.
+    """
+    path = Path(ref)
+    if not path.is_dir():
+        from depthscope.inputs import hub_id
+
+        if hub_id(str(ref)) is None:
+            raise DepthscopeError(f"--tokenizer {ref}: neither a directory nor a hub id ORG/NAME")
+        path = hub_snapshot(str(ref)).path
+    _offline()
+    with _quiet_transformers():
+        tokenizer = _tokenizer(path)
+    if tokenizer is None:
+        raise DepthscopeError(f"--tokenizer {ref}: no tokenizer files there ({', '.join(TOKENIZER_FILES)})")
+    return tokenizer
+
+
 def _tokenizer(directory: Path, trust_remote_code: bool = False, **kwargs) -> Any:
     """The model's tokenizer: the one saved with it (in a .gguf file, the one inside), or None (the
     capture then asks for token ids or a tokenizer). Never one built from config.json alone.

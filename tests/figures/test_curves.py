@@ -95,8 +95,11 @@ def test_dilution_draws_the_curves_into_the_given_axes(traces):
     ax = user_axes()
     assert plot_dilution(curves, ax, sources=("latest",)) is ax
     assert [ln.get_label() for ln in ax.lines] == ["dca: latest", "1/T baseline"]
-    np.testing.assert_array_equal(ax.lines[0].get_xdata(), curves["layer_depth"].values)
-    np.testing.assert_array_equal(ax.lines[0].get_ydata(), curves["latest_share"].values)
+    # the first consumer reads the embedding alone: it has no latest sublayer, and its point is left out
+    latest = curves["latest_share"]
+    assert np.isnan(latest.values[0]) and np.isfinite(latest.values[1:]).all()
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), curves["layer_depth"].values[1:])
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), latest.values[1:])
     np.testing.assert_array_equal(ax.lines[1].get_ydata(), curves["baseline"].values)
     assert not ax.spines["top"].get_visible()
 

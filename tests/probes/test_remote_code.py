@@ -100,7 +100,7 @@ def test_trust_remote_code_from_python(custom_dir, modules_cache):
         "transformers_modules"
     )
     assert model.depthscope_source == {"trust_remote_code": 1}
-    trace = depthscope.probes.capture(model, torch.randint(0, 300, (2, 16)))
+    trace = depthscope.probes.capture(model, torch.randint(0, 256, (2, 16)))
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
 
 

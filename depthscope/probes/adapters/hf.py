@@ -45,39 +45,51 @@ def model_name(model: Any) -> str:
 
 
 def encoder(tokenizer: Any):
-    """Text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows)."""
+    """Text -> ids with a Hugging Face tokenizer, without special tokens (plain text windows); its
+    ``tokenization`` says which (recorded in the trace).
+    """
 
     def encode(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
 
+    name = str(getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__)
+    encode.tokenization = f"tokenizer {Path(name).name or name} ({type(tokenizer).__name__})"
     return encode
 
 
-# the largest vocabulary read as bytes when a model has no tokenizer: 256 bytes and a few special
-# ids (ByT5 has 259, depthscope's own models 256); a larger one is a learned vocabulary whose ids
-# the corpus's bytes are not (a directory saved without its tokenizer files)
-BYTE_VOCAB = 384
+# the vocabulary read as bytes when a transformers model has no tokenizer: exactly the 256 bytes. A
+# byte-level vocabulary with special ids before the bytes (ByT5: 3, so 384 ids) would read every byte
+# offset, and a larger one is a learned vocabulary: both are refused, with --tokenizer to name one
+BYTE_VOCAB = 256
 
 
 def text_encoder(model: Any, why: str = ""):
     """How the corpus becomes a transformers model's token ids: its tokenizer (``model.tokenizer``,
-    which the loader sets from the files saved with it); without one, the bytes themselves (None)
-    for a byte-level vocabulary (at most ``BYTE_VOCAB``), else an encoder that refuses in one line
-    (``why``: what makes the ids not bytes; default the vocabulary's size).
+    which the loader sets from the files saved with it), else ``byte_encoder`` (``why``: what makes
+    the ids not bytes, whatever the vocabulary).
     """
     tokenizer = getattr(model, "tokenizer", None)
     if tokenizer is not None:
         return encoder(tokenizer)
-    vocab = int(getattr(model.config, "vocab_size", 0) or 0)
-    if not why and vocab <= BYTE_VOCAB:
+    return byte_encoder(int(getattr(model.config, "vocab_size", 0) or 0), model_name(model), why)
+
+
+def byte_encoder(vocab: int, name: str, why: str = ""):
+    """A model with no tokenizer: the corpus's bytes as its ids (None) for a vocabulary of exactly
+    ``BYTE_VOCAB``, else an encoder that refuses in one line (saying how to name a tokenizer).
+    """
+    if not why and vocab == BYTE_VOCAB:
         return None
-    why = why or f"its vocabulary of {vocab} ids is not bytes (byte-level: at most {BYTE_VOCAB})"
-    name = model_name(model)
+    why = why or (
+        f"its vocabulary of {vocab} ids is not exactly the {BYTE_VOCAB} bytes (special ids before them "
+        "would shift every byte)"
+    )
 
     def refuse(text: str) -> list[int]:
         raise DepthscopeError(
-            f"{name} has no tokenizer and {why}: pass token ids (Python: capture(model, ids)) or a "
-            "tokenizer (capture(..., tokenizer=...), or its files saved in the model directory)"
+            f"{name} has no tokenizer and {why}: name one with --tokenizer NAME_OR_DIR (Python: "
+            "capture(..., tokenizer=...)), save its files in the model directory, or pass token ids "
+            "(Python: capture(model, ids))"
         )
 
     return refuse

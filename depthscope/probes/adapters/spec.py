@@ -73,6 +73,7 @@ from depthscope.probes.adapters.base import (
     stream_layout,
     to_stream,
 )
+from depthscope.probes.adapters.hf import byte_encoder
 from depthscope.probes.adapters.structure import FLOAT_TOLERANCE, PROBE_SHAPE, PROBE_TOLERANCE
 from depthscope.trace.labels import BLOCK, EMBED, READOUT, SUBLAYER_KINDS, Kind
 
@@ -514,6 +515,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         vocab=vocab,
         attach=hooks.attach,
         forward=run,
+        encode=byte_encoder(vocab, attrs["label"]),  # (capture(tokenizer=...) gives one)
         head=_head(model, spec, readout),
         logits=_logits,
         views=not not_views,

@@ -175,8 +175,9 @@ def test_parallel_residual_has_one_input_per_shared_norm_and_ablation_is_right(t
 
 
 def test_a_hybrids_ssm_sources_are_a_group_of_their_own(tmp_path):
-    """jamba: mamba mixers are ``ssm`` sources and consumers; summaries and the report group them
-    like attention and MLP (a pure decoder has no such group: NaN)."""
+    """jamba: mamba mixers are ``ssm`` sources and consumers; summaries group them like attention
+    and MLP (a pure decoder has no such group: NaN). Its weights are unit ones, so the report's scores
+    table leaves the pattern out (1 by construction) and says why."""
     from depthscope.analysis import summary
     from depthscope.pipelines.report_data import _model_scores
 
@@ -188,7 +189,8 @@ def test_a_hybrids_ssm_sources_are_a_group_of_their_own(tmp_path):
     ] * 2
     s = summary(trace, k=1)
     assert np.isfinite(float(s["pattern_score"].sel(group="ssm")))
-    assert np.isfinite(_model_scores(trace, s)["pattern_ssm"])  # the report's scores table
+    scores = _model_scores(trace, s)  # the report's scores table
+    assert np.isnan(scores["pattern_ssm"]) and scores["weights"].startswith("unit")
     plain = capture(saved(tmp_path, "llama"), tokens(), skip_positions=0)
     assert np.isnan(float(summary(plain, k=1)["pattern_score"].sel(group="ssm")))
 
