@@ -480,7 +480,7 @@ def report(
         tokenizer=tokenizer,
     )
     index = build_report(list(inputs or []), out_dir, settings, steps=steps, progress=not quiet)
-    out.print(f"report written: {index.resolve()}")
+    out.print(f"wrote {index.resolve()}")
 
 
 @app.command()
@@ -684,7 +684,7 @@ def plot(
         vmin=vmin,
         vmax=vmax,
     )
-    out.print(f"figure written: {written}")
+    out.print(f"wrote {written}")
     out.print(f"caption: {caption}")
 
 
@@ -727,7 +727,7 @@ def inspect(
         trust_remote_code=trust_remote_code,
         tokenizer=tokenizer,
     )
-    out.print(f"written: {written} ({what})")
+    out.print(f"wrote {written}: {what}")
 
 
 @app.command("spec")

@@ -96,6 +96,18 @@ def _stdlib() -> Corpus:
     return Corpus(f"python-stdlib ({len(files)} files, {stdlib_root()})", b"".join(_read(p) for p in files))
 
 
+def short_name(name: str) -> str:
+    """A corpus name as a page shows it, free of the machine's paths: the standard library's root as
+    its last part (``python-stdlib (734 files, python3.11)``), a file or directory by its name. The
+    trace keeps the full name.
+    """
+    head, sep, rest = name.partition(" (")
+    if head == "python-stdlib" and sep and rest.endswith(")"):
+        count, _, root = rest[:-1].partition(", ")
+        return f"{head} ({count}, {Path(root).name})" if root else name
+    return Path(name).name or name
+
+
 def _load_path(path: Path) -> Corpus:
     if not path.exists():
         raise CorpusError(f"corpus {path} does not exist")

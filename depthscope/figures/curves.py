@@ -107,7 +107,9 @@ def _dilution_legends(ax, colours: dict[str, str], sources) -> None:
         for w in sources
     ]
     styles.append(Line2D([], [], label="1/T baseline", **BASELINE_STYLE))
-    ax.add_artist(_outside_legend(ax, models, "model", "upper left", (1.02, 1.0)))
+    first = _outside_legend(ax, models, "model", "upper left", (1.02, 1.0))
+    ax.add_artist(first)
+    first.set_clip_on(False)  # add_artist clips to the axes, so a tight save would cut it off
     _outside_legend(ax, styles, "source", "lower left", (1.02, 0.0))
 
 

@@ -143,25 +143,15 @@ def _cmap(cmap: str | Colormap) -> Colormap:
 LABEL_INCHES = 0.14  # room one tick label needs along an axis (the house style's 7-point labels)
 
 
-def _set_labels(axis, labels: list[str], max_labels: int = MAX_TICK_LABELS) -> None:
-    """Ticks on the cells of ``axis``: every label; when too many, grouped by block (a deep model's
-    ``12.attn``, ``12.mlp`` ... become one tick ``12`` at its block's first cell, every m-th block,
-    with a minor tick at every block, the first and last labels kept); otherwise every k-th label.
+def _set_labels(axis, labels: list[str], max_labels: int = MAX_TICK_LABELS, cell_inches: float = 0.0) -> bool:
+    """Ticks on the cells of ``axis``: every label; when too many, grouped by block (``_block_ticks``);
+    otherwise every k-th label, the last kept. ``cell_inches``: one cell's length on the page.
+    Returns whether the ticks name blocks.
     """
     n = len(labels)
-    blocks = [label.split(".")[0] for label in labels]
     grouped = n > max_labels and sum("." in label for label in labels) > n // 2
     if grouped:
-        firsts = [i for i in range(n) if i == 0 or blocks[i] != blocks[i - 1]]
-        every = max(1, math.ceil(len(firsts) / max_labels))
-        gap = n / max_labels  # cells between two labels that fit side by side
-        shown = [0]
-        for i in firsts[::every]:
-            if i - shown[-1] >= gap and n - 1 - i >= gap:  # clear of its neighbour and of the last
-                shown.append(i)
-        shown.append(n - 1)
-        names = {i: blocks[i] for i in firsts}
-        names.update({0: labels[0], n - 1: labels[n - 1]})
+        shown, names, minor = _block_ticks(labels, max_labels, cell_inches)
     else:
         step = max(1, math.ceil(n / max_labels))
         step += step % 2 if step > 1 else 0  # even: labels land on one sublayer kind (every *.mlp)
@@ -169,6 +159,7 @@ def _set_labels(axis, labels: list[str], max_labels: int = MAX_TICK_LABELS) -> N
         if shown and shown[-1] != n - 1:
             shown[-1] = n - 1  # keep the last label (the read-out); drop the one too close to it
         names = dict(enumerate(labels))
+        minor = list(range(n)) if len(shown) < n else []
 
     def label_of(x, _pos=None):
         i = int(round(x))
@@ -176,10 +167,32 @@ def _set_labels(axis, labels: list[str], max_labels: int = MAX_TICK_LABELS) -> N
 
     axis.set_major_locator(FixedLocator(shown))
     axis.set_major_formatter(FuncFormatter(label_of))
-    if grouped:
-        axis.set_minor_locator(FixedLocator([i for i in range(n) if i == 0 or blocks[i] != blocks[i - 1]]))
-    else:
-        axis.set_minor_locator(FixedLocator(range(n)) if len(shown) < n else NullLocator())
+    axis.set_minor_locator(FixedLocator(minor) if minor else NullLocator())
+    return grouped
+
+
+def _block_ticks(labels: list[str], max_labels: int, cell_inches: float) -> tuple[list[int], dict, list[int]]:
+    """(major ticks, their names, minor ticks) of an axis of sublayers grouped by block: a deep model's
+    ``12.attn``, ``12.mlp`` ... become one tick ``12`` at its block's first cell, every m-th block,
+    with a minor tick at every block. Every block is named by its number alone, the last block too;
+    a cell outside the blocks (``embed``, ``readout``) keeps its name and is always labelled. Two
+    labels one cell apart only where a cell is long enough to hold a label.
+    """
+    n = len(labels)
+    blocks = [label.split(".")[0] for label in labels]
+    firsts = [i for i in range(n) if "." in labels[i] and (i == 0 or blocks[i] != blocks[i - 1])]
+    names = {i: blocks[i] if "." in labels[i] else labels[i] for i in range(n)}
+    own = [i for i in (0, n - 1) if "." not in labels[i]]  # embed, readout: always shown
+    shown = [*own, *firsts[:1], *firsts[-1:]]  # and the first and last blocks
+    least = 1.0 if cell_inches >= 0.75 * LABEL_INCHES else n / max_labels  # cells between two labels
+    every = max(1, math.ceil(len(firsts) / max_labels))
+    if firsts and own and abs(firsts[0] - own[0]) < least:
+        shown.remove(firsts[0])  # block 0 beside the embedding without room: the embedding is named
+    for i in firsts[::every]:
+        if all(abs(i - j) >= least for j in shown):
+            shown.append(i)
+    minor = sorted({*firsts, *own})
+    return sorted(set(shown)), names, minor
 
 
 def heatmap_size(n_rows: int, n_cols: int, *, colorbar: bool = True) -> tuple[float, float]:
@@ -260,14 +273,18 @@ def _draw_matrix(ax, da: xr.DataArray, values: np.ndarray, norm: Normalize, cmap
     )
     box = ax.get_position()  # the axes' share of the figure: how many labels fit along each side
     width, height = box.width * ax.figure.get_figwidth(), box.height * ax.figure.get_figheight()
-    _set_labels(ax.xaxis, _labels(da, cols), min(MAX_TICK_LABELS, max(4, int(width / LABEL_INCHES))))
-    _set_labels(ax.yaxis, _labels(da, rows), min(MAX_TICK_LABELS, max(4, int(height / LABEL_INCHES))))
+    named = {}
+    for dim, axis, length in ((cols, ax.xaxis, width), (rows, ax.yaxis, height)):
+        labels = _labels(da, dim)
+        room = min(MAX_TICK_LABELS, max(4, int(length / LABEL_INCHES)))
+        blocks = _set_labels(axis, labels, room, cell_inches=length / max(len(labels), 1))
+        named[dim] = _axis_label(da, dim) + (" (ticks: blocks, at each block's first sublayer)" if blocks else "")
     ax.tick_params(axis="x", labelrotation=90)
     ax.tick_params(which="minor", length=1.5)
     for spine in ax.spines.values():  # the matrix's own edge is frame enough
         spine.set_visible(False)
-    ax.set_xlabel(_axis_label(da, cols))
-    ax.set_ylabel(_axis_label(da, rows))
+    ax.set_xlabel(named[cols])
+    ax.set_ylabel(named[rows])
     return im
 
 

@@ -279,6 +279,9 @@ def symlog_ticks(
     return sorted({0.0, *decades, *negative})
 
 
+EDGE = 8  # pixels between the outermost point and the plot's edge, so no point is cut in half
+
+
 def _y(rows: dict[str, list], panel: str, title: str, log: bool) -> dict[str, Any]:
     """A curves panel's y encoding: linear, or log (symlog with decade ticks where a value is <= 0)."""
     y: dict[str, Any] = {"field": "y", "type": "quantitative", "title": title, "scale": {"zero": False}}
@@ -286,6 +289,7 @@ def _y(rows: dict[str, list], panel: str, title: str, log: bool) -> dict[str, An
         y["scale"] = log_scale(rows, panel)
         if y["scale"]["type"] == "symlog":
             y["axis"] = {"values": symlog_ticks(y["scale"], rows, panel), "format": "~g"}
+    y["scale"]["padding"] = EDGE
     return y
 
 
@@ -335,7 +339,7 @@ def curves(
                     "field": "x",
                     "type": "quantitative",
                     "title": x,
-                    "scale": log_scale(rows, None, "x") if logx else {"zero": False},
+                    "scale": {**(log_scale(rows, None, "x") if logx else {"zero": False}), "padding": EDGE},
                 },
                 "y": _y(rows, panel, ytitle, panel in logy),
                 "color": color,

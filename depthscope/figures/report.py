@@ -683,10 +683,11 @@ def figure_html(fig: ReportFigure, charts: list[ia.Chart], png: bytes | None) ->
     else:
         data = base64.b64encode(png or b"").decode("ascii")
         body = Markup('<img src="data:image/png;base64,{}" alt="{}">').format(data, fig.spec.title)
+    title = fig.spec.title if fig.spec.title.endswith((".", "?", "!")) else fig.spec.title + "."
     html = Markup(
-        '<figure id="{id}">{body}<figcaption><b>{title}.</b> {caption}<a href="{id}.png">PNG</a><a '
+        '<figure id="{id}">{body}<figcaption><b>{title}</b> {caption}<a href="{id}.png">PNG</a><a '
         'href="{id}.svg">SVG</a></figcaption></figure>'
-    ).format(id=fig.spec.name, body=body, title=fig.spec.title, caption=fig.spec.caption)
+    ).format(id=fig.spec.name, body=body, title=title, caption=fig.spec.caption)
     if fig.folded:
         html = Markup("<details><summary>{}</summary>{}</details>").format(fig.folded, html)
     return html

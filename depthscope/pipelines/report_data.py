@@ -29,6 +29,7 @@ from depthscope.analysis.dilution import (
     unit_weights,
 )
 from depthscope.analysis.rank import rank_profile, rank_summary
+from depthscope.corpus import short_name
 from depthscope.figures.causal import has_native
 from depthscope.figures.data import trace_label
 from depthscope.figures.report import (
@@ -95,7 +96,7 @@ def report_data(
         models=[trace_label(t) for t in traces],
         sections=sections,
         settings=settings.table(traces, trajectories),
-        corpus=str(traces[0].attrs.get("corpus", "")) if traces else "",
+        corpus=_corpus(traces),
         k=k,
     )
     return data, stacked
@@ -165,6 +166,26 @@ SCORES = Markup(
 )
 
 
+def _corpus(traces: list[xr.Dataset]) -> str:
+    """The page header's corpus: its short name where every model read the same, else where to look."""
+    names = {short_name(str(t.attrs.get("corpus", ""))) for t in traces}
+    if len(names) == 1:
+        return names.pop() or "-"
+    return "differs by model (see Settings)"
+
+
+def checkpoint_cell(t: xr.Dataset) -> str:
+    """Where a trace's model came from, in a table cell: the checkpoint's file or directory name, the
+    hub id it was loaded as, or that the model was captured from Python (no path recorded).
+    """
+    a = t.attrs
+    hub = a.get("hub_id")
+    if hub:
+        return f"{hub}@{str(a.get('hub_revision', ''))[:8]}" if a.get("hub_revision") else str(hub)
+    name = Path(str(a.get("checkpoint") or "")).name
+    return name or f"captured in Python ({a.get('label') or 'unlabelled'})"
+
+
 def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
     g = s.sel
     # unit weights (a standard residual read as it is): the pattern score is 1 by construction, no finding
@@ -175,7 +196,7 @@ def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
     )
     return {
         "model": trace_label(t),
-        "checkpoint": Path(str(t.attrs.get("checkpoint", ""))).name,
+        "checkpoint": checkpoint_cell(t),
         "tokens": int(t.attrs.get("tokens", 0)),
         "weights": "unit (pattern 1 by construction)" if unit_weights(t) else "learned",
         "pattern": pattern("sublayers"),
@@ -541,7 +562,7 @@ def _models(traces: list[xr.Dataset], k: int) -> Section:
         content.append(Table(columns, rows, cls="consumers", folded="per-consumer table"))
         note = str(t.attrs.get("consumer_input", ""))
         a = t.attrs
-        sub = f"scheme {a.get('scheme', '')}; {a.get('checkpoint', '')}; config {a.get('config', '')}"
+        sub = f"scheme {a.get('scheme', '')}; {checkpoint_cell(t)}; config {a.get('config', '')}"
         children.append(
             Section(
                 f"section-{slug(label)}",

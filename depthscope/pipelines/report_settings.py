@@ -13,6 +13,7 @@ from typing import Any, Literal
 import xarray as xr
 
 from depthscope.analysis.rank import add_ranks
+from depthscope.corpus import short_name
 from depthscope.probes.settings import CaptureSettings
 from depthscope.trace import STACK, select_model, split_models
 
@@ -69,18 +70,18 @@ TRACE_SETTINGS: tuple[tuple[str, Callable[[xr.Dataset], Any]], ...] = (
     ("ctx", lambda t: t.attrs.get("ctx")),
     ("skip_positions", lambda t: t.attrs.get("skip_positions")),
     ("seed", lambda t: t.attrs.get("seed")),
-    ("corpus", lambda t: t.attrs.get("corpus")),
+    ("corpus", lambda t: short_name(str(t.attrs["corpus"])) if t.attrs.get("corpus") else None),
     ("dtype", lambda t: t.attrs.get("dtype")),
     ("logits", lambda t: "on" if "logit_attribution" in t else "off"),
     ("lens", lambda t: "on" if "lens_loss" in t else "off"),
-    ("ablate", lambda t: t.attrs.get("ablation", "off")),
+    ("ablate", lambda t: t.attrs.get("ablation") or "off"),
     ("ablate_tokens", lambda t: t.attrs.get("ablation_tokens", "-")),
 )
 
 
 def _plain(value: Any) -> Any:
-    """An attr as the table shows it: numpy scalars as Python ones, a missing value as "-"."""
-    if value is None:
+    """An attr as the table shows it: numpy scalars as Python ones, a missing or empty value as "-"."""
+    if value is None or (isinstance(value, str) and not value):
         return "-"
     return value.item() if hasattr(value, "item") else value
 

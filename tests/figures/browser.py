@@ -25,6 +25,7 @@ class Rendered:
     dom: str
     body: dict[str, str]  # the body's data-* attributes
     marks: dict[str, int]  # chart id -> items its data marks drew
+    clipped: dict[str, int]  # chart id -> points drawn past the edge of their plot
     charts: list[str]  # the chart ids the page holds
 
 
@@ -49,8 +50,12 @@ def render(report: Path, profile: Path) -> Rendered:
         cid: int(n)
         for cid, n in re.findall(r'<div class="chart[^"]*" id="([^"]+)"[^>]*data-marks="(\d+)"', dom)
     }
+    clipped = {
+        cid: int(n)
+        for cid, n in re.findall(r'<div class="chart[^"]*" id="([^"]+)"[^>]*data-clipped="(\d+)"', dom)
+    }
     charts = re.findall(r'<div class="chart" id="([^"]+)">', (report / "index.html").read_text())
-    return Rendered(dom, body, marks, charts)
+    return Rendered(dom, body, marks, clipped, charts)
 
 
 def assert_every_chart_drew(page: Rendered) -> None:
@@ -63,3 +68,6 @@ def assert_every_chart_drew(page: Rendered) -> None:
     assert drawn == total == len(page.charts), page.body
     empty = [cid for cid in page.charts if page.marks.get(cid, 0) == 0]
     assert not empty, f"charts with no drawn marks: {empty}"
+    assert set(page.clipped) == set(page.charts), "a chart did not say how many points it clipped"
+    cut = {cid: n for cid, n in page.clipped.items() if n}
+    assert not cut, f"points cut at the plot's edge: {cut}"

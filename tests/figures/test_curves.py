@@ -118,6 +118,22 @@ def test_dilution_panels_one_source_per_panel(traces, stacked):
     assert panels[0].get_shared_y_axes().joined(panels[0], panels[2])
 
 
+def test_a_saved_dilution_figure_holds_both_legends_whole(stacked):
+    """The model legend sits outside the axes; a tight save must still include all of it."""
+    from matplotlib.legend import Legend
+
+    for fig in (plot_dilution_panels(est.dilution_curves(stacked)), plot_dilution(est.dilution_curves(stacked)).figure):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        saved = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # what savefig keeps, in pixels
+        legends = [c for ax in fig.axes for c in ax.get_children() if isinstance(c, Legend)]
+        assert len(legends) == 2
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert saved.x0 <= box.x0 and box.x1 <= saved.x1 + 1e-6, (box, saved)
+            assert saved.y0 <= box.y0 and box.y1 <= saved.y1 + 1e-6, (box, saved)
+
+
 def test_a_stack_and_its_traces_one_by_one_give_the_same_lines(traces, stacked):
     a = plot_dilution(est.dilution_curves(stacked), sources=("latest",))
     for s in SCHEMES:

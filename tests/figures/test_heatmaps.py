@@ -160,28 +160,35 @@ def test_annotations_are_the_finite_values():
     assert [t.get_text() for t in ax.texts] == [f"{v:.2f}" for v in finite]
 
 
-def test_deep_model_labels_are_grouped_by_block():
-    """97 sources: the ticks name blocks (one label per shown block at its first cell), a minor mark
-    at every block, the first and last cells named in full."""
-    da = planted(48)  # 97 sources, 97 consumers
+@pytest.mark.parametrize("n_blocks", [30, 48])
+def test_deep_model_labels_are_grouped_by_block(n_blocks):
+    """A deep model's ticks name blocks by their number alone (one label per shown block at its first
+    cell, the first and last blocks included), a minor mark at every block; embed and read-out keep
+    their names; one style along the whole axis, and the axis label says so."""
+    da = planted(n_blocks)  # 2n+1 sources, 2n+1 consumers (30 blocks: SmolLM2's 61 x 61)
     ax = plot_heatmap(da)
     for axis, dim, ticklabels in (
         (ax.xaxis, "source", ax.get_xticklabels()),
         (ax.yaxis, "layer", ax.get_yticklabels()),
     ):
         labels = [str(v) for v in da[dim].values]
-        visible = shown(ticklabels)
-        assert 10 <= len(visible) <= 40
-        assert visible[0] == labels[0] and visible[-1] == labels[-1]  # embed / read-out always named
-        assert all(v.isdigit() for v in visible[1:-1])
-        firsts = [
-            i for i in range(len(labels)) if i == 0 or labels[i].split(".")[0] != labels[i - 1].split(".")[0]
-        ]
+        visible = [t for t in shown(ticklabels) if t]
+        assert 10 <= len(visible) <= 41
+        named = [t for t in visible if not t.isdigit()]
+        assert named == [x for x in (labels[0], labels[-1]) if "." not in x]  # embed / read-out by name
+        blocks = [int(t) for t in visible if t.isdigit()]
+        assert blocks == sorted(blocks) and blocks[-1] == n_blocks - 1  # the last block, by its number
+        firsts = [i for i, x in enumerate(labels) if x.endswith(".attn")]  # each block's first cell
         marks = set(axis.get_minorticklocs()) | set(axis.get_majorticklocs())
-        assert set(firsts) <= marks <= set(firsts) | {len(labels) - 1}  # a mark at every block
+        ends = {i for i in (0, len(labels) - 1) if "." not in labels[i]}
+        assert marks == set(firsts) | ends  # a mark at every block and at embed / read-out
         for loc, text in zip(axis.get_majorticklocs(), (t.get_text() for t in ticklabels)):
-            if text and text not in (labels[0], labels[-1]):
-                assert labels[int(loc)].split(".")[0] == text  # the block the tick stands on
+            assert text, f"tick at {loc} without a label"
+            if text.isdigit():
+                assert labels[int(loc)] == f"{text}.attn"  # the block's first cell
+        assert "ticks: blocks" in (ax.get_xlabel() if dim == "source" else ax.get_ylabel())
+    if n_blocks == 30:  # room for a label on every cell: block 0 beside embed is named too
+        assert shown(ax.get_xticklabels())[:2] == ["embed", "0"] and shown(ax.get_yticklabels())[0] == "0"
 
 
 def test_small_models_show_every_label():

@@ -75,6 +75,11 @@ def test_report_files_and_references(report):
     # overview first: the grid and the dilution curves come before the tables
     assert html.index('id="grid-weights"') < html.index('id="dilution"') < html.index('id="summary"')
     assert "Row-normalised weight" in html  # the caption says which weight the grid shows
+    titles = re.findall(r"<figcaption><b>(.*?)</b>", html)
+    assert "Does the weight matter?" in titles or not re.search("weight-effect", html)
+    assert titles and not [t for t in titles if t.endswith(("?.", "..")) or not t.endswith((".", "?"))]
+    header = re.search(r'<p class="sub">.*?Corpus: (.*?)\. depthscope', html).group(1)
+    assert re.fullmatch(r"python-stdlib \(\d+ files, python3\.\d+\)", header), header  # no machine path
 
 
 def test_traces_file_and_tables_match_analysis(report):
@@ -101,6 +106,26 @@ def test_report_reads_traces_too(report, tmp_path):
     )
     again = load_trace(out / "traces.nc")
     assert list(again["model"].values) == ["attnres", "standard", "attnres#2"]
+
+
+def test_settings_and_origin_cells_of_traces_made_in_python():
+    """A trace captured in Python has no checkpoint path and no ablation: its cells say so."""
+    import torch
+
+    from depthscope.probes import capture
+    from depthscope.pipelines.report_data import checkpoint_cell
+    from depthscope.pipelines.report_settings import used
+    from tests.helpers import build, tiny
+
+    t = capture(build(tiny()), torch.randint(0, 256, (2, 16)))
+    assert t.attrs["checkpoint"] == ""
+    assert checkpoint_cell(t) == "captured in Python (standard)"
+    ablated = t.copy()
+    ablated.attrs.update(ablation="cells", checkpoint="/somewhere/on/a/machine/ckpt.safetensors")
+    assert checkpoint_cell(ablated) == "ckpt.safetensors"
+    t.attrs["ablation"] = ""  # as a stack of traces with and without ablation stores the missing attr
+    row = used([("python", t), ("zoo", ablated)])["ablate"]
+    assert row == "off: python; cells: zoo"
 
 
 @pytest.mark.parametrize("kind", ["text file", "missing", "directory"])

@@ -55,14 +55,17 @@ def test_a_prompt_longer_than_the_context_is_one_clear_error():
         inspect(model, torch.zeros(model.cfg.ctx + 1, dtype=torch.long))
 
 
-def test_inspect_from_the_command_line_draws_and_saves(tmp_path):
+def test_inspect_from_the_command_line_draws_and_saves(tmp_path, capsys):
     import xarray as xr
 
     from depthscope.cli import main
 
     text = "def f(x): return x"
     assert main(["inspect", "attnres", "--text", text, "--out", str(tmp_path / "p.nc")]) == 0
+    said = capsys.readouterr().out.strip().splitlines()[-1]
     ds = xr.load_dataset(tmp_path / "p.nc")
+    shape = f"{len(text)} positions x {ds.sizes['layer']} consumers x {ds.sizes['source']} sources"
+    assert said == f"wrote {tmp_path / 'p.nc'}: {shape}", said
     assert ds.sizes["pos"] == len(text) and "".join(ds["token"].values) == text
     for extra in (["--layer", "readout"], ["--position", "3"]):
         out = tmp_path / f"f{len(extra[1])}.svg"

@@ -2,7 +2,8 @@
 // The body's data-status says what happened, for people and for the browser test:
 // data-charts="drawn/total", data-errors (script errors and failed charts), data-warnings (Vega's
 // console warnings: a log domain that includes zero draws empty axes and only warns),
-// data-status="ready"; each chart's element gets data-marks, the items its marks drew.
+// data-status="ready"; each chart's element gets data-marks, the items its marks drew, and
+// data-clipped, the points drawn past the edge of their plot (cut in half by the plot's clip).
 (function () {
   var errors = [];
   var body = document.body;
@@ -42,6 +43,25 @@
     return n;
   }
 
+  function clipped(node, width, height) {  // points (symbols) whose extent leaves their plot area
+    var n = 0;
+    (node.items || []).forEach(function (item) {
+      if (item.marktype === 'group') {
+        (item.items || []).forEach(function (g) {
+          n += clipped(g, g.width != null ? g.width : width, g.height != null ? g.height : height);
+        });
+      } else if (item.marktype === 'symbol' && item.role === 'mark') {
+        (item.items || []).forEach(function (p) {
+          var b = p.bounds;
+          if (b && (b.x1 < -0.5 || b.y1 < -0.5 || b.x2 > width + 0.5 || b.y2 > height + 0.5)) n += 1;
+        });
+      } else if (item.items) {
+        n += clipped(item, width, height);
+      }
+    });
+    return n;
+  }
+
   function rows(entry) {  // columns (labels as dictionary + indices) -> row objects
     var cache = entry.__rows;
     if (cache) return cache;
@@ -73,7 +93,9 @@
         views.push({chart: chart, view: res.view});
         drawn += 1;
         el.setAttribute('data-drawn', '1');
-        el.setAttribute('data-marks', String(marks(res.view.scenegraph().root)));
+        var root = res.view.scenegraph().root;
+        el.setAttribute('data-marks', String(marks(root)));
+        el.setAttribute('data-clipped', String(clipped(root, res.view.width(), res.view.height())));
         body.setAttribute('data-charts', drawn + '/' + total);
       })
       .catch(function (err) { report('chart ' + chart.id + ': ' + (err && err.message || err)); });
