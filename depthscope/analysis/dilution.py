@@ -58,9 +58,24 @@ def baseline(trace: xr.Dataset) -> xr.DataArray:
     return out
 
 
+def uniform_share(trace: xr.Dataset) -> xr.DataArray:
+    """The share each cell would have if every available source counted the same: 1/n_l at the
+    sublayer level; in a ``block_view``, the block's k available sources' k/n_l, averaged over the
+    block's consumers as the shares are (kept by the view as ``uniform_share``).
+    """
+    if "uniform_share" in trace:
+        return trace["uniform_share"]
+    avail = trace["mixing"].notnull()
+    return (1.0 / n_available(trace)).where(avail)
+
+
 def dilution_index(trace: xr.Dataset) -> xr.DataArray:
-    """contribution_share * n_l: 1.0 is exactly the uniform 1/T share."""
-    out = trace["contribution_share"] * n_available(trace)
+    """contribution_share over the uniform share (``uniform_share``: 1/n_l, so share * n_l, at the
+    sublayer level; a block's k/n_l in a block view): 1.0 is exactly the uniform 1/T share."""
+    if "uniform_share" in trace:
+        out = trace["contribution_share"] / trace["uniform_share"]
+    else:
+        out = trace["contribution_share"] * n_available(trace)
     out.name = "dilution_index"
     out.attrs.update(long_name="dilution index (share x available sources)", units="1")
     return out
@@ -73,6 +88,8 @@ def row_normalized(trace: xr.Dataset) -> xr.DataArray:
     to what the consumer sees; this is the weight to compare across schemes (HC/mHC read-outs sum
     n streams, so their raw rows read n at initialisation).
     """
+    if "row_normalized" in trace:  # a block view: the sublayer-level weights summed per block
+        return trace["row_normalized"]
     m = magnitude(trace)
     out = m / m.sum("source")
     out.name = "row_normalized"
@@ -382,8 +399,13 @@ def block_view(trace: xr.Dataset) -> xr.Dataset:
 
     Sources of one block (its attention and MLP outputs, a post-LN model's biases) are summed,
     consumers of one block (its sublayer inputs, DCA's views) averaged: ``contribution_share``
-    still sums to 1 over a row, ``mixing_abs`` is the block's total |M| (so ``row_normalized``
-    of the view is each block's part of the row), ``mixing`` the block's total M.
+    still sums to 1 over a row, ``mixing_abs`` is the block's total |M|, ``mixing`` the block's
+    total M. ``row_normalized`` (each sublayer consumer's row-normalised |M|, then summed and
+    averaged the same way) and ``uniform_share`` (1/n_l on every available cell, the same) are
+    kept, so a block of k sources reads k/n_l in a standard residual, not 1/n_l: the embedding,
+    one source, reads half a two-sublayer block, and a block's own cell holds only its attention
+    output, which its MLP input alone reads. ``dilution_index`` of the view divides by
+    ``uniform_share``, so 1 is the uniform share at either level.
     """
     if STACK in trace.dims:
         return stack_traces([block_view(t).assign_attrs(t.attrs) for t in split_models(trace)])
@@ -397,8 +419,14 @@ def block_view(trace: xr.Dataset) -> xr.Dataset:
     trace = trace.drop_vars(["layer_block", "source_block"])
     seen = trace["mixing"].notnull().groupby(by_source).any().groupby(by_row).any()
     data = {}
-    for name in ("mixing", "mixing_abs", "contribution_share"):
-        da = trace[name] if name in trace else magnitude(trace)
+    per_sublayer = {
+        "mixing": trace["mixing"],
+        "mixing_abs": magnitude(trace),
+        "contribution_share": trace["contribution_share"],
+        "row_normalized": row_normalized(trace),
+        "uniform_share": uniform_share(trace),
+    }
+    for name, da in per_sublayer.items():
         summed = da.fillna(0.0).groupby(by_source).sum()
         data[name] = summed.groupby(by_row).mean().where(seen)
     out = xr.Dataset(data).rename(source_block="source", layer_block="layer")
@@ -413,7 +441,7 @@ def block_view(trace: xr.Dataset) -> xr.Dataset:
         layer_kind=("layer", np.array([_block_kind(b) for b in order_l], dtype=object)),
     )
     for name in data:
-        attrs = trace[name].attrs if name in trace else {}  # mixing_abs: made from mixing here
+        attrs = per_sublayer[name].attrs
         out[name].attrs = {**attrs, "long_name": f"{attrs.get('long_name', name)}, per block"}
     return out.assign_attrs(trace.attrs)
 

@@ -38,6 +38,30 @@ QUANTITIES = {
 }
 
 
+# the same quantities in ``block_view`` (--blocks): what a block cell is, and what a uniform row reads
+BLOCK_CAPTIONS = {
+    "weights": "per block, each sublayer consumer's |M[l, s]| / sum_s |M[l, s]| summed over the block's "
+    "sources and averaged over its consumers: a standard residual reads k/n_l for a block of k sources, "
+    "so the embedding (one source) reads half a two-sublayer block, and a block's own cell holds only its "
+    "attention output, which its MLP input alone reads",
+    "mixing": "per block, M[l, s] summed over the block's sources and averaged over its consumers",
+    "share": "per block, contribution shares summed over the block's sources and averaged over its "
+    "consumers: each row sums to 1",
+    "departure": "per block, the block's contribution share over its uniform share (k/n_l for a block of "
+    "k sources, averaged over the consumers as the shares are): 1 is the uniform 1/T share",
+}
+# quantities whose rows sum to 1 over all sources: a subset of sources sums to less
+ROW_SUMS = ("weights", "share")
+
+
+def caption(name: str, *, blocks: bool = False, sources: str | Sequence[str] | None = None) -> str:
+    """The formula of quantity ``name`` as a figure's caption, for the view and the sources drawn."""
+    text = BLOCK_CAPTIONS[name] if blocks else QUANTITIES[name][1]
+    if items(sources) and name in ROW_SUMS:
+        text += "; only the sources selected are drawn, so a row here sums to less than 1"
+    return text
+
+
 def items(selection: str | Sequence[str] | None) -> list[str]:
     """A selection as a list of items (a comma-separated string split); None for all."""
     if selection is None:
@@ -90,7 +114,11 @@ def quantity(trace: xr.Dataset, name: str, *, blocks: bool = False) -> xr.DataAr
         da = view["contribution_share"]
     else:
         da = dilution_index(view)
-    short, caption = QUANTITIES[name]
     out = da.copy()
-    out.attrs = {"long_name": short, "units": "1", "caption": caption, "label": trace.attrs.get("label", "")}
+    out.attrs = {
+        "long_name": QUANTITIES[name][0],
+        "units": "1",
+        "caption": caption(name, blocks=blocks),
+        "label": trace.attrs.get("label", ""),
+    }
     return out

@@ -48,7 +48,7 @@ def plot_trace(
     """Write one heatmap of the trace at ``trace_path`` to ``out``; (the path, its caption)."""
     import matplotlib.pyplot as plt
 
-    from depthscope.analysis.select import QUANTITIES, pick, quantity
+    from depthscope.analysis.select import QUANTITIES, caption, pick, quantity
     from depthscope.figures.heatmaps import plot_heatmap
     from depthscope.figures.style import save
     from depthscope.trace import STACK, load_trace, select_model
@@ -76,7 +76,7 @@ def plot_trace(
     da = pick(pick(quantity(trace, var, blocks=blocks), "layer", layers), "source", sources)
     scale = scale or ("log" if var == "weights" else "linear")
     center = 1.0 if var == "departure" and scale == "linear" else None
-    caption = f"{trace.attrs.get('label', '')}: {QUANTITIES[var][1]}."
+    said = f"{trace.attrs.get('label', '')}: {caption(var, blocks=blocks, sources=sources)}."
     ax = plot_heatmap(
         da,
         log=scale == "log",
@@ -90,10 +90,10 @@ def plot_trace(
     )
     fig = ax.figure
     try:
-        (written,) = save(fig, out, formats=(fmt,), caption=caption)
+        (written,) = save(fig, out, formats=(fmt,), caption=said)
     finally:
         plt.close(fig)
-    return written, caption
+    return written, said
 
 
 def inspect_prompt(

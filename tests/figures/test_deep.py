@@ -75,3 +75,35 @@ def test_block_view_rows_still_sum_to_one(deep):
         b["mixing_abs"].sel(layer="readout", source="3"),
         deep["mixing_abs"].sel(layer="readout", source=["3.attn", "3.mlp"]).sum(),
     )
+
+
+def test_block_view_of_a_plain_residual_is_k_over_n_and_its_departure_is_one():
+    """A standard residual (unit weights) at block level: counted by hand from the labels, block B's
+    weight at consumer block b is the mean over b's consumers of (B's sources it reads) / (all the
+    sources it reads): the embedding reads half an earlier block, the diagonal only b.attn from b.mlp.
+    Shares planted at exactly 1/n_l have a block departure of exactly 1 on every readable cell."""
+    from depthscope.analysis.dilution import dilution_index
+
+    cfg = tiny("standard", n_layers=6)
+    t = capture(build(cfg), random_tokens(cfg, batch=2))
+    b = block_view(t)
+    sources = [str(s) for s in t["source"].values]
+    readable = t["mixing"].notnull().values
+    for i, consumer_block in enumerate(b["layer"].values):
+        rows = [j for j, lab in enumerate(t["layer"].values) if str(lab).split(".")[0] == str(consumer_block)]
+        for source_block in b["source"].values:
+            cols = [k for k, s in enumerate(sources) if s.split(".")[0] == str(source_block)]
+            want = np.mean([readable[r, cols].sum() / readable[r].sum() for r in rows])
+            got = float(row_normalized(b).sel(layer=consumer_block, source=source_block))
+            if want == 0:
+                assert np.isnan(got), (consumer_block, source_block)
+            else:
+                assert got == pytest.approx(want, rel=1e-12), (consumer_block, source_block)
+    assert float(row_normalized(b).sel(layer="3", source="embed")) == pytest.approx(
+        float(row_normalized(b).sel(layer="3", source="1")) / 2, rel=1e-12
+    )
+    uniform = t.copy()
+    uniform["contribution_share"] = (1.0 / t["mixing"].notnull().sum("source")).where(t["mixing"].notnull())
+    departure = dilution_index(block_view(uniform))
+    np.testing.assert_allclose(departure.values[np.isfinite(departure.values)], 1.0, rtol=1e-12)
+    assert np.isfinite(departure.values).sum() == np.isfinite(row_normalized(b).values).sum()

@@ -38,7 +38,22 @@ def test_plot_writes_a_pdf_and_an_svg_with_a_layer_selection(one, tmp_path, caps
         assert head.startswith(b"%PDF") if name.endswith("pdf") else b"<svg" in head or b"<?xml" in head
     said = capsys.readouterr().out
     assert "caption:" in said and "1/n_l" in said
+    assert "only the sources selected are drawn, so a row here sums to less than 1" in said
     assert b"1/n_l" in (tmp_path / "fig.svg").read_bytes()  # the caption, in the file's description
+
+
+@pytest.mark.parametrize(
+    "var, says, never",
+    [
+        ("weights", "reads k/n_l for a block of k sources", "reads 1/n_l"),
+        ("share", "each row sums to 1", "sums to less"),
+        ("departure", "over its uniform share (k/n_l", "times the number of sources"),
+    ],
+)
+def test_the_block_views_caption_says_what_a_block_cell_is(one, tmp_path, capsys, var, says, never):
+    assert main(["plot", str(one), "--out", str(tmp_path / "b.svg"), "--blocks", "--var", var]) == 0
+    said = capsys.readouterr().out
+    assert says in said and never not in said and "per block" in said
 
 
 def test_the_selection_keeps_what_it_names_in_order(one):
@@ -114,7 +129,7 @@ def test_a_stack_of_two_models_plots_the_one_asked_for(one, tmp_path):
 
 def test_a_deep_models_ticks_are_grouped_by_block_and_fit_the_figure():
     """61 sources (SmolLM2's 30 blocks) at 7 x 6 in: one tick per shown block, never more labels than
-    the side has room for, the embedding and the read-out always named."""
+    the side has room for, the embedding and the read-out always named, every block by its number."""
     labels = ["embed", *[f"{b}.{k}" for b in range(30) for k in ("attn", "mlp")]]
     rows = [*labels[1:], "readout"]
     da = xr.DataArray(
@@ -126,7 +141,7 @@ def test_a_deep_models_ticks_are_grouped_by_block_and_fit_the_figure():
     ax.figure.canvas.draw()
     for axis, names, inches in ((ax.xaxis, labels, 7), (ax.yaxis, rows, 6)):
         shown = [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
-        assert shown[0] == names[0] and shown[-1] == names[-1]
+        assert [shown[0], shown[-1]] == [n.split(".")[0] for n in (names[0], names[-1])]  # embed, 0; 29, readout
         assert all(s.isdigit() for s in shown[1:-1])  # blocks, not sublayers
         assert 5 <= len(shown) <= inches / 0.14
 
