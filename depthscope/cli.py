@@ -290,11 +290,15 @@ def train(
     heads: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Attention heads.")] = 4,
     ctx: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Context length in bytes.")] = 128,
     steps: Annotated[
-        int, typer.Option(parser=_count(0), metavar="N", help="Optimiser steps (0 writes the initialised model).")
+        int,
+        typer.Option(parser=_count(0), metavar="N", help="Optimiser steps (0 writes the initialised model)."),
     ] = 300,
     batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per step.")] = 16,
     lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
-    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for initialisation and batches.")] = 0,
+    seed: Annotated[
+        int,
+        typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for initialisation and batches."),
+    ] = 0,
     corpus: CorpusOpt = None,
     set_: Annotated[
         list[str] | None, typer.Option("--set", help="Scheme option key=value (repeatable).")
@@ -303,7 +307,9 @@ def train(
     save_every: Annotated[
         int,
         typer.Option(
-            parser=_count(0), metavar="N", help="Also write NAME.step-000500.safetensors every N steps (0: never)."
+            parser=_count(0),
+            metavar="N",
+            help="Also write NAME.step-000500.safetensors every N steps (0: never).",
         ),
     ] = 0,
     quiet: QuietOpt = False,
@@ -412,10 +418,18 @@ def report(
         Path, typer.Option("--out", parser=_path, help="Directory for index.html, traces.nc and the figures.")
     ] = Path("report"),
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per checkpoint.")] = 8192,
-    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")] = 0,
-    k: Annotated[int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")] = 2,
+    tokens: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per checkpoint.")
+    ] = 8192,
+    batch_size: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")
+    ] = 16,
+    seed: Annotated[
+        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")
+    ] = 0,
+    k: Annotated[
+        int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")
+    ] = 2,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     trajectory: Annotated[
@@ -496,8 +510,12 @@ def capture(
     out_path: Annotated[Path, typer.Option("--out", parser=_path, help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
     tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens to analyse.")] = 16384,
-    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")] = 16,
-    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")] = 0,
+    batch_size: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")
+    ] = 16,
+    seed: Annotated[
+        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")
+    ] = 0,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     rank: Annotated[
@@ -512,7 +530,9 @@ def capture(
     workers: Annotated[
         int,
         typer.Option(
-            parser=_count(1), metavar="N", help="Local processes that share the windows (gloo); or run under torchrun."
+            parser=_count(1),
+            metavar="N",
+            help="Local processes that share the windows (gloo); or run under torchrun.",
         ),
     ] = 1,
     checkpoint_every: Annotated[
@@ -775,7 +795,9 @@ def spec_(
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
-    k: Annotated[int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")] = 2,
+    k: Annotated[
+        int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")
+    ] = 2,
     layer: Annotated[
         str | None,
         typer.Option(help="Show one consumer's sources instead of the table (e.g. readout, 12.attn)."),
@@ -994,7 +1016,8 @@ def zoo_build(
         typer.Option("--out", parser=_path, help="Where to write (default: the bundled zoo directory)."),
     ] = None,
     steps: Annotated[
-        int | None, typer.Option(parser=_count(1), metavar="N", help="Training steps per model (default: the zoo's).")
+        int | None,
+        typer.Option(parser=_count(1), metavar="N", help="Training steps per model (default: the zoo's)."),
     ] = None,
     only: Annotated[
         list[str] | None,
@@ -1079,7 +1102,9 @@ def rank_measure(
         ),
     ] = None,
     variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
-    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured from a checkpoint.")] = 16384,
+    tokens: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured from a checkpoint.")
+    ] = 16384,
     energy: Annotated[
         float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")
     ] = 0.99,
@@ -1154,7 +1179,9 @@ def rank_threshold(
     ],
     variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
     tasks: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged.")] = 8,
-    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")] = 0,
+    seed: Annotated[
+        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
@@ -1194,8 +1221,12 @@ def rank_theory(
         list[Variant] | None,
         typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes)."),
     ] = None,
-    tasks: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged per point.")] = 2,
-    seed: Annotated[int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")] = 0,
+    tasks: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged per point.")
+    ] = 2,
+    seed: Annotated[
+        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")
+    ] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
@@ -1220,7 +1251,9 @@ def rank_identity(
     out_dir: Annotated[
         Path, typer.Option("--out", parser=_path, help="Directory for identity.json and the figures.")
     ],
-    steps: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="SGD steps (the paper: 1000).")] = 1000,
+    steps: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="SGD steps (the paper: 1000).")
+    ] = 1000,
     sweep: Annotated[
         bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")
     ] = True,
@@ -1250,7 +1283,10 @@ def rank_sweep_cmd(
     widths: Annotated[
         list[int] | None,
         typer.Option(
-            "--width", parser=_count(32), metavar="N", help="Width (repeatable; multiples of 16; default 32, 64, 128)."
+            "--width",
+            parser=_count(32),
+            metavar="N",
+            help="Width (repeatable; multiples of 16; default 32, 64, 128).",
         ),
     ] = None,
     schemes: Annotated[
@@ -1258,8 +1294,12 @@ def rank_sweep_cmd(
         typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca)."),
     ] = None,
     layers: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Blocks per model.")] = 4,
-    steps: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Training steps per model.")] = 300,
-    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per model.")] = 8192,
+    steps: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Training steps per model.")
+    ] = 300,
+    tokens: Annotated[
+        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per model.")
+    ] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:

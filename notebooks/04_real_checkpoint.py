@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 
 import depthscope
-from depthscope.analysis.dilution import block_view, summary
+from depthscope.analysis.dilution import block_view, findings, summary, unit_weights
 from depthscope.figures.heatmaps import plot_heatmap
 from depthscope.figures.style import save
 from depthscope.probes import capture, inspect
@@ -49,10 +49,14 @@ save(ax.figure, OUT / "smollm2-blocks", formats=("png", "svg"))
 
 # %% [markdown]
 # ## Against the 1/T baseline
-# The pattern score is above 1 when a consumer's weight sits on the embedding and the last sources.
+# SmolLM2 is a standard residual: every source is read with weight 1, so its pattern score is 1 by
+# construction (`unit_weights`) and says nothing about it. What the layers do shows in the shares:
+# `findings` reads the read-out's sources against the uniform share 1/T.
 
 # %%
-print(summary(trace).to_dataframe().round(3))
+assert unit_weights(trace)
+print(findings(trace))
+print(summary(trace).drop_vars(["pattern_score"]).to_dataframe().round(3))
 
 # %% [markdown]
 # ## One prompt, position by position

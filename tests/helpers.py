@@ -60,8 +60,8 @@ def perturb(
 
 
 def tiny_llama(seed: int = 0):
-    """A one-layer random Llama of width 16 (vocabulary 256: read as bytes, context 256): the Hugging Face model the
-    tests save as a directory, a hub snapshot or a custom-code model."""
+    """A one-layer random Llama of width 16 (vocabulary 256: read as bytes, context 256): the Hugging
+    Face model the tests save as a directory, a hub snapshot or a custom-code model."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)

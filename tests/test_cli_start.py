@@ -84,7 +84,10 @@ MISTAKES = {
     "a missing trace": (["dilution", "nothing.nc"], "nothing.nc"),
     "a missing rank input": (["rank", "nothing.nc"], "nothing.nc"),
     "an unknown model name": (["capture", "no-such-model", "--out", "t.nc", "--quiet"], "no-such-model"),
-    "an unknown name, with where to look": (["capture", "gpt5", "--out", "t.nc", "--quiet"], "depthscope zoo list"),
+    "an unknown name, with where to look": (
+        ["capture", "gpt5", "--out", "t.nc", "--quiet"],
+        "depthscope zoo list",
+    ),
     "a misspelt zoo name": (["capture", "denseformr", "--out", "t.nc"], "did you mean denseformer or"),
     "a revision of a zoo model": (
         ["capture", "denseformer", "--revision", "v2", "--out", "t.nc", "--quiet"],

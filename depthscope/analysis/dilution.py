@@ -71,7 +71,8 @@ def uniform_share(trace: xr.Dataset) -> xr.DataArray:
 
 def dilution_index(trace: xr.Dataset) -> xr.DataArray:
     """contribution_share over the uniform share (``uniform_share``: 1/n_l, so share * n_l, at the
-    sublayer level; a block's k/n_l in a block view): 1.0 is exactly the uniform 1/T share."""
+    sublayer level; a block's k/n_l in a block view): 1.0 is exactly the uniform 1/T share.
+    """
     if "uniform_share" in trace:
         out = trace["contribution_share"] / trace["uniform_share"]
     else:

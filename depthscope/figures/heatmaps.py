@@ -278,7 +278,9 @@ def _draw_matrix(ax, da: xr.DataArray, values: np.ndarray, norm: Normalize, cmap
         labels = _labels(da, dim)
         room = min(MAX_TICK_LABELS, max(4, int(length / LABEL_INCHES)))
         blocks = _set_labels(axis, labels, room, cell_inches=length / max(len(labels), 1))
-        named[dim] = _axis_label(da, dim) + (" (ticks: blocks, at each block's first sublayer)" if blocks else "")
+        named[dim] = _axis_label(da, dim) + (
+            " (ticks: blocks, at each block's first sublayer)" if blocks else ""
+        )
     ax.tick_params(axis="x", labelrotation=90)
     ax.tick_params(which="minor", length=1.5)
     for spine in ax.spines.values():  # the matrix's own edge is frame enough

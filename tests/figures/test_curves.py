@@ -122,7 +122,10 @@ def test_a_saved_dilution_figure_holds_both_legends_whole(stacked):
     """The model legend sits outside the axes; a tight save must still include all of it."""
     from matplotlib.legend import Legend
 
-    for fig in (plot_dilution_panels(est.dilution_curves(stacked)), plot_dilution(est.dilution_curves(stacked)).figure):
+    for fig in (
+        plot_dilution_panels(est.dilution_curves(stacked)),
+        plot_dilution(est.dilution_curves(stacked)).figure,
+    ):
         fig.canvas.draw()
         renderer = fig.canvas.get_renderer()
         saved = fig.get_tightbbox(renderer).transformed(fig.dpi_scale_trans)  # what savefig keeps, in pixels

@@ -89,7 +89,7 @@ def test_block_view_of_a_plain_residual_is_k_over_n_and_its_departure_is_one():
     b = block_view(t)
     sources = [str(s) for s in t["source"].values]
     readable = t["mixing"].notnull().values
-    for i, consumer_block in enumerate(b["layer"].values):
+    for consumer_block in b["layer"].values:
         rows = [j for j, lab in enumerate(t["layer"].values) if str(lab).split(".")[0] == str(consumer_block)]
         for source_block in b["source"].values:
             cols = [k for k, s in enumerate(sources) if s.split(".")[0] == str(source_block)]

@@ -112,9 +112,9 @@ def test_settings_and_origin_cells_of_traces_made_in_python():
     """A trace captured in Python has no checkpoint path and no ablation: its cells say so."""
     import torch
 
-    from depthscope.probes import capture
     from depthscope.pipelines.report_data import checkpoint_cell
     from depthscope.pipelines.report_settings import used
+    from depthscope.probes import capture
     from tests.helpers import build, tiny
 
     t = capture(build(tiny()), torch.randint(0, 256, (2, 16)))

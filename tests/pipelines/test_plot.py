@@ -141,7 +141,9 @@ def test_a_deep_models_ticks_are_grouped_by_block_and_fit_the_figure():
     ax.figure.canvas.draw()
     for axis, names, inches in ((ax.xaxis, labels, 7), (ax.yaxis, rows, 6)):
         shown = [t.get_text() for t in axis.get_ticklabels() if t.get_text()]
-        assert [shown[0], shown[-1]] == [n.split(".")[0] for n in (names[0], names[-1])]  # embed, 0; 29, readout
+        assert [shown[0], shown[-1]] == [
+            n.split(".")[0] for n in (names[0], names[-1])
+        ]  # embed, 0; 29, readout
         assert all(s.isdigit() for s in shown[1:-1])  # blocks, not sublayers
         assert 5 <= len(shown) <= inches / 0.14
 

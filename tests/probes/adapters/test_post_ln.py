@@ -205,7 +205,8 @@ def test_an_encoder_without_a_tokenizer_asks_for_ids_or_a_tokenizer(saved):
     torch.manual_seed(0)
     model = T.BertModel(config("bert", 300)).eval()
     with pytest.raises(
-        DepthscopeError, match=r"no tokenizer.*--tokenizer NAME_OR_DIR.*pass token ids \(Python: capture\(model, ids\)\)"
+        DepthscopeError,
+        match=r"no tokenizer.*--tokenizer NAME_OR_DIR.*pass token ids \(Python: capture\(model, ids\)\)",
     ):
         capture(model, None, n_tokens=64, ctx=32)
     tok = T.AutoTokenizer.from_pretrained(saved("bert"))
