@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.depthscope-installed
 PYTEST_ARGS ?= -n auto
 
-.PHONY: demo test lint venv browser clean-venv notebooks
+.PHONY: demo test lint venv browser clean-venv notebooks mutants
 
 venv: $(STAMP)
 
@@ -34,6 +34,11 @@ demo: $(STAMP)
 test: lint browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 	ATEN_CPU_CAPABILITY=default $(BIN)/python -m pytest -m golden -p no:cacheprovider $(PYTEST_ARGS)
+
+# Planted bugs and the tests that must catch each (tests/mutants.py): not part of `make test`, it
+# reruns the tests once per bug in a copy of the tree; it fails if any bug survives.
+mutants: $(STAMP) browser
+	$(BIN)/python -m tests.mutants
 
 # ruff (configured in pyproject.toml): lint and formatting, run by `make test`
 lint: $(STAMP)

@@ -26,6 +26,7 @@ class Rendered:
     body: dict[str, str]  # the body's data-* attributes
     marks: dict[str, int]  # chart id -> items its data marks drew
     clipped: dict[str, int]  # chart id -> points drawn past the edge of their plot
+    nonfinite: dict[str, int]  # chart id -> items at a position that is not a finite number
     charts: list[str]  # the chart ids the page holds
 
 
@@ -50,12 +51,12 @@ def render(report: Path, profile: Path) -> Rendered:
         cid: int(n)
         for cid, n in re.findall(r'<div class="chart[^"]*" id="([^"]+)"[^>]*data-marks="(\d+)"', dom)
     }
-    clipped = {
-        cid: int(n)
-        for cid, n in re.findall(r'<div class="chart[^"]*" id="([^"]+)"[^>]*data-clipped="(\d+)"', dom)
-    }
+    clipped, nonfinite = (
+        {cid: int(n) for cid, n in re.findall(rf'<div class="chart[^"]*" id="([^"]+)"[^>]*{attr}="(\d+)"', dom)}
+        for attr in ("data-clipped", "data-nonfinite")
+    )
     charts = re.findall(r'<div class="chart" id="([^"]+)">', (report / "index.html").read_text())
-    return Rendered(dom, body, marks, clipped, charts)
+    return Rendered(dom, body, marks, clipped, nonfinite, charts)
 
 
 def assert_every_chart_drew(page: Rendered) -> None:
@@ -71,3 +72,6 @@ def assert_every_chart_drew(page: Rendered) -> None:
     assert set(page.clipped) == set(page.charts), "a chart did not say how many points it clipped"
     cut = {cid: n for cid, n in page.clipped.items() if n}
     assert not cut, f"points cut at the plot's edge: {cut}"
+    assert set(page.nonfinite) == set(page.charts), "a chart did not say how many items it placed nowhere"
+    nowhere = {cid: n for cid, n in page.nonfinite.items() if n}
+    assert not nowhere, f"items at a non-finite position: {nowhere}"

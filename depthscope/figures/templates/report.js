@@ -2,8 +2,9 @@
 // The body's data-status says what happened, for people and for the browser test:
 // data-charts="drawn/total", data-errors (script errors and failed charts), data-warnings (Vega's
 // console warnings: a log domain that includes zero draws empty axes and only warns),
-// data-status="ready"; each chart's element gets data-marks, the items its marks drew, and
-// data-clipped, the points drawn past the edge of their plot (cut in half by the plot's clip).
+// data-status="ready"; each chart's element gets data-marks, the items its marks drew,
+// data-clipped, the points drawn past the edge of their plot (cut in half by the plot's clip), and
+// data-nonfinite, the items at a position that is not a finite number (drawn nowhere).
 (function () {
   var errors = [];
   var body = document.body;
@@ -43,23 +44,27 @@
     return n;
   }
 
-  function clipped(node, width, height) {  // points (symbols) whose extent leaves their plot area
-    var n = 0;
+  // the items of a view's data marks that drew nowhere or half: points (symbols) whose extent leaves
+  // their plot area (cut by the plot's clip), and items of any mark at a non-finite position
+  function faults(node, width, height, out) {
     (node.items || []).forEach(function (item) {
       if (item.marktype === 'group') {
         (item.items || []).forEach(function (g) {
-          n += clipped(g, g.width != null ? g.width : width, g.height != null ? g.height : height);
+          faults(g, g.width != null ? g.width : width, g.height != null ? g.height : height, out);
         });
-      } else if (item.marktype === 'symbol' && item.role === 'mark') {
+      } else if (item.marktype && item.role === 'mark') {
         (item.items || []).forEach(function (p) {
+          var xy = [p.x, p.y, p.x2, p.y2, p.width, p.height].filter(function (v) { return v != null; });
+          if (xy.some(function (v) { return !isFinite(v); })) out.nonfinite += 1;
           var b = p.bounds;
-          if (b && (b.x1 < -0.5 || b.y1 < -0.5 || b.x2 > width + 0.5 || b.y2 > height + 0.5)) n += 1;
+          if (item.marktype === 'symbol' && b &&
+              (b.x1 < -0.5 || b.y1 < -0.5 || b.x2 > width + 0.5 || b.y2 > height + 0.5)) out.clipped += 1;
         });
       } else if (item.items) {
-        n += clipped(item, width, height);
+        faults(item, width, height, out);
       }
     });
-    return n;
+    return out;
   }
 
   function rows(entry) {  // columns (labels as dictionary + indices) -> row objects
@@ -95,7 +100,9 @@
         el.setAttribute('data-drawn', '1');
         var root = res.view.scenegraph().root;
         el.setAttribute('data-marks', String(marks(root)));
-        el.setAttribute('data-clipped', String(clipped(root, res.view.width(), res.view.height())));
+        var bad = faults(root, res.view.width(), res.view.height(), {clipped: 0, nonfinite: 0});
+        el.setAttribute('data-clipped', String(bad.clipped));
+        el.setAttribute('data-nonfinite', String(bad.nonfinite));
         body.setAttribute('data-charts', drawn + '/' + total);
       })
       .catch(function (err) { report('chart ' + chart.id + ': ' + (err && err.message || err)); });

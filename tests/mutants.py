@@ -1,0 +1,229 @@
+"""Planted bugs and the tests that must catch them: ``make mutants`` (not part of ``make test``).
+
+Each mutant replaces one exact piece of the code (or of the docs) with a bug a change could really
+bring: a reversed label, a position off by one, an empty chart, a missed refusal. For each, the
+working tree is copied to a temporary directory (the checkout itself is never edited, so an
+interrupted run leaves nothing behind), the bug is planted in the copy, and the tests named for it
+run there (the copy's package is first on the path). A mutant whose tests still pass survived: the
+tests do not guard that behaviour. The run prints one line per mutant and exits 1 if any survived.
+
+    .venv/bin/python -m tests.mutants            # all
+    .venv/bin/python -m tests.mutants NAME ...   # some, by name (``--list`` names them)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    path: str  # repository-relative
+    old: str  # occurs exactly once in the file
+    new: str
+    tests: tuple[str, ...]  # pytest node ids that must fail with the bug planted
+
+
+BROWSER = "tests/probes/test_huggingface.py::test_real_smollm2_from_the_cli_capture_and_report"
+REPORT = "tests/figures/test_report.py"
+
+MUTANTS: list[Mutant] = [
+    # --- the report page and its figures ---------------------------------------------------------
+    Mutant(
+        "log charts without symlog (a log domain that includes zero: empty axes)",
+        "depthscope/figures/interactive.py",
+        "if values.size == 0 or values.min() > 0:",
+        "if True:",
+        (BROWSER,),
+    ),
+    Mutant(
+        "a curves panel's filter matches no rows",
+        "depthscope/figures/interactive.py",
+        '"transform": [{"filter": {"field": "p", "equal": panel}}],',
+        '"transform": [{"filter": {"field": "p", "equal": panel + " "}}],',
+        (f"{REPORT}::test_report_renders_in_a_browser",),
+    ),
+    Mutant(
+        "points on the plot's edge cut in half (no padding)",
+        "depthscope/figures/interactive.py",
+        'y["scale"]["padding"] = EDGE',
+        'y["scale"]["padding"] = 0',
+        (f"{REPORT}::test_report_renders_in_a_browser",),
+    ),
+    Mutant(
+        "a question as a caption's title gets a second stop",
+        "depthscope/figures/report.py",
+        'title = fig.spec.title if fig.spec.title.endswith((".", "?", "!")) else fig.spec.title + "."',
+        'title = fig.spec.title + "."',
+        (f"{REPORT}::test_report_files_and_references",),
+    ),
+    Mutant(
+        "the model legend clipped to its axes (cut off in the saved figure)",
+        "depthscope/figures/curves.py",
+        "first.set_clip_on(False)",
+        "first.set_clip_on(True)",
+        ("tests/figures/test_curves.py::test_a_saved_dilution_figure_holds_both_legends_whole",),
+    ),
+    Mutant(
+        "a deep heatmap's ticks name sublayers among block numbers",
+        "depthscope/figures/heatmaps.py",
+        'names = {i: blocks[i] if "." in labels[i] else labels[i] for i in range(n)}',
+        "names = dict(enumerate(labels))",
+        ("tests/figures/test_heatmaps.py::test_deep_model_labels_are_grouped_by_block",),
+    ),
+    # --- estimators ------------------------------------------------------------------------------
+    Mutant(
+        "the embedding group's index against 1/n, not k/n (GPT-2's index doubled)",
+        "depthscope/analysis/dilution.py",
+        '"embed_index": embed_share / (k / n) if k else float("nan"),',
+        '"embed_index": embed_share * n if k else float("nan"),',
+        (
+            "tests/analysis/test_dilution.py::test_the_embedding_group_is_one_source_against_its_own_uniform_share",
+        ),
+    ),
+    Mutant(
+        "the block view's weights from block-summed |M| (a plain residual's rows skewed)",
+        "depthscope/analysis/dilution.py",
+        '"row_normalized": row_normalized(trace),',
+        '"row_normalized": magnitude(trace) / magnitude(trace).sum("source").max(),',
+        (
+            "tests/figures/test_deep.py::"
+            "test_block_view_of_a_plain_residual_is_k_over_n_and_its_departure_is_one",
+        ),
+    ),
+    Mutant(
+        "the end of the rank scan read as a threshold",
+        "depthscope/analysis/rank.py",
+        '"at_edge": t >= edge,',
+        '"at_edge": False,',
+        ("tests/analysis/test_rank_conclusion.py::test_the_end_of_the_scan_is_never_printed_as_a_threshold",),
+    ),
+    Mutant(
+        "a claim within two standard errors called weak support",
+        "depthscope/analysis/claims.py",
+        "    if not abs(m) > 2 * se:\n        return _inconclusive(d)\n",
+        "",
+        ("tests/analysis/test_claims.py::test_verdicts",),
+    ),
+    # --- reading models --------------------------------------------------------------------------
+    Mutant(
+        "ids of a vocabulary with special tokens read as bytes",
+        "depthscope/probes/adapters/hf.py",
+        "if not why and vocab == BYTE_VOCAB:",
+        "if not why and vocab <= 384:",
+        ("tests/test_hostile.py",),
+    ),
+    Mutant(
+        "an input its sources do not rebuild is kept",
+        "depthscope/probes/capture.py",
+        "        if not np.all(err <= tol):\n",
+        "        if False:\n",
+        ("tests/adversarial/test_research.py",),
+    ),
+]
+
+
+def repo_files() -> list[str]:
+    """The working tree as git sees it: tracked files and untracked ones it does not ignore."""
+    out = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, check=True
+    ).stdout
+    return [p for p in out.decode().split("\0") if p and (ROOT / p).is_file()]
+
+
+def copy_tree(dest: Path) -> None:
+    for rel in repo_files():
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+
+
+def plant(tree: Path, m: Mutant) -> None:
+    path = tree / m.path
+    text = path.read_text()
+    if text.count(m.old) != 1:
+        raise SystemExit(f"error: mutant {m.name!r}: its code occurs {text.count(m.old)} times in {m.path}")
+    path.write_text(text.replace(m.old, m.new))
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[int, float]:
+    """pytest on ``tests`` in ``tree`` (its package first on the path): (exit status, seconds)."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONDONTWRITEBYTECODE": "1"}
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    return proc.returncode, time.perf_counter() - start
+
+
+def check_copy_is_imported(tree: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    where = subprocess.run(
+        [sys.executable, "-c", "import depthscope; print(depthscope.__file__)"],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if not Path(where).resolve().is_relative_to(tree.resolve()):
+        raise SystemExit(
+            f"error: the copy's package is not the one imported ({where}): mutants would not be seen"
+        )
+
+
+def main(argv: list[str]) -> int:
+    if "--list" in argv:
+        for m in MUTANTS:
+            print(m.name)
+        return 0
+    chosen = [m for m in MUTANTS if not argv or m.name in argv]
+    if argv and len(chosen) != len(argv):
+        print(f"error: no mutant named {sorted(set(argv) - {m.name for m in MUTANTS})}", file=sys.stderr)
+        return 2
+    survivors = []
+    with tempfile.TemporaryDirectory(prefix="depthscope-mutants-") as tmp:
+        clean = Path(tmp) / "clean"
+        copy_tree(clean)
+        check_copy_is_imported(clean)
+        every = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+        rc, secs = run_tests(clean, every)  # a test that fails without a bug would "catch" every mutant
+        if rc != 0:
+            print(f"error: the mutants' tests fail on the unchanged tree (pytest exit {rc})", file=sys.stderr)
+            return 1
+        print(f"the {len(every)} test selections pass unchanged ({secs:.0f} s)", flush=True)
+        for m in chosen:
+            tree = Path(tmp) / "mutant"
+            shutil.copytree(clean, tree)
+            plant(tree, m)
+            rc, secs = run_tests(tree, m.tests)
+            shutil.rmtree(tree)
+            caught = rc == 1  # tests ran and failed; 2+ is a collection or usage error, not a catch
+            if not caught:
+                survivors.append(m.name)
+            verdict = "caught" if caught else f"SURVIVED (pytest exit {rc})"
+            print(f"{verdict:<28} {secs:6.1f} s  {m.name}  [{m.path}]", flush=True)
+    print(f"{len(chosen) - len(survivors)} of {len(chosen)} mutants caught, {len(survivors)} survived")
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)
