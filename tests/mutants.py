@@ -115,6 +115,48 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/analysis/test_claims.py::test_verdicts",),
     ),
+    # --- inspect, position by position; MUDDFormer's native weights ---------------------------------
+    Mutant(
+        "inspect: each position's weights over the sources reversed",
+        "depthscope/probes/prompt.py",
+        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).numpy()",
+        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).flip(0).numpy()",
+        (
+            "tests/probes/test_prompt.py::test_each_position_is_the_weights_and_shares_hooked_at_that_position",
+        ),
+    ),
+    Mutant(
+        "inspect: the weights of the position before",
+        "depthscope/probes/prompt.py",
+        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).numpy()",
+        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).roll(1, 0).numpy()",
+        (
+            "tests/probes/test_prompt.py::test_each_position_is_the_weights_and_shares_hooked_at_that_position",
+        ),
+    ),
+    Mutant(
+        "inspect: weights read from the wrong positions",
+        "depthscope/probes/prompt.py",
+        "w = weights[i][0]  # [pos, n] or [pos, n, d]",
+        "w = weights[i][0].roll(1, 0)  # [pos, n] or [pos, n, d]",
+        (
+            "tests/probes/test_prompt.py::test_each_position_is_the_weights_and_shares_hooked_at_that_position",
+        ),
+    ),
+    Mutant(
+        "MUDDFormer's static weights doubled",
+        "depthscope/schemes/muddformer.py",
+        "a = mixer.a.detach().double().cpu()",
+        "a = 2 * mixer.a.detach().double().cpu()",
+        ("tests/schemes/test_muddformer.py::test_captured_static_weights_are_the_models_own_a",),
+    ),
+    Mutant(
+        "MUDDFormer's static weights with the ways reversed",
+        "depthscope/schemes/muddformer.py",
+        "out[row, :, : a.shape[1]] = a",
+        "out[row, :, : a.shape[1]] = a.flip(0)",
+        ("tests/schemes/test_muddformer.py::test_static_weights_are_what_each_way_reads",),
+    ),
     # --- reading models --------------------------------------------------------------------------
     Mutant(
         "ids of a vocabulary with special tokens read as bytes",

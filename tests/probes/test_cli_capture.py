@@ -179,3 +179,68 @@ def test_dilution_concludes_first_and_shows_one_consumers_sources(ckpt, tmp_path
     assert "no consumer 'nope'" in capsys.readouterr().err
     assert main(["dilution", str(ckpt)]) == 2
     assert "a model, not a trace: capture it first" in capsys.readouterr().err
+
+
+def test_a_model_without_a_tokenizer_reads_text_through_the_one_named(tmp_path, capsys):
+    """A directory of weights alone (a 193-id word-piece vocabulary, not bytes) is refused in one
+    line naming --tokenizer; with --tokenizer DIR its text is that tokenizer's ids, the trace says
+    so, and it equals the capture of the ids the tokenizer gives (capture and inspect alike)."""
+    import shutil
+
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from depthscope.probes import capture, inspect
+    from depthscope.probes.load import load_model
+    from tests.probes.test_bridge import model_dir
+
+    def llama(vocab):
+        cfg = LlamaConfig(
+            vocab_size=vocab, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+            num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+        )  # fmt: skip
+        return LlamaForCausalLM(cfg)
+
+    with_tok = model_dir(tmp_path / "with", llama)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(with_tok / name, bare / name)
+    out = tmp_path / "t.nc"
+    capsys.readouterr()  # what saving the model printed
+    capture_args = ["capture", str(bare), "--out", str(out), "--tokens", "128", "--ctx", "32", "--quiet"]
+    assert main(capture_args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--tokenizer NAME_OR_DIR" in err and "193 ids" in err
+    assert not out.exists()
+    assert main([*capture_args, "--tokenizer", str(with_tok)]) == 0
+    trace = load_trace(out)
+    tok = AutoTokenizer.from_pretrained(with_tok)
+    assert trace.attrs["tokenization"] == f"tokenizer with ({type(tok).__name__})"
+    again = capture(load_model(bare), None, n_tokens=128, ctx=32, tokenizer=tok, progress=False)
+    xr.testing.assert_allclose(trace, again.assign_attrs(trace.attrs), rtol=1e-6)
+    assert main(["capture", str(bare), "--out", str(out), "--tokenizer", str(tmp_path / "nowhere")]) == 2
+    assert "--tokenizer" in capsys.readouterr().err
+    text = "def f(x): return x"
+    assert (
+        main(
+            [
+                "inspect",
+                str(bare),
+                "--text",
+                text,
+                "--out",
+                str(tmp_path / "p.nc"),
+                "--tokenizer",
+                str(with_tok),
+            ]
+        )
+        == 0
+    )
+    shown = xr.load_dataset(tmp_path / "p.nc")
+    ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"]  # plain text: no [CLS]
+    assert shown.sizes["pos"] == ids.shape[1]
+    expect = inspect(load_model(bare), ids)
+    np.testing.assert_allclose(
+        shown["contribution_share"].values, expect["contribution_share"].values, rtol=1e-6
+    )
+    assert list(shown["token"].values) == tok.convert_ids_to_tokens(ids[0].tolist())

@@ -9,11 +9,21 @@ import torch
 
 from depthscope import DepthscopeError
 from depthscope.probes import capture, inspect
-from tests.helpers import build, tiny
+from depthscope.schemes import consumers, sources
+from depthscope.schemes.base import get_scheme, variants
+from depthscope.schemes.muddformer import WAYS
+from tests.helpers import build, perturb, tiny
 from tests.probes.adapters.spec_models import CTX, VOCAB, seeded
 
 # unit, static, per-token and per-feature weights among them
 SCHEMES = ["standard", "denseformer", "attnres", "dca", "hc"]
+# every variant whose weights are per token (dca, dca-k2, grn-v3, attnres, attnres-block4, hc, mhc,
+# shortswa, muddformer): the ones whose per-position rows a mean over positions cannot check
+DYNAMIC = {
+    label: (scheme, opts)
+    for label, scheme, opts in variants()
+    if not get_scheme(scheme).is_static(tiny(scheme, opts or None).options)
+}
 
 
 def weighted_mean(per_pos, rms):
@@ -37,6 +47,102 @@ def test_the_weighted_mean_over_positions_is_the_capture(scheme):
         one["mixing"].mean("pos").values[avail], trace["mixing"].values[avail], atol=1e-6
     )
     assert float(one["residual_error"].max()) < 1e-4
+
+
+def moved(cfg, seed: int = 3):
+    """A float64 model of ``cfg`` off its initialisation (mixers most), so that its weights vary over
+    positions (at initialisation every scheme's weights are the same at every token)."""
+    return perturb(build(cfg, seed=seed, dtype=torch.float64), scale=0.3, seed=seed, others=0.05)
+
+
+def hooked(model, ids):
+    """Each source, consumer input and consumer weights of one forward, by plain forward hooks on the
+    model's own modules (not through any adapter): {hook name: value [pos, ...] of the one prompt}."""
+    cfg = model.cfg
+    names = [s.hook for s in sources(cfg)] + [n for c in consumers(cfg) for n in (c.hook_in, c.hook_weights)]
+    got = {}
+
+    def keep(name):
+        def hook(module, args, out):
+            got[name] = out.detach()[0]
+
+        return hook
+
+    handles = [model.get_submodule(n).register_forward_hook(keep(n)) for n in names]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return got
+
+
+def per_position(model, ids):
+    """(mixing, share), each [pos, layer, source] (NaN where a source is not available), computed
+    position by position from hooked tensors: M[l, s] (its mean over features when per feature) and
+    <c[l, s], h_l> / |h_l|^2 with c[l, s] = M[l, s] (*) v_s, at each position."""
+    got = hooked(model, ids)
+    srcs, cons = sources(model.cfg), consumers(model.cfg)
+    pos = ids.shape[1]
+    mixing = np.full((pos, len(cons), len(srcs)), np.nan)
+    share = np.full((pos, len(cons), len(srcs)), np.nan)
+    for i, c in enumerate(cons):
+        w, h = got[c.hook_weights], got[c.hook_in]  # [pos, n] or [pos, n, d]; [pos, d]
+        for p in range(pos):
+            for s in range(w.shape[1]):
+                part = w[p, s] * got[srcs[s].hook][p]  # c[l, s] at position p, [d]
+                share[p, i, s] = float(part @ h[p] / (h[p] @ h[p]))
+                mixing[p, i, s] = float(w[p, s].mean())
+    return mixing, share
+
+
+@pytest.mark.parametrize("label", list(DYNAMIC))
+def test_each_position_is_the_weights_and_shares_hooked_at_that_position(label):
+    """Off initialisation (float64), each position's ``mixing`` and ``contribution_share`` are the
+    weights and the share <c[l, s], h_l> / |h_l|^2 hooked at that very position: a permutation of the
+    positions (reversed, shifted by one) keeps every mean over positions but fails here."""
+    scheme, opts = DYNAMIC[label]
+    cfg = tiny(scheme, opts or None)
+    model = moved(cfg)
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(4))
+    one = inspect(model, ids)
+    assert list(one.layer.values) == [c.label for c in consumers(cfg)]
+    assert list(one.source.values) == [s.label for s in sources(cfg)]
+    mixing, share = per_position(model, ids)
+    # the test model's weights (and shares) really differ from position to position: reversing the
+    # positions or shifting them by one would move them by far more than the tolerance
+    for want in (mixing, share):
+        assert np.nanmax(np.abs(want - want[::-1])) > 1e-2, label
+        assert np.nanmax(np.abs(want[1:] - want[:-1])) > 1e-2, label
+    np.testing.assert_array_equal(np.isnan(one["mixing"].values), np.isnan(mixing))
+    np.testing.assert_allclose(one["mixing"].values, mixing, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(one["contribution_share"].values, share, rtol=1e-9, atol=1e-12)
+    assert float(one["residual_error"].max()) < 1e-10
+
+
+def test_the_per_token_variants_are_the_dynamic_schemes():
+    assert {"dca", "grn-v3", "attnres", "hc", "mhc", "shortswa", "muddformer"} <= set(DYNAMIC)
+    assert not {"standard", "denseformer", "hc-static", "grn-v1", "grn-v2"} & set(DYNAMIC)
+
+
+def test_muddformer_ways_at_each_position_are_its_own_weight_mlp():
+    """MUDDFormer's block 1 mixes X_0 = embed and X_1 = embed + attn_0 + mlp_0 with A = its weight MLP's
+    output at X_1, per token (``dense_weights``, called here on the hooked X_1): way c's row over
+    (embed, 0.attn, 0.mlp) at each position is (A[c, 0] + A[c, 1], A[c, 1], A[c, 1])."""
+    cfg = tiny("muddformer")
+    model = moved(cfg)
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(4))
+    one = inspect(model, ids)
+    got = hooked(model, ids)
+    x1 = got["blocks.0.mlp_mix.hook_in"] + got[sources(cfg)[2].hook]  # X_A + mlp_0 = X_1, [pos, d]
+    with torch.no_grad():
+        a = model.blocks[1].attn_mix.dense_weights(x1).numpy()  # [pos, way, state]
+    assert a.std(0).min() > 1e-2  # per token: every way's weight on every state varies over positions
+    for c, way in enumerate(WAYS):
+        want = np.stack([a[:, c, 0] + a[:, c, 1], a[:, c, 1], a[:, c, 1]], -1)  # [pos, source]
+        got_way = one["mixing"].sel(layer=f"1.attn.{way}").values[:, :3]
+        np.testing.assert_allclose(got_way, want, rtol=1e-9, atol=1e-12, err_msg=way)
 
 
 def test_text_prompts_decode_their_tokens_and_specs_are_read():

@@ -238,3 +238,72 @@ def test_short_training_then_cli_capture(tmp_path):
     assert [str(x) for x in trace["layer"].values] == [c.label for c in consumers(cfg)]
     assert [str(x) for x in trace["source"].values] == [s.label for s in sources(cfg)]
     assert float(trace["mixing_std"].sel(layer="1.attn.q").max()) > 0
+
+
+def known_static(cfg):
+    """A float64 muddformer whose static weights a are known distinct values, sign, way, state and
+    aggregate all telling (``static_value``); W2 stays 0, so every weight is its a, the same at every
+    token."""
+    model = build(cfg, dtype=torch.float64)
+    d = cfg.n_layers
+    with torch.no_grad():
+        for b in range(1, d):
+            a = model.blocks[b].attn_mix.a  # [way, state]: rows q, k, v, r
+            for c in range(4):
+                for j in range(b + 1):
+                    a[c, j] = static_value(b, c, j)
+        for j in range(d + 1):
+            model.readout_mix.a[0, j] = static_value(d, 3, j)  # the read-out's one way is the r way
+    return model
+
+
+def static_value(aggregate: int, way: int, state: int) -> float:
+    """Distinct for every (aggregate, way, state), exact in binary, of both signs."""
+    return (-1) ** (way + state) * (aggregate + way / 4 + state / 32 + 0.5)
+
+
+def test_captured_static_weights_are_the_models_own_a():
+    """``mudd_static`` [aggregate, way, state] is, exactly, blocks.{b}.attn_mix.a[way, state] for the
+    aggregates b = 1..D-1 (ways q, k, v, r: a's rows in that order; states X_0..X_b: its columns) and
+    readout_mix.a[0, state] in the r row of aggregate D; NaN where an aggregate has no such weight."""
+    cfg = mudd()
+    d = cfg.n_layers
+    model = known_static(cfg)
+    static = capture(model, random_tokens(cfg), progress=False)["mudd_static"]
+    assert list(static["aggregate"].values) == list(range(1, d + 1))
+    assert list(static["way"].values) == ["q", "k", "v", "r"]
+    assert list(static["state"].values) == [f"X_{j}" for j in range(d + 1)]
+    want = np.full((d, 4, d + 1), np.nan)
+    for b in range(1, d):
+        want[b - 1, :, : b + 1] = model.blocks[b].attn_mix.a.detach().numpy()
+        for c, way in enumerate("qkvr"):
+            for j in range(b + 1):
+                assert float(static.sel(aggregate=b, way=way, state=f"X_{j}")) == static_value(b, c, j)
+    want[d - 1, 3] = model.readout_mix.a.detach().numpy()[0]
+    assert float(static.sel(aggregate=d, way="r", state="X_0")) == static_value(d, 3, 0)
+    np.testing.assert_array_equal(static.values, want)  # NaN where want has NaN
+
+
+def test_static_weights_are_what_each_way_reads():
+    """With W2 = 0 the weights are the static a, so the captured ``mixing`` of every q, k, v, r row and
+    of the read-out follows from ``mudd_static`` alone, through the delta basis written out here:
+    X_0 = embed, X_{b+1} = Xbar_b^R + attn_b + mlp_b, Xbar_b^c = sum_j mudd_static[b, c, j] X_j
+    (every way of block 0 reads X_0). A way's static row read as another way's fails."""
+    cfg = mudd()
+    d = cfg.n_layers
+    trace = capture(known_static(cfg), random_tokens(cfg), progress=False)
+    static = trace["mudd_static"]
+    n = 2 * d + 1  # sources: embed, then each block's attention and MLP
+    coef = [np.eye(n)[0]]  # X_j's coefficients over the sources
+
+    def mix(b, way):
+        return sum(float(static.sel(aggregate=b, way=way, state=f"X_{j}")) * coef[j] for j in range(b + 1))
+
+    for b in range(d):
+        ways = {w: coef[0] for w in "qkvr"} if b == 0 else {w: mix(b, w) for w in "qkvr"}
+        for w, row in ways.items():
+            got = trace["mixing"].sel(layer=f"{b}.attn.{w}").values
+            np.testing.assert_allclose(got[: 2 * b + 1], row[: 2 * b + 1], rtol=1e-12, atol=1e-12)
+        coef.append(ways["r"] + np.eye(n)[2 * b + 1] + np.eye(n)[2 * b + 2])
+    readout = trace["mixing"].sel(layer="readout").values
+    np.testing.assert_allclose(readout, mix(d, "r"), rtol=1e-12, atol=1e-12)
