@@ -87,9 +87,7 @@ MUTANTS: list[Mutant] = [
         "depthscope/analysis/dilution.py",
         '"embed_index": embed_share / (k / n) if k else float("nan"),',
         '"embed_index": embed_share * n if k else float("nan"),',
-        (
-            "tests/analysis/test_dilution.py::test_the_embedding_group_is_one_source_against_its_own_uniform_share",
-        ),
+        ("tests/analysis/test_dilution.py::test_the_findings_read_the_embedding_group_against_k_over_n",),
     ),
     Mutant(
         "the block view's weights from block-summed |M| (a plain residual's rows skewed)",
@@ -166,11 +164,11 @@ MUTANTS: list[Mutant] = [
         ("tests/test_hostile.py",),
     ),
     Mutant(
-        "an input its sources do not rebuild is kept",
+        "an input its sources do not rebuild is kept (the rebuild tolerance lost)",
         "depthscope/probes/capture.py",
-        "        if not np.all(err <= tol):\n",
-        "        if False:\n",
-        ("tests/adversarial/test_research.py",),
+        "TOLERANCE = 1e-4  # residual_error",
+        "TOLERANCE = 1e9  # residual_error",
+        ("tests/probes/test_bridge.py::test_post_ln_model_through_the_bridge_is_refused_with_a_hint",),
     ),
 ]
 

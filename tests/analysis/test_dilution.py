@@ -296,6 +296,24 @@ def test_the_embedding_group_is_one_source_against_its_own_uniform_share():
     assert est.unit_weights(t)
 
 
+def test_the_findings_read_the_embedding_group_against_k_over_n():
+    """``depthscope dilution``'s conclusion on the GPT-2 layout above: at the read-out the two
+    embeddings hold 0.5 of 4 sources' input, exactly their uniform share 2/4 (index 1, not 2); of the
+    two writes, 0.attn (0.1 < 1/4) is below the uniform share and the most diluted, 0.mlp above."""
+    layers = ["0.attn", "0.mlp", "readout"]
+    sources = ["embed", "embed.wpe", "0.attn", "0.mlp"]
+    kinds = ["embed", "embed", "attn", "mlp"]
+    mix = [[1.0, 1.0, NAN, NAN], [1.0, 1.0, 1.0, NAN], [1.0, 1.0, 1.0, 1.0]]
+    share = [[0.7, 0.3, NAN, NAN], [0.5, 0.1, 0.4, NAN], [0.2, 0.3, 0.1, 0.4]]
+    f = est.findings(planted(mix, share, layers, sources, source_kinds=kinds))
+    assert (f["layer"], f["n_sources"], f["writes"], f["below"], f["negative"]) == ("readout", 4, 2, 1, 0)
+    assert (f["embed_sources"], f["most_diluted"], f["least_diluted"]) == (2, "0.attn", "0.mlp")
+    assert f["embed_share"] == pytest.approx(0.5, rel=1e-12)
+    assert f["embed_index"] == pytest.approx(1.0, rel=1e-12)
+    assert f["most_diluted_index"] == pytest.approx(0.4, rel=1e-12)  # 0.1 over 1/4
+    assert f["least_diluted_index"] == pytest.approx(1.6, rel=1e-12)
+
+
 def test_unit_weights_are_told_apart_from_learned_ones(trace):
     assert not est.unit_weights(trace)  # planted weights 2, -1, 3 ...
     ones = trace.assign(mixing=trace["mixing"] * 0 + 1)
