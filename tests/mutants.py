@@ -155,6 +155,32 @@ MUTANTS: list[Mutant] = [
         "out[row, :, : a.shape[1]] = a.flip(0)",
         ("tests/schemes/test_muddformer.py::test_static_weights_are_what_each_way_reads",),
     ),
+    # --- which module is which: the oracle by label ---------------------------------------------------
+    Mutant(
+        "every source label reversed",
+        "depthscope/probes/adapters/base.py",
+        "source=[s.label for s in self.sources],",
+        "source=[s.label for s in self.sources][::-1],",
+        ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle_by_label",),
+    ),
+    Mutant(
+        "BERT's token-type and position embeddings hooked at each other",
+        "depthscope/probes/adapters/post_ln.py",
+        '("token_type", "embeddings.token_type_embeddings"),\n'
+        '        ("pos_embed", "embeddings.position_embeddings"),',
+        '("token_type", "embeddings.position_embeddings"),\n'
+        '        ("pos_embed", "embeddings.token_type_embeddings"),',
+        ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle_by_label",),
+    ),
+    Mutant(
+        "Llama's attention and MLP sublayers named each other",
+        "depthscope/probes/adapters/huggingface.py",
+        '(Branch(ATTN, attn, ("input_layernorm",), scale=scale),),\n'
+        '            (Branch(MLP, mlp, ("post_attention_layernorm",), scale=scale),),',
+        '(Branch(MLP, attn, ("input_layernorm",), scale=scale),),\n'
+        '            (Branch(ATTN, mlp, ("post_attention_layernorm",), scale=scale),),',
+        ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle_by_label",),
+    ),
     # --- reading models --------------------------------------------------------------------------
     Mutant(
         "ids of a vocabulary with special tokens read as bytes",

@@ -6,6 +6,11 @@ c[l, s] [source, batch, pos, d] are then materialised whole (unit, static, per-t
 per-feature weights times the sources; post-LN terms as the adapter hands them) and every statistic
 of ``depthscope.trace.format`` is one einsum or reduction over all tokens at once: no batches, no
 Gram products, no merges, none of the engine's buffers.
+
+It listens on the adapter's own taps and compares arrays by position: it proves the engine's
+arithmetic, not which module each label belongs to (a reversed list of source labels passes it).
+The labels are checked by ``tests/probes/layouts.py``: every family's sources and consumer inputs
+written out as module paths, read with plain torch hooks, compared cell by label.
 """
 
 from __future__ import annotations

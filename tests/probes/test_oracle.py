@@ -1,7 +1,14 @@
 """The engine equals a dense float64 oracle (tests/oracle.py) to 1e-10 on a random float64 model of
 every scheme and family: every weight kind (unit, static, per token, per feature, post-LN carried
 terms, unrolled streams), shares, norms, weights and their spreads over several batches, spectra,
-native quantities, merged shards and resumed partial states."""
+native quantities, merged shards and resumed partial states.
+
+That oracle listens on the adapter's own taps and compares by position, so it proves the
+arithmetic, not which module each label is. Every foreign family is also checked by label against
+tests/probes/layouts.py: its sources and consumer inputs written out there as module paths, read
+with plain torch hooks, each consumer's input checked to be its sources' combination, and every
+cell compared through ``trace.sel(layer=..., source=...)``. A family whose package is missing
+fails: ``make test`` installs every one of them."""
 
 from __future__ import annotations
 
@@ -18,10 +25,12 @@ from depthscope.schemes.base import variants
 from tests.families import FAMILIES, sizes
 from tests.helpers import build, perturb, random_tokens, tiny
 from tests.oracle import assert_agrees, oracle
+from tests.probes.layouts import LAYOUTS, assert_by_label, expected, rows_of, tolerance, wake
 
 pytestmark = pytest.mark.golden  # run again under ATEN_CPU_CAPABILITY=default by make test
 
-FOREIGN = [f for f in FAMILIES if not f[0].startswith("depthscope") and f[1]()]
+# every foreign family, installed or not: a missing package fails its cases (family_model)
+FOREIGN = [f for f in FAMILIES if not f[0].startswith("depthscope")]
 
 
 @pytest.mark.parametrize("label, scheme, options", variants(), ids=[v[0] for v in variants()])
@@ -33,17 +42,54 @@ def test_every_scheme_equals_the_oracle(label, scheme, options):
     assert_agrees(trace, oracle(model, resolve(model), tokens), what=label)
 
 
-@pytest.mark.parametrize("family", FOREIGN, ids=[f[0] for f in FOREIGN])
-def test_every_family_equals_the_oracle(family):
-    name, _, _, make = family
+def family_model(family):
+    """The family's small model in float64, eval mode; a failure if its package is not installed."""
+    name, installed, package, make = family
+    if not installed():
+        pytest.fail(
+            f"{name}: the package {package} is not installed (`make test` installs .[dev,thirdparty,bench])"
+        )
     model, _ = make(sizes())
     if hasattr(getattr(model, "config", None), "_experts_implementation"):
         model.config._experts_implementation = "eager"  # grouped_mm has no float64 kernel
-    model = model.double().eval()
+    return model.double().eval()
+
+
+def family_tokens(ad):
+    return torch.randint(2, ad.vocab, (4, min(16, ad.ctx)), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize("family", FOREIGN, ids=[f[0] for f in FOREIGN])
+def test_every_family_equals_the_oracle(family):
+    model = family_model(family)
     ad = resolve(model)
-    tokens = torch.randint(2, ad.vocab, (4, min(16, ad.ctx)), generator=torch.Generator().manual_seed(1))
+    tokens = family_tokens(ad)
     trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
-    assert_agrees(trace, oracle(model, ad, tokens), what=name)
+    assert_agrees(trace, oracle(model, ad, tokens), what=family[0])
+
+
+@pytest.mark.parametrize("family", FOREIGN, ids=[f[0] for f in FOREIGN])
+def test_every_family_equals_the_oracle_by_label(family):
+    """Per (consumer, source) label, from plain hooks on the modules the layout names, apart from the
+    adapter: the contribution share sum_t <c[l, s], h_l> / sum_t |h_l|^2, the norm share and the
+    token-mean weight of every cell, each consumer's input RMS and first-position share and each
+    source's RMS, equal the captured trace's cell of that label (float64: 1e-9 of each statistic's
+    largest magnitude; 1e-6 for the families that round their mixing in float32); every input is
+    its sources' combination (unit weights: their plain sum); a source written after a consumer
+    leaves its cell NaN; and the labels are the layout's, in its order. The zero-initialised
+    parameters are woken first (``wake``) so that no label is a source that is zero everywhere."""
+    name = family[0]
+    assert name in LAYOUTS, f"{name}: no layout in tests/probes/layouts.py"
+    model = wake(family_model(family))
+    ad = resolve(model)
+    tokens = family_tokens(ad)
+    trace = capture(model, tokens, batch_size=2, rank=True, progress=False)
+    rows, values, order = rows_of(model, tokens, name)
+    for dim, labels in (("layer", list(rows)), ("source", order)):
+        assert set(trace[dim].values) == set(labels), f"{name}: {dim} {list(trace[dim].values)}, not {labels}"
+    skip = trace.attrs["skip_positions"]
+    assert_by_label(trace, rows, expected(rows, values, skip), tolerance(name)[1], what=name)
+    assert list(trace["layer"].values) == list(rows) and list(trace["source"].values) == order, name
 
 
 @pytest.mark.parametrize("variant", ["grn-v2", "grn-v3", "dca", "dca-k2"])
