@@ -181,6 +181,56 @@ MUTANTS: list[Mutant] = [
         '            (Branch(ATTN, mlp, ("post_attention_layernorm",), scale=scale),),',
         ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle_by_label",),
     ),
+    # --- the docs and what they show ----------------------------------------------------------------
+    Mutant(
+        "a documented glob that matches nothing",
+        "docs/results.md",
+        "depthscope/zoo/deep/trajectories/*.nc",
+        "depthscope/zoo/deep/trajectory/*.nc",
+        ("tests/test_docs_commands.py::test_every_shown_input_exists",),
+    ),
+    Mutant(
+        "a typo in a documented path",
+        "README.md",
+        "depthscope report m.step-*.safetensors m.safetensors",
+        "depthscope report m.stp-*.safetensors m.safetensors",
+        ("tests/test_docs_commands.py::test_every_shown_input_exists",),
+    ),
+    Mutant(
+        "a documented option the command lacks",
+        "README.md",
+        "depthscope dilution m.nc [--readout]",
+        "depthscope dilution m.nc [--readout] [--bogus]",
+        ("tests/test_docs_commands.py::test_every_shown_command_is_known",),
+    ),
+    Mutant(
+        "a documented command the CLI lacks",
+        "README.md",
+        "depthscope zoo list ",
+        "depthscope zoo lst ",
+        ("tests/test_docs_commands.py::test_every_shown_command_is_known",),
+    ),
+    Mutant(
+        "a claim's verdict edited by hand in the results page",
+        "docs/results.md",
+        "(about 137 seeds",
+        "(about 13 seeds",
+        ("tests/test_docs_claims.py::test_the_claims_table_is_the_bundled_seeds",),
+    ),
+    Mutant(
+        "a steps-to-loss ratio edited by hand in the results page",
+        "docs/results.md",
+        "| hc | 1.37 ± 0.08 (n=3) |",
+        "| hc | 1.73 ± 0.08 (n=3) |",
+        ("tests/test_docs_claims.py::test_the_steps_and_costs_table_is_the_bundled_seeds",),
+    ),
+    Mutant(
+        "a model whose config refuses one read is refused whole",
+        "depthscope/probes/adapters/huggingface.py",
+        "    config = config_values(cfg, keep)\n",
+        "    config = {k: getattr(cfg, k) for k in keep if hasattr(cfg, k)}\n",
+        ("tests/probes/adapters/test_heterogeneous_configs.py",),
+    ),
     # --- reading models --------------------------------------------------------------------------
     Mutant(
         "ids of a vocabulary with special tokens read as bytes",

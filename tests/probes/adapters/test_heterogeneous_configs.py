@@ -1,7 +1,10 @@
 """Configs whose attribute reads raise: transformers' heterogeneous (per-layer) configs refuse a
 global read of a per-layer attribute (dots3_note_text's ``num_attention_heads``: a RuntimeError,
-which ``getattr``'s default does not catch). Every family's checks treat such a read as absent, so
-a capture reads the model or refuses it in one line, never with a traceback.
+which ``getattr``'s default does not catch). Every family's checks treat such a read as absent
+(``config_value``), so such a model is read as any other: the capture succeeds and its inputs are
+rebuilt from their sources. The one refusal the code documents is a layout whose switch or scale is
+itself a refusing attribute (huggingface.py's ``_from_config``); neither model here has one, so a
+refusal of either is a regression.
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ import numpy as np
 import pytest
 import torch
 
-from depthscope.errors import DepthscopeError
 from depthscope.probes import capture
 from depthscope.probes.adapters import FAMILIES, resolve
 from depthscope.probes.adapters.base import config_value, config_values
@@ -73,26 +75,24 @@ def test_config_value_treats_a_raising_read_as_absent():
     assert config_values(cfg, ("pad_token_id", "no_such_key"), keep_none=True) == {"pad_token_id": None}
 
 
-def test_a_model_whose_config_raises_is_read_or_refused_in_one_line():
+def test_a_model_whose_config_raises_is_read_as_before():
     model = tiny_llama()
     ids = torch.randint(0, 300, (2, 16))
     expected = capture(model, ids)
     model.config.__class__ = _raising_config(type(model.config))
     for family in FAMILIES.values():  # every family's detect survives it
         family.detect(model)
-    try:
-        trace = capture(model, ids)
-    except DepthscopeError as err:  # a refusal is one line
-        assert "\n" not in str(err)
-        return
+    trace = capture(model, ids)  # read, not refused
+    assert float(trace["residual_error"].max()) < 1e-4
     np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
     np.testing.assert_array_equal(trace["contribution_share"], expected["contribution_share"])
     assert resolve(model).family == "huggingface"
 
 
 def _dots3_directory(path):
-    """A tiny transformers dots3_note_text model (per-layer attention sizes), or None where the
-    installed transformers has no such model type.
+    """A tiny transformers dots3_note_text model (per-layer attention sizes; a vocabulary of the 256
+    bytes, so that it reads text without a tokenizer), or None where the installed transformers has
+    no such model type.
     """
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
@@ -101,7 +101,7 @@ def _dots3_directory(path):
     sizes = dict(
         num_hidden_layers=4,
         hidden_size=64,
-        vocab_size=300,
+        vocab_size=256,  # byte-level: with any other size a capture without a tokenizer is refused
         intermediate_size=64,
         moe_intermediate_size=32,
         shared_experts_intermediate_size=32,
@@ -150,9 +150,8 @@ def test_a_per_layer_transformers_config_is_captured_from_the_cli(tmp_path):
     assert directory is not None, "transformers 5.24 builds dots3_note_text with a per-layer config"
     out = tmp_path / "t.nc"
     rc, err = run(["capture", directory, "--out", out, "--tokens", "64", "--ctx", "16", "--quiet"])
-    assert "Traceback" not in err
-    if rc == 0:
-        trace = load_trace(out)
-        np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
-    else:
-        assert rc == 2 and len(err.splitlines()) == 1 and err.startswith("error: "), err
+    assert rc == 0 and "Traceback" not in err, err  # read, not refused
+    trace = load_trace(out)
+    assert trace.attrs["family"] == "huggingface" and trace.sizes["layer"] > 0
+    assert float(trace["residual_error"].max()) < 1e-4
+    np.testing.assert_allclose(trace["contribution_share"].sum("source"), 1.0, atol=1e-6)
