@@ -12,17 +12,30 @@ the handler is installed by the entry point before anything heavy is imported (`
 * an interrupt that some library swallowed still ends in exit 130: ``atomic_path`` refuses to
   rename an output into place once one was recorded, and ``finish`` reports it.
 
+* an interrupt that a library turned into another exception (Python turns a KeyboardInterrupt
+  raised inside ``__set_name__``, while a class is being made, into a RuntimeError) is still an
+  interrupt: ``finish`` reports any exception after a recorded Ctrl-C as exit 130;
+* the messages Python prints for exceptions it cannot raise (an object finalised half made, such as
+  a ``ZipFile`` whose ``__init__`` the interrupt stopped) are silent once an interrupt is recorded;
+* the imports of torch and transformers run with the interrupt deferred (``HEAVY``): an exception
+  raised while their C++ extensions call back into Python aborts the process (``terminate called
+  after throwing an instance of 'pybind11::error_already_set'``); the Ctrl-C is raised as soon as
+  the import is done.
+
 A process started with SIGINT ignored (a job started in the background by a non-interactive
 shell) keeps it ignored, as Python itself does.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.machinery
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
-_STATE = {"installed": False, "armed": False, "hit": False, "said": False}
+_STATE = {"installed": False, "armed": False, "hit": False, "said": False, "looking": False}
+HEAVY = ("torch", "transformers")  # top-level packages whose import defers a Ctrl-C (their C++ calls back)
 
 
 def _on_sigint(signum, frame) -> None:
@@ -38,7 +51,57 @@ def install() -> None:
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         return
     signal.signal(signal.SIGINT, _on_sigint)
+    sys.meta_path.insert(0, _DeferredImports)
+    default = sys.unraisablehook
+    sys.unraisablehook = lambda u: None if _STATE["hit"] else default(u)
     _STATE["installed"] = True
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold a Ctrl-C that arrives inside the block; raise it when the block ends (if armed)."""
+    armed = _STATE["armed"]
+    _STATE["armed"] = False
+    try:
+        yield
+    finally:
+        _STATE["armed"] = armed
+    if armed and _STATE["hit"]:
+        raise KeyboardInterrupt
+
+
+class _Deferring:
+    """A loader that runs another loader's module code with the interrupt ``deferred``."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+
+    def __getattr__(self, name):  # get_source, get_resource_reader, ...: the wrapped loader's own
+        return getattr(self._loader, name)
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with deferred():
+            self._loader.exec_module(module)
+
+
+class _DeferredImports:
+    """A finder that hands the ``HEAVY`` packages' own specs back with a ``_Deferring`` loader."""
+
+    @staticmethod
+    def find_spec(name, path=None, target=None):
+        if name not in HEAVY or _STATE["looking"]:
+            return None
+        _STATE["looking"] = True
+        try:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        finally:
+            _STATE["looking"] = False
+        if spec is not None and spec.loader is not None:
+            spec.loader = _Deferring(spec.loader)
+        return spec
 
 
 def hit() -> bool:
@@ -71,6 +134,10 @@ def finish(command: Callable[[], int]) -> int:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
     except KeyboardInterrupt:
         status = 130
+    except BaseException:
+        if not _STATE["hit"]:
+            raise
+        status = 130  # an interrupt a library turned into another exception
     if _STATE["hit"] or status == 130:
         status = 130
         if not _STATE["said"]:

@@ -231,6 +231,79 @@ MUTANTS: list[Mutant] = [
         "    config = {k: getattr(cfg, k) for k in keep if hasattr(cfg, k)}\n",
         ("tests/probes/adapters/test_heterogeneous_configs.py",),
     ),
+    # --- Ctrl-C and partial files ----------------------------------------------------------------
+    Mutant(
+        "a partial written in place (no temporary file and rename)",
+        "depthscope/probes/partial.py",
+        '    with atomic_path(path) as tmp, tmp.open("wb") as f:',
+        '    with path.open("wb") as f:',
+        ("tests/test_interrupt.py::test_ctrl_c_while_a_partial_is_written_leaves_the_previous_whole",),
+    ),
+    Mutant(
+        "a partial's digest leaves out a field it saves",
+        "depthscope/probes/partial.py",
+        '"digest": digest(arrays_of(arrays), meta)',
+        '"digest": digest(arrays_of(arrays), {k: v for k, v in meta.items() if k != "partial_format"})',
+        ("tests/test_interrupt.py::test_ctrl_c_inside_a_batch_after_a_partial_leaves_it_whole",),
+    ),
+    Mutant(
+        "a Ctrl-C inside torch's import raised there (the C++ caller aborts)",
+        "depthscope/interrupt.py",
+        "    sys.meta_path.insert(0, _DeferredImports)\n",
+        "",
+        ("tests/test_interrupt.py::test_a_ctrl_c_during_torchs_import_is_held_until_the_import_is_done",),
+    ),
+    Mutant(
+        "an interrupt a library turned into another exception is a traceback",
+        "depthscope/interrupt.py",
+        '        if not _STATE["hit"]:\n            raise\n',
+        "        raise\n",
+        ("tests/test_interrupt.py::test_an_interrupt_a_library_turned_into_another_exception_is_exit_130",),
+    ),
+    Mutant(
+        "Python's unraisable reports printed after an interrupt",
+        "depthscope/interrupt.py",
+        '    sys.unraisablehook = lambda u: None if _STATE["hit"] else default(u)\n',
+        "",
+        ("tests/test_interrupt.py::test_what_python_cannot_raise_after_an_interrupt_is_silent",),
+    ),
+    # --- multi-stream statistics -------------------------------------------------------------------
+    Mutant(
+        "stream statistics: a read's magnitude without its read weights",
+        "depthscope/probes/stream_stats.py",
+        '"read_abs": c.norm(dim=-1).sum((0, 1)),',
+        '"read_abs": h.norm(dim=-1).sum((0, 1)),',
+        (
+            "tests/probes/test_stream_stats.py::test_transformers_family_sums_equal_the_statistics_of_the_hooked_streams",
+        ),
+    ),
+    Mutant(
+        "stream statistics: the streams' shares reversed",
+        "depthscope/probes/stream_stats.py",
+        '"read_dot": torch.einsum("bpsd,bpd->s", c, y),',
+        '"read_dot": torch.einsum("bpsd,bpd->s", c, y).flip(0),',
+        (
+            "tests/probes/test_stream_stats.py::test_transformers_family_sums_equal_the_statistics_of_the_hooked_streams",
+        ),
+    ),
+    Mutant(
+        "stream statistics: the stream-mixing matrix not skipped as the streams are",
+        "depthscope/probes/stream_stats.py",
+        "res = res[:, s:].double()",
+        "res = res[:, : res.shape[1] - s].double()",
+        (
+            "tests/probes/test_stream_stats.py::test_transformers_family_sums_equal_the_statistics_of_the_hooked_streams",
+        ),
+    ),
+    Mutant(
+        "stream statistics: the composite multiplied in the wrong order",
+        "depthscope/probes/stream_stats.py",
+        "self.composite @ res",
+        "res @ self.composite",
+        (
+            "tests/probes/test_stream_stats.py::test_transformers_family_sums_equal_the_statistics_of_the_hooked_streams",
+        ),
+    ),
     # --- reading models --------------------------------------------------------------------------
     Mutant(
         "ids of a vocabulary with special tokens read as bytes",
