@@ -51,8 +51,9 @@ def render(report: Path, profile: Path) -> Rendered:
         cid: int(n)
         for cid, n in re.findall(r'<div class="chart[^"]*" id="([^"]+)"[^>]*data-marks="(\d+)"', dom)
     }
+    chart = r'<div class="chart[^"]*" id="([^"]+)"[^>]*'
     clipped, nonfinite = (
-        {cid: int(n) for cid, n in re.findall(rf'<div class="chart[^"]*" id="([^"]+)"[^>]*{attr}="(\d+)"', dom)}
+        {cid: int(n) for cid, n in re.findall(chart + attr + r'="(\d+)"', dom)}
         for attr in ("data-clipped", "data-nonfinite")
     )
     charts = re.findall(r'<div class="chart" id="([^"]+)">', (report / "index.html").read_text())
