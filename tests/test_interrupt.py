@@ -285,6 +285,7 @@ from depthscope import interrupt
 interrupt.install()
 {body}
 status = interrupt.finish(body)
+globals().get("after", lambda: None)()  # what runs after the command, before the exit
 print(status, flush=True)
 os._exit(status)
 """
@@ -354,11 +355,8 @@ def body():
     time.sleep(2)
     return 0
 
-def finalise_after():
-    HalfMade()  # its __del__ raises: Python reports it through sys.unraisablehook
-
-import atexit
-atexit.register(finalise_after)
+def after():
+    HalfMade()  # dropped at once: its __del__ raises, and Python reports it through sys.unraisablehook
 """
     )
     assert (rc, out.split(), err) == (130, ["130"], "interrupted\n")
