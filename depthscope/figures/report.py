@@ -6,12 +6,14 @@ sections of tables, notes and figures; each ``ReportFigure`` holds the estimator
 draws); this module only draws it: ``ReportFigure.draw`` the matplotlib figure (PNG and SVG
 files, for papers) and ``ReportFigure.charts`` its interactive panels
 (``figures.interactive``, Vega-Lite); ``render_page`` fills ``templates/report.html``. Figure
-names, titles and captions come from one table (``CAPTIONS`` via ``spec``). Every string that
+names, titles, captions and drawings come from one table (``FIGURES``, a ``FigureKind`` per kind;
+``figure`` makes one from its kind and data). Every string that
 comes from a trace, a file or the settings is escaped by the template, and by
 ``Charts.payload`` inside the page's script.
 
 Adding a section is one entry in ``ReportData.sections``: ``Section(anchor, title, short,
-content=[Note(...), Table(...), ReportFigure(...)])``.
+content=[Note(...), Table(...), figure(kind, data)])``; a new kind of figure is one ``FigureKind``
+row of ``FIGURES``.
 """
 
 from __future__ import annotations
@@ -81,107 +83,9 @@ def _is_signed(t: xr.Dataset) -> bool:
     return bool(np.nanmin(t["mixing"].values) < 0)
 
 
-# (title, caption) of every figure kind; {label}, {k}, {scale} are filled in
-CAPTIONS = {
-    "claims": (
-        "Each variant against the standard residual, over seeds",
-        "Left: validation loss minus the standard residual's of the same seed, along training (mean over "
-        "seeds; band: min..max; dashed: the standard grown a block deeper or 8 features wider). Right: the "
-        "standard's steps over the steps each variant needs to reach the standard's final validation loss "
-        "(linear interpolation between the validation points, every 100 steps); dots are seeds, bars their "
-        "mean, the dashed line DCA's claimed 3x. ",
-    ),
-    "grid-weights": (
-        "Depth-mixing weights of every model (row-normalised)",
-        "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's input "
-        "(rows), token mean, in the delta basis (embedding + sublayer outputs), on a log scale. Every "
-        "consumer "
-        "of a pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual "
-        "reads "
-        "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. Shared "
-        "colour scale. The raw weights M are one click below.",
-    ),
-    "grid-share": (
-        "Contribution shares of every model",
-        "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 (each row sums to "
-        "1; a "
-        "ratio of sums over tokens, so high-norm tokens weigh more). The uniform 1/T share is 1/(sources).",
-    ),
-    "dilution": (
-        "Dilution against the 1/T baseline",
-        "Contribution share of the embedding, the first sublayer and the latest source at each consumer "
-        "depth; "
-        "the dashed line is the uniform share 1/T.",
-    ),
-    "grid-mixing": (
-        "Raw depth-mixing weights M of every model",
-        "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual is 1 "
-        "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale{scale}.",
-    ),
-    "pattern": (
-        "Input-and-recent pattern scores",
-        "Mass of |M| on the embedding and the last {k} sources over what a uniform row puts there: 1 is "
-        "uniform (a standard residual), above 1 is the pattern the papers report.",
-    ),
-    "retention": (
-        "Retention of sources",
-        "Contribution share of each source at the consumers after it, by lag in sublayers, in units of the "
-        "uniform 1/T share.",
-    ),
-    "weight-effect": (
-        "Does the weight matter?",
-        "Each (consumer, source) cell's contribution share (left) and row-normalised weight (right) "
-        "against its "
-        "ablation effect: the loss increase when the source's term is removed from that consumer's input "
-        "alone. Spearman's rho in each title.",
-    ),
-    "read-depth": (
-        "{label}: how far back q, k and v read",
-        "Mass-weighted mean lag over the sources (row-normalised |M|) and the weight on the embedding, for "
-        "the "
-        "query, key and value inputs of every attention.",
-    ),
-    "trajectory": (
-        "{label}: the pattern over training",
-        "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the read-out's share "
-        "of "
-        "the embedding, the dilution index of the first and latest sources, and the validation loss, against "
-        "the training tokens seen.",
-    ),
-    "trajectories": (
-        "The pattern over training, every run",
-        "Pattern score of each bundled or given run against the training tokens seen, per consumer group "
-        "(all sublayer inputs, attention inputs, MLP inputs, read-out); 1 is a uniform row.",
-    ),
-    "trajectory-weights": (
-        "{label}: weights at each step",
-        "Row-normalised weights at each step, on one scale.",
-    ),
-    "rank": (
-        "Effective rank of each sublayer's outputs",
-        "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum is the "
-        "collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
-    ),
-    "versus-depth": (
-        "The same schemes at several depths",
-        "Per scheme, against the number of blocks (each depth at the step all depths reached): the "
-        "pattern score of the sublayer inputs and of the read-out, the read-out's share of the embedding "
-        "and of block 0's MLP write beside the uniform 1/T share (dashed), the validation-loss gain over "
-        "the standard residual at the same depth, r*/d where spectra were captured, and how far back DCA's "
-        "q, k and v read.",
-    ),
-    "model": ("{label}", "Mixing weights (left) and contribution shares (right){blocks}."),
-    "native": (
-        "{label} in its own parametrisation",
-        "The weights as the scheme's paper draws them (axes, orientation and scale as cited in the title), "
-        "beside the delta-basis matrix above.",
-    ),
-}
-
-
 def spec(kind: str, label: str = "", *, key: str | None = None, **fill) -> FigureSpec:
     """The FigureSpec of a figure kind (named ``kind``, ``kind-{key}`` or ``kind-{slug(label)}``)."""
-    title, caption = CAPTIONS[kind]
+    title, caption = FIGURES[kind].title, FIGURES[kind].caption
     key = key if key is not None else slug(label) if label else None
     name = f"{kind}-{key}" if key else kind
     return FigureSpec(name, title.format(label=label, **fill), caption.format(label=label, **fill))
@@ -293,7 +197,7 @@ def _with_legends(runs: list[Run]) -> list[Run]:
 @dataclass(frozen=True)
 class ReportFigure:
     """One figure of the page: its name, title and caption (``spec``), its ``kind`` (a key of
-    ``KINDS``: how it is drawn) and ``data``, the estimator output it draws (keyword arguments of
+    ``FIGURES``: how it is drawn) and ``data``, the estimator output it draws (keyword arguments of
     the kind's drawing functions). ``folded``: shown under a ``<details>`` with this summary.
     """
 
@@ -305,12 +209,21 @@ class ReportFigure:
 
     def draw(self):
         """The matplotlib Figure (for the PNG and SVG files)."""
-        return KINDS[self.kind][0](**self.data)
+        return FIGURES[self.kind].draw(**self.data)
 
     def charts(self, out: ia.Charts) -> list[ia.Chart]:
         """Its interactive panels, added to ``out`` (none: the page shows the PNG)."""
-        make = KINDS[self.kind][1]
+        make = FIGURES[self.kind].charts
         return make(out, f"chart-{self.spec.name}", **self.data) if make else []
+
+
+def figure(
+    kind: str, data: dict[str, Any], label: str = "", *, key: str | None = None, folded: str = "", **fill
+) -> ReportFigure:
+    """A figure of the page from its kind (a key of ``FIGURES``, spelled once) and the data it draws:
+    its name, title and caption from the kind's row (``spec``: ``label``, ``key`` and ``fill``).
+    """
+    return ReportFigure(spec(kind, label, key=key, **fill), kind, data, folded)
 
 
 @dataclass(frozen=True)
@@ -653,20 +566,149 @@ def _model_charts(out, cid, trace, blocks=None, signed=False, **_):
     return charts
 
 
-KINDS: dict[str, tuple[Callable[..., Any], Callable[..., list] | None]] = {
-    "grid": (_grid, _grid_charts),
-    "dilution": (lambda curves: plot_dilution_panels(curves), _dilution_charts),
-    "pattern": (lambda curves: plot_pattern_scores(curves).figure, _pattern_charts),
-    "retention": (lambda data: plot_retention(data).figure, _retention_charts),
-    "weight-effect": (lambda traces, cells: weight_effect_figure(traces), _weight_effect_charts),
-    "read-depth": (lambda trace, views: read_depth_figure(trace), _read_depth_charts),
-    "trajectories": (lambda tables, labels: plot_trajectories(tables, labels=labels), _trajectories_charts),
-    "trajectory": (lambda table, title: plot_trajectory(table, title=title), _trajectory_charts),
-    "versus-depth": (lambda table: depth_figure(table), _depth_charts),
-    "rank": (_rank_draw, _rank_charts),
-    "claims": (lambda curves, speed, schemes: plot_claims(curves, speed, schemes), None),  # a PNG
-    "model": (lambda trace, blocks=None, signed=False: model_figure(trace, blocks), _model_charts),
-    "native": (lambda trace: native_figure(trace), None),  # drawn as the paper draws it: a PNG
+@dataclass(frozen=True)
+class FigureKind:
+    """One kind of figure, in one row of ``FIGURES``: its title and caption (``{label}``, ``{k}``,
+    ``{scale}``, ``{blocks}`` filled in by ``spec``), how it is drawn for the files (``draw``: the
+    figure's data as keyword arguments -> a matplotlib Figure) and for the page (``charts``: its
+    interactive panels; None: the page shows its PNG, as the paper draws it).
+    """
+
+    title: str
+    caption: str
+    draw: Callable[..., Any]
+    charts: Callable[..., list] | None
+
+
+FIGURES: dict[str, FigureKind] = {
+    "claims": FigureKind(
+        "Each variant against the standard residual, over seeds",
+        "Left: validation loss minus the standard residual's of the same seed, along training (mean over "
+        "seeds; band: min..max; dashed: the standard grown a block deeper or 8 features wider). Right: the "
+        "standard's steps over the steps each variant needs to reach the standard's final validation loss "
+        "(linear interpolation between the validation points, every 100 steps); dots are seeds, bars their "
+        "mean, the dashed line DCA's claimed 3x. ",
+        lambda curves, speed, schemes: plot_claims(curves, speed, schemes),
+        None,
+    ),
+    "grid-weights": FigureKind(
+        "Depth-mixing weights of every model (row-normalised)",
+        "Row-normalised weight |M[l, s]| / sum_s |M[l, s]| of each source (columns) in each consumer's input "
+        "(rows), token mean, in the delta basis (embedding + sublayer outputs), on a log scale. Every "
+        "consumer "
+        "of a pre-norm model passes through a norm, so a row's scale is irrelevant; a standard residual "
+        "reads "
+        "1/n (the 1/T baseline) on every available cell. Blank cells are sources not yet written. Shared "
+        "colour scale. The raw weights M are one click below.",
+        _grid,
+        _grid_charts,
+    ),
+    "grid-share": FigureKind(
+        "Contribution shares of every model",
+        "Share of each source in each consumer's input: sum <c[l,s], h_l> / sum |h_l|^2 (each row sums to "
+        "1; a "
+        "ratio of sums over tokens, so high-norm tokens weigh more). The uniform 1/T share is 1/(sources).",
+        _grid,
+        _grid_charts,
+    ),
+    "dilution": FigureKind(
+        "Dilution against the 1/T baseline",
+        "Contribution share of the embedding, the first sublayer and the latest source at each consumer "
+        "depth; "
+        "the dashed line is the uniform share 1/T.",
+        lambda curves: plot_dilution_panels(curves),
+        _dilution_charts,
+    ),
+    "grid-mixing": FigureKind(
+        "Raw depth-mixing weights M of every model",
+        "The effective weight M[l, s] itself (token mean), not row-normalised: a standard residual is 1 "
+        "everywhere, and multi-stream read-outs (HC, mHC) sum their n streams. Shared colour scale{scale}.",
+        _grid,
+        _grid_charts,
+    ),
+    "pattern": FigureKind(
+        "Input-and-recent pattern scores",
+        "Mass of |M| on the embedding and the last {k} sources over what a uniform row puts there: 1 is "
+        "uniform (a standard residual), above 1 is the pattern the papers report.",
+        lambda curves: plot_pattern_scores(curves).figure,
+        _pattern_charts,
+    ),
+    "retention": FigureKind(
+        "Retention of sources",
+        "Contribution share of each source at the consumers after it, by lag in sublayers, in units of the "
+        "uniform 1/T share.",
+        lambda data: plot_retention(data).figure,
+        _retention_charts,
+    ),
+    "weight-effect": FigureKind(
+        "Does the weight matter?",
+        "Each (consumer, source) cell's contribution share (left) and row-normalised weight (right) "
+        "against its "
+        "ablation effect: the loss increase when the source's term is removed from that consumer's input "
+        "alone. Spearman's rho in each title.",
+        lambda traces, cells: weight_effect_figure(traces),
+        _weight_effect_charts,
+    ),
+    "read-depth": FigureKind(
+        "{label}: how far back q, k and v read",
+        "Mass-weighted mean lag over the sources (row-normalised |M|) and the weight on the embedding, for "
+        "the "
+        "query, key and value inputs of every attention.",
+        lambda trace, views: read_depth_figure(trace),
+        _read_depth_charts,
+    ),
+    "trajectory": FigureKind(
+        "{label}: the pattern over training",
+        "Pattern score (all sublayer inputs, attention inputs, MLP inputs, read-out), the read-out's share "
+        "of "
+        "the embedding, the dilution index of the first and latest sources, and the validation loss, against "
+        "the training tokens seen.",
+        lambda table, title: plot_trajectory(table, title=title),
+        _trajectory_charts,
+    ),
+    "trajectories": FigureKind(
+        "The pattern over training, every run",
+        "Pattern score of each bundled or given run against the training tokens seen, per consumer group "
+        "(all sublayer inputs, attention inputs, MLP inputs, read-out); 1 is a uniform row.",
+        lambda tables, labels: plot_trajectories(tables, labels=labels),
+        _trajectories_charts,
+    ),
+    "trajectory-weights": FigureKind(
+        "{label}: weights at each step",
+        "Row-normalised weights at each step, on one scale.",
+        _grid,
+        _grid_charts,
+    ),
+    "rank": FigureKind(
+        "Effective rank of each sublayer's outputs",
+        "Numerical rank (0.99 of the energy) of each sublayer's outputs over tokens; their sum is the "
+        "collective rank r* of DCA's theory (arXiv 2502.06785, Sec. 4).",
+        _rank_draw,
+        _rank_charts,
+    ),
+    "versus-depth": FigureKind(
+        "The same schemes at several depths",
+        "Per scheme, against the number of blocks (each depth at the step all depths reached): the "
+        "pattern score of the sublayer inputs and of the read-out, the read-out's share of the embedding "
+        "and of block 0's MLP write beside the uniform 1/T share (dashed), the validation-loss gain over "
+        "the standard residual at the same depth, r*/d where spectra were captured, and how far back DCA's "
+        "q, k and v read.",
+        lambda table: depth_figure(table),
+        _depth_charts,
+    ),
+    "model": FigureKind(
+        "{label}",
+        "Mixing weights (left) and contribution shares (right){blocks}.",
+        lambda trace, blocks=None, signed=False: model_figure(trace, blocks),
+        _model_charts,
+    ),
+    "native": FigureKind(
+        "{label} in its own parametrisation",
+        "The weights as the scheme's paper draws them (axes, orientation and scale as cited in the title), "
+        "beside the delta-basis matrix above.",
+        lambda trace: native_figure(trace),
+        None,
+    ),
 }
 
 

@@ -3,8 +3,9 @@
 Every estimator runs here once per model or run (``summary`` once per model and once per
 trajectory; the heatmaps' arrays once for the overview, the model sections and the files), and
 each figure keeps the estimator output it draws: ``figures.report`` only draws it (the PNG and
-SVG files, the page's interactive charts) and renders the page. Figure names, titles and
-captions come from ``figures.report.spec``, so a name is spelled once, where its figure is made.
+SVG files, the page's interactive charts) and renders the page. Figure names, titles, captions
+and drawings come from ``figures.report.FIGURES`` through ``figure(kind, data)``: a kind is spelled
+once per figure.
 """
 
 from __future__ import annotations
@@ -37,14 +38,13 @@ from depthscope.figures.report import (
     Column,
     Note,
     ReportData,
-    ReportFigure,
     Section,
     Table,
     _is_signed,
+    figure,
     model_heading,
     retention,
     slug,
-    spec,
     trajectory_runs,
 )
 from depthscope.trace import STACK, split_models, stack_traces
@@ -85,7 +85,7 @@ def report_data(
     ]
     sections = [s for s in sections if s is not None]
     read_depth = [
-        ReportFigure(spec("read-depth", trace_label(t)), "read-depth", {"trace": t, "views": v})
+        figure("read-depth", {"trace": t, "views": v}, trace_label(t))
         for t in traces
         if (v := views(t)).sizes.get("view", 0)
     ]
@@ -117,9 +117,8 @@ def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
         "How each model mixes depth",
         "overview",
         [
-            ReportFigure(
-                spec("grid-weights"),
-                "grid",
+            figure(
+                "grid-weights",
                 {
                     "data": row_normalized(stacked),
                     "key": "weights",
@@ -127,9 +126,8 @@ def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
                     "scale": "log",
                 },
             ),
-            ReportFigure(
-                spec("grid-share"),
-                "grid",
+            figure(
+                "grid-share",
                 {
                     "data": stacked["contribution_share"],
                     "key": "share",
@@ -137,10 +135,9 @@ def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
                     "scale": "diverging",
                 },
             ),
-            ReportFigure(spec("dilution"), "dilution", {"curves": dilution_curves(stacked)}),
-            ReportFigure(
-                spec("grid-mixing", scale=scale),
-                "grid",
+            figure("dilution", {"curves": dilution_curves(stacked)}),
+            figure(
+                "grid-mixing",
                 {
                     "data": stacked["mixing"],
                     "key": "mixing",
@@ -149,6 +146,7 @@ def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
                     "symlog": signed,
                 },
                 folded="raw weights M (not row-normalised)",
+                scale=scale,
             ),
         ],
     )
@@ -237,8 +235,8 @@ def _scores(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> Section:
         [
             Note(SCORES.format(k=k)),
             Table(columns, rows, anchor="summary", attr="model"),
-            ReportFigure(spec("pattern", k=k), "pattern", {"curves": pattern_curves(stacked, k)}),
-            ReportFigure(spec("retention"), "retention", {"data": retention(stacked)}),
+            figure("pattern", {"curves": pattern_curves(stacked, k)}, k=k),
+            figure("retention", {"data": retention(stacked)}),
         ],
     )
 
@@ -289,7 +287,7 @@ def _causal(traces: list[xr.Dataset]) -> list[Section]:
             [
                 Note(CAUSAL),
                 Table(columns, rows, anchor="causal", attr="model"),
-                ReportFigure(spec("weight-effect"), "weight-effect", {"traces": with_cells, "cells": cells}),
+                figure("weight-effect", {"traces": with_cells, "cells": cells}),
             ],
         )
     ]
@@ -302,11 +300,7 @@ def _trajectories(trajectories, runs, tables) -> list[Section]:
         Note("Several checkpoints of one run, in step order: how the mixing pattern forms during training.")
     ]
     if len(trajectories) > 1:
-        content.append(
-            ReportFigure(
-                spec("trajectories"), "trajectories", {"tables": tables, "labels": [r.legend for r in runs]}
-            )
-        )
+        content.append(figure("trajectories", {"tables": tables, "labels": [r.legend for r in runs]}))
     columns = [
         Column("step", "step", "text"),
         Column("training tokens", "tokens", "text"),
@@ -338,30 +332,23 @@ def _trajectories(trajectories, runs, tables) -> list[Section]:
                     "latest_index": _f(g(group="sublayers")["latest_index"]),
                 }
             )
-        weights = spec("trajectory-weights", run.heading, key=run.name)
+        grid = {
+            "data": row_normalized(tr),
+            "value": "row-normalised weight",
+            "scale": "log",
+            "select": "step",
+            "ncols": tr.sizes[STACK],
+        }
+        weights = figure("trajectory-weights", grid, run.heading, key=run.name)
+        weights = replace(weights, data={**grid, "key": weights.spec.name})  # its charts' data, by its name
         children.append(
             Section(
                 f"run-{run.name}",
                 run.heading,
                 content=[
                     Table(columns, rows, cls="trajectory", attr="step"),
-                    ReportFigure(
-                        spec("trajectory", run.heading, key=run.name),
-                        "trajectory",
-                        {"table": s, "title": run.heading},
-                    ),
-                    ReportFigure(
-                        weights,
-                        "grid",
-                        {
-                            "data": row_normalized(tr),
-                            "key": weights.name,
-                            "value": "row-normalised weight",
-                            "scale": "log",
-                            "select": "step",
-                            "ncols": tr.sizes[STACK],
-                        },
-                    ),
+                    figure("trajectory", {"table": s, "title": run.heading}, run.heading, key=run.name),
+                    weights,
                 ],
             )
         )
@@ -426,7 +413,7 @@ def _versus_depth(table: xr.Dataset | None) -> list[Section]:
             [
                 Note(DEPTH),
                 Table(columns, rows, anchor="depth"),
-                ReportFigure(spec("versus-depth"), "versus-depth", {"table": table}),
+                figure("versus-depth", {"table": table}),
             ],
         )
     ]
@@ -465,7 +452,7 @@ def _rank(stacked: xr.Dataset, traces: list[xr.Dataset], energy: float) -> Secti
             Note(Markup("No trace here holds output covariances (capture with <code>--rank</code>)."))
         )
     if "source_spectrum" in stacked:
-        content.append(ReportFigure(spec("rank"), "rank", {"profile": rank_profile(stacked)}))
+        content.append(figure("rank", {"profile": rank_profile(stacked)}))
     return Section("rank-section", "Collective rank versus width", "collective rank", content)
 
 
@@ -506,9 +493,7 @@ def _claims(claims) -> Section:
                 ).format(claims.caveat)
             ),
             Table(text, claims.rows, anchor="claims-table", cls="claims"),
-            ReportFigure(
-                spec("claims"), "claims", {"curves": claims.curves, "speed": claims.speed, "schemes": schemes}
-            ),
+            figure("claims", {"curves": claims.curves, "speed": claims.speed, "schemes": schemes}),
             Table(speed, claims.speedups, anchor="claims-speed"),
             Table(costs, claims.costs, anchor="claims-costs"),
         ],
@@ -551,14 +536,15 @@ def _models(traces: list[xr.Dataset], k: int) -> Section:
         deep = t.sizes["layer"] > DEEP
         blocks = "; the shares per block on the right (a block's sources summed, its consumers averaged)"
         content: list = [
-            ReportFigure(
-                spec("model", label, blocks=blocks if deep else ""),
+            figure(
                 "model",
                 {"trace": t, "blocks": block_view(t) if deep else None, "signed": _is_signed(t)},
+                label,
+                blocks=blocks if deep else "",
             )
         ]
         if has_native(t):
-            content.append(ReportFigure(spec("native", label), "native", {"trace": t}))
+            content.append(figure("native", {"trace": t}, label))
         content.append(Table(columns, rows, cls="consumers", folded="per-consumer table"))
         note = str(t.attrs.get("consumer_input", ""))
         a = t.attrs

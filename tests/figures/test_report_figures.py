@@ -90,6 +90,26 @@ def test_the_report_plans_the_same_figures(stacked, trajectories):
     ]
 
 
+def test_every_figure_of_the_page_is_a_row_of_one_table(stacked, trajectories):
+    """One table of figure kinds: each figure a report makes names its kind once (``figure``), its
+    name starts with that kind, and its title, caption and drawing are that row's."""
+    from depthscope.figures.report import FIGURES
+    from depthscope.pipelines.report_data import report_data
+    from depthscope.pipelines.report_settings import ReportSettings
+
+    data, _ = report_data(split_models(stacked), list(trajectories), ReportSettings(k=2))
+    kinds = set()
+    for f in data.figures():
+        row = FIGURES[f.kind]
+        assert f.spec.name == f.kind or f.spec.name.startswith(f.kind + "-"), (f.kind, f.spec.name)
+        fixed = row.caption.split("{")[0]  # the caption up to its first filled-in field
+        assert f.spec.caption.startswith(fixed) and f.spec.title.startswith(row.title.split("{")[0])
+        kinds.add(f.kind)
+    assert {"grid-weights", "grid-share", "grid-mixing", "trajectory-weights", "model", "rank"} <= kinds
+    for name, row in FIGURES.items():
+        assert row.title and row.caption and callable(row.draw), name
+
+
 def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajectories):
     k = 2
     planned = {s.name: draw for s, draw in planned_figures(split_models(stacked), k, trajectories)}
