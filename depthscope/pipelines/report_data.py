@@ -184,28 +184,44 @@ def checkpoint_cell(t: xr.Dataset) -> str:
     return name or f"captured in Python ({a.get('label') or 'unlabelled'})"
 
 
+# a table's summary cells by row key: (consumer group, ``summary`` variable); the scores table and
+# each trajectory's table read them from here
+SUMMARY_CELLS = {
+    "pattern": ("sublayers", "pattern_score"),
+    "pattern_attn": ("attn", "pattern_score"),
+    "pattern_mlp": ("mlp", "pattern_score"),
+    "pattern_ssm": ("ssm", "pattern_score"),
+    "pattern_readout": ("readout", "pattern_score"),
+    "embed_index": ("sublayers", "embed_index"),
+    "first_index": ("sublayers", "first_index"),
+    "latest_index": ("sublayers", "latest_index"),
+    "readout_embed_share": ("readout", "embed_share"),
+    "readout_latest_share": ("readout", "latest_share"),
+}
+
+
+def summary_cells(s: xr.Dataset, keys: tuple[str, ...], *, unit: bool = False) -> dict[str, float]:
+    """The ``SUMMARY_CELLS`` named by ``keys`` of one model's ``summary``; with ``unit`` (unit weights:
+    a standard residual read as it is) the pattern scores are NaN, being 1 by construction.
+    """
+    cells = {key: _f(s.sel(group=SUMMARY_CELLS[key][0])[SUMMARY_CELLS[key][1]]) for key in keys}
+    return {key: float("nan") if unit and key.startswith("pattern") else v for key, v in cells.items()}
+
+
+SCORE_CELLS = ("pattern", "pattern_attn", "pattern_mlp", "pattern_ssm", "pattern_readout", "embed_index")
+SCORE_CELLS += ("latest_index", "readout_embed_share", "readout_latest_share")
+TRAJECTORY_CELLS = ("pattern", "pattern_attn", "pattern_mlp", "pattern_readout", "readout_embed_share")
+TRAJECTORY_CELLS += ("first_index", "latest_index")
+
+
 def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
-    g = s.sel
-    # unit weights (a standard residual read as it is): the pattern score is 1 by construction, no finding
-    pattern = (
-        (lambda group: float("nan"))
-        if unit_weights(t)
-        else (lambda group: _f(g(group=group)["pattern_score"]))
-    )
+    unit = unit_weights(t)
     return {
         "model": trace_label(t),
         "checkpoint": checkpoint_cell(t),
         "tokens": int(t.attrs.get("tokens", 0)),
-        "weights": "unit (pattern 1 by construction)" if unit_weights(t) else "learned",
-        "pattern": pattern("sublayers"),
-        "pattern_attn": pattern("attn"),
-        "pattern_mlp": pattern("mlp"),
-        "pattern_ssm": pattern("ssm"),
-        "pattern_readout": pattern("readout"),
-        "embed_index": _f(g(group="sublayers")["embed_index"]),
-        "latest_index": _f(g(group="sublayers")["latest_index"]),
-        "readout_embed_share": _f(g(group="readout")["embed_share"]),
-        "readout_latest_share": _f(g(group="readout")["latest_share"]),
+        "weights": "unit (pattern 1 by construction)" if unit else "learned",
+        **summary_cells(s, SCORE_CELLS, unit=unit),
         "max_error": _f(s["max_residual_error"]),
     }
 
@@ -317,19 +333,12 @@ def _trajectories(trajectories, runs, tables) -> list[Section]:
     for tr, run, s in zip(trajectories, runs, tables):
         rows = []
         for i, m in enumerate(tr[STACK].values):
-            g = s.sel({STACK: m}).sel
             rows.append(
                 {
                     "step": int(tr["step"].values[i]),
                     "tokens": int(tr["train_tokens"].values[i]) if "train_tokens" in tr.coords else 0,
                     "val_loss": _f(tr["val_loss"].values[i]) if "val_loss" in tr.coords else float("nan"),
-                    "pattern": _f(g(group="sublayers")["pattern_score"]),
-                    "pattern_attn": _f(g(group="attn")["pattern_score"]),
-                    "pattern_mlp": _f(g(group="mlp")["pattern_score"]),
-                    "pattern_readout": _f(g(group="readout")["pattern_score"]),
-                    "readout_embed_share": _f(g(group="readout")["embed_share"]),
-                    "first_index": _f(g(group="sublayers")["first_index"]),
-                    "latest_index": _f(g(group="sublayers")["latest_index"]),
+                    **summary_cells(s.sel({STACK: m}), TRAJECTORY_CELLS),
                 }
             )
         grid = {
