@@ -211,6 +211,13 @@ MUTANTS: list[Mutant] = [
         ("tests/test_docs_commands.py::test_every_shown_command_is_known",),
     ),
     Mutant(
+        "a documented function that does not exist",
+        "docs/reference.md",
+        "so `analysis.causal.views` gives the read",
+        "so `analysis.causal.viewz` gives the read",
+        ("tests/test_docs_symbols.py",),
+    ),
+    Mutant(
         "a claim's verdict edited by hand in the results page",
         "docs/results.md",
         "(about 137 seeds",
