@@ -21,20 +21,59 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from depthscope.probes.moments import Moments
 from depthscope.probes.terms import Split, Terms
+from depthscope.probes.workspace import Workspace
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
+
+
+class Batch(Protocol):
+    """What a fold reads of the batch and adds into: the accumulator's side of the interface
+    (``probes.accumulate.Accumulator`` implements it), typed here so a fold names every member it
+    uses and the accumulator's module is never imported by this one.
+    """
+
+    V: Tensor  # the batch's sources [S, T, d]
+    norms: Tensor  # their per-token norms [S, T]
+    dtype: torch.dtype  # of the sums
+    device: torch.device
+    d_model: int
+    n_layers: int
+    workspace: Workspace  # reused buffers and constants
+    moments: Moments  # the weights' token moments
+
+    def n_of(self, i: int) -> int:
+        """Consumer i's number of sources."""
+
+    def total(self, x: Tensor, dims=None) -> Tensor:
+        """``x`` summed (over ``dims``) in the sums' dtype."""
+
+    def sq(self, x: Tensor) -> Tensor:
+        """Per-token squared norms of ``x``, in the sums' dtype."""
+
+    def fold_error(self, i: int, h: Tensor, rebuilt: Tensor) -> None:
+        """Add consumer i's rebuild error of this batch."""
+
+    def add_error(self, i: int, err: Tensor, in_sq: Tensor) -> None:
+        """Add consumer i's squared rebuild error and input energy."""
+
+    def fold_norms(self, i: int, cn: Tensor) -> None:
+        """Add consumer i's contribution norms."""
+
+    def add_rows(self, idx, dots: Tensor, cnorm: Tensor | None = None, hh: Tensor | None = None) -> None:
+        """Add the dots (and norms, energies) of the consumers ``idx``."""
 
 
 class Fold:
     """One weight kind: ``consumer`` as each consumer arrives, ``end_batch`` once a batch."""
 
-    def __init__(self, acc: Any):  # the probes.accumulate.Accumulator that owns the fold
+    def __init__(self, acc: Batch):  # the accumulator that owns the fold
         self.acc = acc
         self.rows: list = []  # this batch's consumers of the kind, with what end_batch needs
 
@@ -152,7 +191,7 @@ class PerFeature(Fold):
     in place) until the second arrives, or the batch ends, and the terms are formed once for both.
     """
 
-    def __init__(self, acc: Any):
+    def __init__(self, acc: Batch):
         super().__init__(acc)
         self.waiting: dict[str, tuple[int, Tensor, Split]] = {}  # base -> (consumer, input, weights)
 

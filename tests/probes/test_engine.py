@@ -138,3 +138,25 @@ def test_unknown_model_names_the_known_families():
         capture(torch.nn.Linear(2, 2), torch.zeros(1, 2, dtype=torch.long))
     with pytest.raises(DepthscopeError, match="unknown adapter 'nope'"):
         capture(build(tiny()), random_tokens(tiny()), adapter="nope")
+
+
+def test_the_accumulator_is_what_a_fold_reads():
+    """A fold names every member of the batch it uses (``folds.Batch``); the accumulator has each,
+    methods with the protocol's parameters."""
+    import inspect
+    import re
+
+    from depthscope.probes.accumulate import Accumulator
+    from depthscope.probes.folds import Batch
+
+    members = {n for n in dir(Batch) if not n.startswith("_")} | set(Batch.__annotations__)
+    assert {"V", "norms", "dtype", "n_of", "total", "add_rows", "fold_error", "moments"} <= members
+    for name in members:
+        mine = getattr(Batch, name, None)
+        if callable(mine):
+            theirs = getattr(Accumulator, name)
+            assert list(inspect.signature(theirs).parameters) == list(inspect.signature(mine).parameters), (
+                name
+            )
+        else:
+            assert re.search(rf"self\.{name}\b[^=\n]*= ", inspect.getsource(Accumulator)), name  # it sets it
