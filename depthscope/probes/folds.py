@@ -21,6 +21,7 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
 
 from __future__ import annotations
 
+import abc
 from typing import Protocol
 
 import torch
@@ -70,16 +71,16 @@ class Batch(Protocol):
         """Add the dots (and norms, energies) of the consumers ``idx``."""
 
 
-class Fold:
+class Fold(abc.ABC):
     """One weight kind: ``consumer`` as each consumer arrives, ``end_batch`` once a batch."""
 
     def __init__(self, acc: Batch):  # the accumulator that owns the fold
         self.acc = acc
         self.rows: list = []  # this batch's consumers of the kind, with what end_batch needs
 
+    @abc.abstractmethod
     def consumer(self, i: int, h: Tensor, w) -> None:
         """Fold consumer i: input h [T, d] and its weights ``w``."""
-        raise NotImplementedError
 
     def end_batch(self) -> None:
         """Fold what waits for the whole batch; then forget the batch's consumers."""
