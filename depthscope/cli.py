@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from rich.console import Console
@@ -20,6 +20,9 @@ from rich.text import Text
 
 from depthscope import interrupt
 from depthscope.errors import ConfigError, DepthscopeError
+
+if TYPE_CHECKING:
+    from depthscope.inputs import ModelRef
 
 app = typer.Typer(
     add_completion=False,
@@ -128,25 +131,25 @@ def _output_file(path: Path, *inputs: Path) -> None:
 
 def _inputs(
     models: list[Path] | tuple[Path, ...] = (), corpus: Path | None = None, revision: str | None = None
-) -> list[Path]:
-    """Refuse a model, checkpoint or trace argument that names nothing, a Hugging Face hub id that
-    is not in the cache while the Hub is offline, and a corpus that does not exist, before anything
-    heavy is imported (the loaders say the same, later). Returns the models, each hub id with
+) -> list[ModelRef]:
+    """Each model, checkpoint or trace argument parsed once (``inputs.ModelRef``), before anything
+    heavy is imported: one that names nothing, or a Hugging Face hub id that is not in the cache
+    while the Hub is offline, is refused, and so is a corpus that does not exist. A hub id gets
     ``--revision`` written into it (``ORG/NAME@REVISION``).
     """
     from depthscope.errors import CorpusError
-    from depthscope.inputs import check_hub, input_kind, split_hub
+    from depthscope.inputs import ModelRef, check_hub, split_hub
 
-    kinds = [input_kind(path) for path in models]
-    if revision is not None and "hub" not in kinds:
+    refs = [ModelRef.of(path) for path in models]
+    if revision is not None and not any(ref.kind == "hub" for ref in refs):
         raise ConfigError("--revision applies to Hugging Face hub ids (ORG/NAME), and no model given is one")
     named = []
-    for path, kind in zip(models, kinds):
-        if kind == "hub":
-            repo, rev = split_hub(str(path), revision)
+    for ref in refs:
+        if ref.kind == "hub":
+            repo, rev = split_hub(ref.text, revision)
             check_hub(repo, rev)
-            path = Path(f"{repo}@{rev}") if rev else path
-        named.append(path)
+            ref = ModelRef.hub(repo, rev)
+        named.append(ref)
     if corpus is not None and not corpus.exists():
         raise CorpusError(f"corpus {corpus} does not exist")
     return named
@@ -166,7 +169,7 @@ def _spec_file(path: Path | None, need_spec: bool = True):
 
 def _model_inputs(
     models: list[Path], sf, corpus: Path | None = None, revision: str | None = None
-) -> list[Path]:
+) -> list[ModelRef] | list[Path]:
     """``_inputs`` for models, except that what a spec file's load() builds is its own business."""
     if sf is not None and sf.load is not None:
         _inputs([], corpus, revision)
@@ -592,7 +595,7 @@ def capture(
         resume=resume,
     )
     job = CaptureJob(
-        str(checkpoint),
+        checkpoint,
         out_path,
         corpus,
         settings,
@@ -733,11 +736,11 @@ def inspect(
     if out_path.suffix.lower() != ".nc":
         check_figure_path(out_path)
     sf = _spec_file(spec)
-    _model_inputs([model_path], sf)
+    [model] = _model_inputs([model_path], sf)
     from depthscope.pipelines.plot import inspect_prompt
 
     written, what = inspect_prompt(
-        model_path,
+        model,
         text,
         out_path,
         position=position,
@@ -776,10 +779,10 @@ def spec_(
     if out_path is not None:
         _output_file(out_path, model_path, *([spec] if spec else []))
     sf = _spec_file(spec, need_spec=False)
-    _model_inputs([model_path], sf)
+    [model] = _model_inputs([model_path], sf)
     from depthscope.pipelines.capture import suggest
 
-    text = suggest(str(model_path), sf.path if sf else None, trust_remote_code=trust_remote_code)
+    text = suggest(model, sf.path if sf else None, trust_remote_code=trust_remote_code)
     if out_path is None:
         out.print(text, end="", soft_wrap=True)
         return

@@ -11,6 +11,7 @@ that exists wins over a name.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import json
 import os
@@ -135,14 +136,63 @@ def _file_kind(path: Path) -> str | None:
     return None
 
 
-def input_kind(path: str | Path) -> str:
+@dataclass(frozen=True)
+class ModelRef:
+    """A model or trace argument, parsed once where it enters (the command line, or a Python call
+    given a string): the text as given and what it names, one of ``KINDS``. Every reader takes one;
+    ``ModelRef.of`` passes a ModelRef through and parses anything else. It is a path-like object
+    (``os.fspath`` and ``str`` give the text), so it names its file wherever a path is expected.
+    """
+
+    text: str
+    kind: str
+
+    @classmethod
+    def of(cls, ref: str | os.PathLike | ModelRef) -> ModelRef:
+        """``ref`` itself if it is a ModelRef, else ``ref`` parsed (DepthscopeError if it names nothing)."""
+        return ref if isinstance(ref, ModelRef) else cls(str(ref), _parse(Path(ref)))
+
+    @classmethod
+    def hub(cls, repo: str, revision: str | None) -> ModelRef:
+        """A hub id with its revision written into it (``ORG/NAME@REVISION``)."""
+        return cls(f"{repo}@{revision}" if revision else repo, "hub")
+
+    @functools.cached_property
+    def resolved(self) -> ModelRef:
+        """A short or zoo name as the file it stands for (that file parsed once); any other ref itself."""
+        if self.kind == "name":
+            return ModelRef.of(resolve_short_name(self.text))
+        if self.kind == "zoo":
+            return ModelRef.of(resolve_zoo(self.text))
+        return self
+
+    @property
+    def path(self) -> Path:
+        """The text as a path (a file or directory here, for the kinds that are)."""
+        return Path(self.text)
+
+    def __fspath__(self) -> str:
+        return self.text
+
+    def __str__(self) -> str:
+        return self.text
+
+
+KINDS = ("checkpoint", "trace", "model-dir", "gguf", "torch", "name", "zoo", "hub")
+
+
+def input_kind(path: str | os.PathLike | ModelRef) -> str:
     """'checkpoint', 'trace', 'model-dir', 'gguf', 'torch', 'name' (a short name), 'zoo' or 'hub'
     (a Hugging Face hub id, not looked up here), from the content; DepthscopeError otherwise.
     """
-    named = _name_kind(str(path)) if not Path(path).exists() else None
+    return ModelRef.of(path).kind
+
+
+def _parse(path: Path) -> str:
+    """What ``path`` names (``input_kind``), told once per argument by ``ModelRef.of``."""
+    named = _name_kind(str(path)) if not path.exists() else None
     if named is not None:
         return named
-    path = Path(path)
     if path.is_dir() and (path / "config.json").is_file():
         return "model-dir"
     if path.is_file():

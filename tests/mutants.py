@@ -326,6 +326,13 @@ MUTANTS: list[Mutant] = [
         "TOLERANCE = 1e9  # residual_error",
         ("tests/probes/test_bridge.py::test_post_ln_model_through_the_bridge_is_refused_with_a_hint",),
     ),
+    Mutant(
+        "a capture parses its model argument again (the context pre-check given the text)",
+        "depthscope/pipelines/capture.py",
+        "context = None if own_load else declared_context(ref)",
+        "context = None if own_load else declared_context(str(ref))",
+        ("tests/test_inputs.py::test_a_model_argument_is_parsed_once",),
+    ),
 ]
 
 

@@ -97,6 +97,38 @@ def test_capture_a_zoo_name_from_the_cli_equals_its_file(tmp_path):
     assert a.attrs["checkpoint"] == "denseformer" and a.attrs["scheme"] == "denseformer"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["capture", "denseformer", "--out", "{tmp}/t.nc", *FAST],
+        ["report", "denseformer", "--out", "{tmp}/r", "--tokens", "128", "--ablate", "off", "--quiet"],
+        ["rank", "measure", "denseformer", "--tokens", "128", "--quiet"],
+        ["inspect", "denseformer", "--text", "a prompt", "--out", "{tmp}/p.nc"],
+    ],
+    ids=lambda c: " ".join(c[:2]),
+)
+def test_a_model_argument_is_parsed_once(tmp_path, monkeypatch, command):
+    """Every command parses its model argument once, where it enters (``inputs.ModelRef``), and the
+    file a zoo name stands for once: the loaders and the context pre-check take the parsed reference.
+    """
+    import depthscope.inputs as inputs
+
+    seen: list[str] = []
+    parse = inputs._parse
+
+    def counted(path):
+        seen.append(str(path))
+        return parse(path)
+
+    monkeypatch.setattr(inputs, "_parse", counted)
+    argv = [a.format(tmp=tmp_path) for a in command]
+    with redirect_stdout(io.StringIO()):
+        assert main(argv) == 0
+    target = str(zoo.ZOO_DIR / "denseformer.safetensors")
+    assert seen.count("denseformer") == 1 and seen.count(target) == 1, seen
+    assert set(seen) <= {"denseformer", target}, seen
+
+
 def test_a_path_on_disk_wins_over_a_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     build(tiny()).save(tmp_path / "denseformer")  # a checkpoint file named like a zoo model

@@ -24,7 +24,7 @@ from typing import Any
 import xarray as xr
 
 from depthscope.errors import DepthscopeError
-from depthscope.inputs import hub_snapshot, input_kind
+from depthscope.inputs import ModelRef, hub_snapshot
 from depthscope.probes import capture
 from depthscope.probes.load import Placement, declared_context, load_tokenizer
 from depthscope.probes.partial import partial_path
@@ -86,7 +86,9 @@ class CaptureJob:
     is chosen per rank beside ``out`` (``probes.partial.partial_path``).
     """
 
-    model: str  # a checkpoint, a Hugging Face directory, a .gguf file, a short or zoo name, a hub id
+    # a checkpoint, a Hugging Face directory, a .gguf file, a short or zoo name, a hub id: parsed once
+    # (a string is parsed by the loaders; what a spec file's load() reads is its own text)
+    model: ModelRef | str
     out: Path
     corpus: Any = None
     settings: CaptureSettings = field(default_factory=CaptureSettings)
@@ -112,7 +114,7 @@ def run_capture(job: CaptureJob) -> xr.Dataset | None:
         if _env_world() > 1:
             raise DepthscopeError("--workers starts its own processes: do not combine it with torchrun")
         if _kind(job) == "hub":  # downloaded once, here, before the workers read the cache
-            hub_snapshot(job.model, progress=job.progress)
+            hub_snapshot(str(job.model), progress=job.progress)
         return _spawn(job)
     with distributed_from_env():
         return capture_here(job)
@@ -124,14 +126,16 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
     partial, keep = _partial_of(job, me, world)
     settings = job.settings.replace(partial=replace(job.settings.partial, path=partial if keep else None))
     sf = read_spec_file(job.spec_file) if job.spec_file is not None else None
-    context = declared_context(job.model) if sf is None or sf.load is None else None
+    own_load = sf is not None and sf.load is not None  # its load() reads the text as it likes
+    ref = job.model if own_load else ModelRef.of(job.model)  # parsed once (a no-op for a ModelRef)
+    context = None if own_load else declared_context(ref)
     if settings.ctx is not None and context is not None:  # before the load, which takes a while
         check_window(settings.ctx, context)
     spec = sf.require_spec() if sf is not None else None
-    with status(f"loading {job.model}", enabled=job.progress and me == 0):
+    with status(f"loading {ref}", enabled=job.progress and me == 0):
         model = load_model_with(
             sf,
-            job.model,
+            ref,
             _local(settings.placement),
             trust_remote_code=job.trust_remote_code,
             progress=job.progress and me == 0,
@@ -143,7 +147,7 @@ def capture_here(job: CaptureJob) -> xr.Dataset | None:
         job.corpus,
         settings,
         progress=job.progress,
-        checkpoint=str(job.model),
+        checkpoint=str(ref),
         spec=spec,
         tokenizer=tokenizer,
     )
@@ -190,7 +194,11 @@ def _write(trace: xr.Dataset, out: Path, me: int, world: int) -> None:
 
 
 def suggest(
-    model_ref: str, spec_file: Path | None = None, *, trust_remote_code: bool = False, progress: bool = True
+    model_ref: ModelRef | str,
+    spec_file: Path | None = None,
+    *,
+    trust_remote_code: bool = False,
+    progress: bool = True,
 ) -> str:
     """``depthscope spec MODEL``: the model's best-guess ModelSpec as a spec file (Python), checked on
     a probe forward; the spec file given supplies load() and setup() (its spec, if any, is ignored).
@@ -214,7 +222,7 @@ def suggest(
 def _kind(job: CaptureJob) -> str | None:
     """The kind of the job's model reference (None: one only its spec file's load() reads)."""
     try:
-        return input_kind(job.model)
+        return ModelRef.of(job.model).kind
     except DepthscopeError:
         if job.spec_file is None:
             raise

@@ -16,7 +16,7 @@ from depthscope.atomic import atomic_path
 from depthscope.corpus import load_corpus
 from depthscope.errors import ConfigError
 from depthscope.figures.rank import plot_rank_vs_width
-from depthscope.inputs import input_kind
+from depthscope.inputs import ModelRef
 from depthscope.pipelines.files import save_figures, write_json
 from depthscope.probes import capture
 from depthscope.probes.load import load_model
@@ -27,7 +27,7 @@ from depthscope.train import TrainConfig, train
 
 
 def measure(
-    path: Path,
+    path: str | Path | ModelRef,
     settings: CaptureSettings,
     corpus=None,
     energy: float = 0.99,
@@ -40,12 +40,13 @@ def measure(
     """``rank_summary`` of each model in a trace captured with ``--rank``, or of a model (a
     checkpoint, a model directory, a zoo name, a hub id) captured now with ``settings`` (``rank`` on).
     """
-    if input_kind(path) == "trace":
-        traces = split_models(load_trace(path))
+    ref = ModelRef.of(path)
+    if ref.kind == "trace":
+        traces = split_models(load_trace(ref.path))
     else:
-        model = load_model(path, settings.placement, trust_remote_code=trust_remote_code, progress=progress)
+        model = load_model(ref, settings.placement, trust_remote_code=trust_remote_code, progress=progress)
         ranked = settings.replace(rank=True)
-        traces = [capture(model, corpus, ranked, progress=progress, checkpoint=str(path))]
+        traces = [capture(model, corpus, ranked, progress=progress, checkpoint=ref.text)]
     for t in traces:
         if "source_spectrum" not in t:
             raise ConfigError(f"{path}: the trace has no output covariances; capture it with --rank")

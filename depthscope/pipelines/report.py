@@ -47,7 +47,7 @@ import xarray as xr
 from depthscope import interrupt, zoo
 from depthscope.atomic import settle, temporary_dir
 from depthscope.errors import DepthscopeError
-from depthscope.inputs import input_kind
+from depthscope.inputs import ModelRef
 from depthscope.pipelines.report_settings import (  # noqa: F401 (re-exported: the report's API)
     REPORT_CAPTURE,
     ReportSettings,
@@ -80,7 +80,7 @@ def _run_info(model, path: Path) -> dict:
 
 
 def collect(
-    paths: list[Path],
+    paths: list[str | Path | ModelRef],
     settings: ReportSettings,
     steps: list[int] | None = None,
     *,
@@ -94,7 +94,8 @@ def collect(
     sf = spec_file
     if sf is None and settings.spec_file is not None:
         sf = read_spec_file(settings.spec_file)
-    kinds = [_kind(p, sf) for p in paths]  # check every input before the slow work starts
+    refs = [_ref(p, sf) for p in paths]  # every input checked before the slow work starts
+    kinds = [ref.kind for ref in refs]
     if steps is not None and len(steps) != sum(k != "trace" for k in kinds):
         raise DepthscopeError(
             f"--steps gives {len(steps)} steps for {sum(k != 'trace' for k in kinds)} checkpoints"
@@ -104,8 +105,9 @@ def collect(
     runs: dict[str, list[int]] = {}
     given = iter(steps or [])
     with bar("report: capture", len(paths), enabled=progress) as pb:
-        for path, kind in zip(paths, kinds):
-            if kind == "trace":
+        for ref in refs:
+            path = ref.path
+            if ref.kind == "trace":
                 t = load_trace(path)
                 if is_trajectory(t):
                     trajectories.append(t)
@@ -115,7 +117,7 @@ def collect(
                 pb.advance(
                     0, description=f"report: {path.name or path}"
                 )  # (a model loads, silently, for a while)
-                t, info = _capture_one(path, sf, settings, progress)
+                t, info = _capture_one(ref, sf, settings, progress)
                 if steps is not None:
                     info.update(step=next(given), run="given")
                 if settings.trajectory:
@@ -129,16 +131,16 @@ def collect(
     return [_ranked(t, settings.energy) for t in traces], trajectories
 
 
-def _capture_one(path: Path, sf: SpecFile | None, settings: ReportSettings, progress: bool):
+def _capture_one(ref: ModelRef, sf: SpecFile | None, settings: ReportSettings, progress: bool):
     """The trace of one model input, and its step and run as its checkpoint says them."""
-    model = load_model_with(sf, path, trust_remote_code=settings.trust_remote_code, progress=progress)
+    model = load_model_with(sf, ref, trust_remote_code=settings.trust_remote_code, progress=progress)
     set_up(sf, model, settings.capture.batch_size, settings.capture.ctx)
     own = isinstance(model, DepthModel)
     spec = sf.require_spec() if sf is not None else None
     tokenizer = load_tokenizer(settings.tokenizer) if settings.tokenizer else None
-    options = {"checkpoint": str(path), "progress": False, "spec": spec, "tokenizer": tokenizer}
+    options = {"checkpoint": ref.text, "progress": False, "spec": spec, "tokenizer": tokenizer}
     t = capture(model, settings.corpus, settings.for_model(own), **options)
-    return t, _run_info(model, path)
+    return t, _run_info(model, ref.path)
 
 
 def _runs(traces: list[xr.Dataset], runs: dict[str, list[int]]) -> list[xr.Dataset]:
@@ -153,16 +155,17 @@ def _runs(traces: list[xr.Dataset], runs: dict[str, list[int]]) -> list[xr.Datas
     return out
 
 
-def _kind(path: Path, sf: SpecFile | None) -> str:
-    """An input's kind (``inputs.input_kind``); with a spec file that loads models, anything that is
-    not a trace is a model for its load().
+def _ref(path: str | Path | ModelRef, sf: SpecFile | None) -> ModelRef:
+    """An input parsed once (``inputs.ModelRef``); with a spec file that loads models, anything that
+    is not a trace is a ``model`` for its load().
     """
-    if sf is None or sf.load is None:
-        return input_kind(path)
+    if isinstance(path, ModelRef) or sf is None or sf.load is None:
+        return ModelRef.of(path)
     try:
-        return "trace" if input_kind(path) == "trace" else "model"
+        ref = ModelRef.of(path)
     except DepthscopeError:
-        return "model"
+        return ModelRef(str(path), "model")
+    return ref if ref.kind == "trace" else ModelRef(ref.text, "model")
 
 
 def is_trajectory(trace: xr.Dataset) -> bool:
@@ -183,7 +186,7 @@ def default_inputs() -> list[Path]:
 
 
 def build_report(
-    inputs: list[str | Path],
+    inputs: list[str | Path | ModelRef],
     out_dir: str | Path,
     settings: ReportSettings = ReportSettings(),  # noqa: B008 (frozen: immutable)
     *,
@@ -201,10 +204,8 @@ def build_report(
 
     start = time.perf_counter()
     out_dir = Path(out_dir)
-    paths = [Path(p) for p in inputs] or default_inputs()
     sf = read_spec_file(settings.spec_file) if settings.spec_file is not None else None
-    for p in paths:
-        _kind(p, sf)
+    paths = [_ref(p, sf) for p in inputs or default_inputs()]  # each parsed once, here
     made_dirs = [d for d in (out_dir.parent, *out_dir.parent.parents) if not d.exists()]  # deepest first
     done = False
     try:

@@ -27,8 +27,9 @@ the trace attrs ``capture`` records).
 Hugging Face models get their tokenizer as ``model.tokenizer`` (the capture reads text through
 it). Any model type transformers builds itself loads (an unknown one is refused with one line);
 whether it is read is decided by its structure when it is captured (``probes/adapters/structure``),
-and a refusal names the structural check that failed. ``input_kind`` tells checkpoints, traces and
-models apart for the commands that take either.
+and a refusal names the structural check that failed. A model argument is parsed once, where it
+enters, into an ``inputs.ModelRef`` (what it names: a checkpoint, a trace, a directory ...); the
+loaders take one, or parse a plain string themselves.
 """
 
 from __future__ import annotations
@@ -48,11 +49,9 @@ from depthscope.errors import DepthscopeError
 from depthscope.inputs import (
     SHORT_NAMES,
     WEIGHT_FILES,
+    ModelRef,
     cached_hub,
     hub_snapshot,
-    input_kind,
-    resolve_short_name,
-    resolve_zoo,
 )
 from depthscope.probes.gguf_header import read_gguf_header
 from depthscope.resources import require_memory
@@ -151,7 +150,7 @@ class Placement:
 
 
 def load_model(
-    path: str | Path,
+    path: str | Path | ModelRef,
     placement: Placement | None = None,
     *,
     revision: str | None = None,
@@ -167,30 +166,32 @@ def load_model(
         progress: huggingface_hub's progress bars while a hub model downloads.
     """
     placement = placement or Placement()
-    kind = input_kind(path)
-    if revision is not None and kind != "hub":
-        raise DepthscopeError(f"{path}: a revision applies to a Hugging Face hub id (ORG/NAME), not a {kind}")
-    if kind == "hub":
-        return _load_hub(str(path), placement, revision, trust_remote_code, progress)
-    if kind == "zoo":
-        return load_model(resolve_zoo(str(path)), placement)
-    if kind == "name":
-        model = load_model(resolve_short_name(str(path)), placement, trust_remote_code=trust_remote_code)
-        model.config._name_or_path = SHORT_NAMES[str(path)].label
+    ref = ModelRef.of(path)
+    if revision is not None and ref.kind != "hub":
+        raise DepthscopeError(
+            f"{ref}: a revision applies to a Hugging Face hub id (ORG/NAME), not a {ref.kind}"
+        )
+    if ref.kind == "hub":
+        return _load_hub(ref.text, placement, revision, trust_remote_code, progress)
+    if ref.kind in ("zoo", "name"):
+        model = load_model(ref.resolved, placement, trust_remote_code=trust_remote_code)
+        if ref.kind == "name":
+            model.config._name_or_path = SHORT_NAMES[ref.text].label
         return model
-    if kind in ("checkpoint", "torch"):
+    if ref.kind in ("checkpoint", "torch"):
         if placement.device_map is not None:
             raise DepthscopeError(
-                f"--device-map applies to Hugging Face models; use --device for a {kind} file"
+                f"--device-map applies to Hugging Face models; use --device for a {ref.kind} file"
             )
         from depthscope.schemes import load_checkpoint
 
-        return placement.place(load_checkpoint(path) if kind == "checkpoint" else load_torch(Path(path)))
-    if kind == "gguf":
-        return load_gguf(Path(path), placement)
-    if kind == "model-dir":
-        return load_hf_directory(Path(path), placement, trust_remote_code=trust_remote_code)
-    raise DepthscopeError(f"{path}: a trace, not a model")
+        loaded = load_checkpoint(ref.path) if ref.kind == "checkpoint" else load_torch(ref.path)
+        return placement.place(loaded)
+    if ref.kind == "gguf":
+        return load_gguf(ref.path, placement)
+    if ref.kind == "model-dir":
+        return load_hf_directory(ref.path, placement, trust_remote_code=trust_remote_code)
+    raise DepthscopeError(f"{ref}: a trace, not a model")
 
 
 def _load_hub(
@@ -217,31 +218,26 @@ def source_attrs(model: Any) -> dict[str, Any]:
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
 
 
-def declared_context(path: str | Path) -> int | None:
+def declared_context(path: str | Path | ModelRef) -> int | None:
     """The longest window a model's files declare (config.json, GGUF metadata, a depthscope
     checkpoint's config), read without loading the weights; None where none is declared. An upper
     bound of what its adapter accepts, so a window longer than it is refused before loading.
     """
-    kind = input_kind(path)
-    if kind == "name":
-        return declared_context(resolve_short_name(str(path)))
-    if kind == "zoo":
-        return declared_context(resolve_zoo(str(path)))
-    if kind == "hub":  # only a snapshot already in the cache: nothing is downloaded here
-        snap = cached_hub(str(path))
+    ref = ModelRef.of(path).resolved
+    if ref.kind == "hub":  # only a snapshot already in the cache: nothing is downloaded here
+        snap = cached_hub(ref.text)
         return declared_context(snap.path) if snap is not None else None
-    path = Path(path)
-    if kind == "gguf":  # its header checked against the file: a hostile one is refused here, in one line
-        found = read_gguf_header(path).context_length
+    if ref.kind == "gguf":  # its header checked against the file: a hostile one is refused here, in one line
+        found = read_gguf_header(ref.path).context_length
         return found if found is not None and found > 0 else None
     found: Any = None
     with contextlib.suppress(Exception):  # an unreadable file: the load says why, in one line
-        if kind == "checkpoint":
+        if ref.kind == "checkpoint":
             from depthscope.schemes.checkpoint import read_meta
 
-            found = read_meta(path)["model"].get("ctx")
-        elif kind == "model-dir":
-            config = json.loads((path / "config.json").read_text())
+            found = read_meta(ref.path)["model"].get("ctx")
+        elif ref.kind == "model-dir":
+            config = json.loads((ref.path / "config.json").read_text())
             found = next((config[k] for k in CONTEXT_KEYS if type(config.get(k)) is int), None)
     return found if type(found) is int and found > 0 else None
 
