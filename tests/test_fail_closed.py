@@ -591,14 +591,45 @@ def test_the_entry_point_exits_130_when_an_interrupt_escapes_main(monkeypatch, c
     def interrupted(argv=None):
         raise KeyboardInterrupt
 
-    def leave():  # the real one ends the process with os._exit(130): the test runner with it
-        raise SystemExit(130)
+    def leave(status):  # the real one ends the process with os._exit(status): the test runner with it
+        raise SystemExit(status)
 
     monkeypatch.setattr(cli, "main", interrupted)
-    monkeypatch.setattr(entry, "_leave_interrupted", leave)
+    monkeypatch.setattr(entry, "_leave", leave)
     try:
         with pytest.raises(SystemExit) as exit_:
             entry.run()
     finally:
         sig.signal(sig.SIGINT, before)  # run() ignores Ctrl-C once the command is over
     assert exit_.value.code == 130 and capsys.readouterr().err.strip() == "interrupted"
+
+
+@pytest.mark.parametrize("world, leaves", [("2", True), ("1", False), (None, False)])
+def test_a_rank_under_torchrun_leaves_without_the_interpreters_epilogue(monkeypatch, world, leaves):
+    """Under torchrun (WORLD_SIZE > 1) a finished rank exits through ``_leave`` (exit handlers run,
+    output flushed, then os._exit with its status), so no C++ destructor at interpreter exit can turn
+    a written trace into a failed run; a single process exits as usual."""
+    import signal as sig
+
+    before = sig.getsignal(sig.SIGINT)
+    import depthscope.__main__ as entry
+    import depthscope.cli as cli
+
+    left: list[int] = []
+
+    def leave(status):
+        left.append(status)
+        raise SystemExit(status)
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: 3)
+    monkeypatch.setattr(entry, "_leave", leave)
+    if world is None:
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("WORLD_SIZE", world)
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            entry.run()
+    finally:
+        sig.signal(sig.SIGINT, before)
+    assert exit_.value.code == 3 and left == ([3] if leaves else [])
