@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.depthscope-installed
 PYTEST_ARGS ?= -n auto
 
-.PHONY: demo test lint venv browser clean-venv notebooks mutants
+.PHONY: demo test lint venv browser clean-venv notebooks mutants docs
 
 venv: $(STAMP)
 
@@ -27,6 +27,11 @@ $(STAMP): pyproject.toml Makefile
 
 demo: $(STAMP)
 	$(BIN)/depthscope report --out report
+
+# The measured numbers on the pages, generated from the records the benchmarks wrote (docs/data/);
+# the tests fail while a page differs from its data.
+docs: $(STAMP)
+	$(BIN)/python benchmarks/docs.py
 
 # The golden-number tests run twice: on this CPU's vectorised kernels, then on PyTorch's plain ones
 # (ATEN_CPU_CAPABILITY=default), which round as a CPU without AVX2/AVX-512 would: a tolerance tighter

@@ -28,8 +28,12 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402  (benchmarks/record.py, beside this file)
 
 TARGET_TIME = {"static": 1.3, "dynamic": 1.3}  # issue 18: every scheme at width 256 within 1.3x
 
@@ -211,6 +215,9 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="variant label (repeatable; default: all)")
     ap.add_argument("--baseline", default=None, help="a depthscope checkout to compare capture times with")
     ap.add_argument("--no-bridge", action="store_true", help="skip the TransformerLens comparison")
+    ap.add_argument(
+        "--json", default=None, help="the record to write (default docs/data/capture_overhead.json)"
+    )
     args = ap.parse_args()
     if args.worker:
         mode, label, n = args.worker
@@ -229,6 +236,7 @@ def main() -> None:
         f"time target |{extra}"
     )
     print("|---|---|---|---|---|" + ("---|" if args.baseline else ""))
+    rows = []
     for label in labels:
         t_fwd, t_cap = interleaved_time(label, args)
         fwd = spawn("forward", label, args.tokens, args)
@@ -242,13 +250,33 @@ def main() -> None:
             f"({cap['peak_mb']:.0f} / {fwd['peak_mb']:.0f} MB) "
             f"| {cap['peak_mb'] / max(small['peak_mb'], 1e-9):.2f} | <= {target} {ok} |"
         )
+        record = {
+            "variant": label,
+            "static": is_static(label),
+            "forward_seconds": t_fwd,
+            "capture_seconds": t_cap,
+            "time_ratio": t_cap / t_fwd,
+            "forward_peak_mb": fwd["peak_mb"],
+            "capture_peak_mb": cap["peak_mb"],
+            "capture_peak_mb_eighth_tokens": small["peak_mb"],
+            "memory_ratio": cap["peak_mb"] / max(fwd["peak_mb"], 1e-9),
+            "target": target,
+        }
         if args.baseline:
             ours, theirs = [], []
             for _ in range(3):
                 theirs.append(spawn("capture", label, args.tokens, args, tree=args.baseline)["seconds"])
                 ours.append(spawn("capture", label, args.tokens, args)["seconds"])
             row += f" {statistics.median(ours) / statistics.median(theirs):.2f} |"
+            record["baseline_ratio"] = statistics.median(ours) / statistics.median(theirs)
         print(row, flush=True)
+        rows.append(record)
+    settings = {
+        k: getattr(args, k) for k in ("tokens", "layers", "d_model", "ctx", "batch", "threads", "baseline")
+    }
+    if args.json or not args.variant:  # a subset of the variants never replaces the full record
+        written = record_write("capture_overhead", settings, rows, Path(args.json) if args.json else None)
+        print(f"wrote {written}")
     if args.no_bridge:
         return
     ds = spawn("capture", "bridge", args.tokens, args)

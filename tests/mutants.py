@@ -333,6 +333,13 @@ MUTANTS: list[Mutant] = [
         "context = None if own_load else declared_context(str(ref))",
         ("tests/test_inputs.py::test_a_model_argument_is_parsed_once",),
     ),
+    Mutant(
+        "the pages' check compares a block with itself (a hand-typed number passes)",
+        "benchmarks/docs.py",
+        "if RENDER[m.group(2)](m.group(3)) != m.group(3):",
+        "if m.group(3) != m.group(3):",
+        ("tests/test_docs_data.py",),
+    ),
 ]
 
 

@@ -21,6 +21,9 @@ really mixed with, in the delta basis of the sources its spec names (``model.mix
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch import Tensor, nn
 
@@ -29,11 +32,25 @@ from depthscope import ModelSpec
 VOCAB, CTX, D, HEADS = 64, 16, 16, 2
 
 
+@contextlib.contextmanager
+def sized(d: int, ctx: int) -> Iterator[None]:
+    """Build the models of the block at width ``d`` and context ``ctx`` (the cost benchmark's sizes;
+    the tests use the defaults above). The specs' own ``ctx`` stays CTX: replace it with the model's."""
+    global D, CTX
+    before = D, CTX
+    D, CTX = d, ctx
+    try:
+        yield
+    finally:
+        D, CTX = before
+
+
 class SelfAttention(nn.Module):
     """Causal multi-head attention taking separate query, key and value inputs (all x by default)."""
 
-    def __init__(self, d: int = D, heads: int = HEADS):
+    def __init__(self, d: int | None = None, heads: int = HEADS):
         super().__init__()
+        d = d or D
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.heads = heads
 
@@ -48,8 +65,9 @@ class SelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, d: int = D):
+    def __init__(self, d: int | None = None):
         super().__init__()
+        d = d or D
         self.fc, self.proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -59,8 +77,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """nanoGPT's block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
 
-    def __init__(self, d: int = D):
+    def __init__(self, d: int | None = None):
         super().__init__()
+        d = d or D
         self.ln_1, self.attn, self.ln_2, self.mlp = nn.LayerNorm(d), SelfAttention(d), nn.LayerNorm(d), MLP(d)
 
     def forward(self, x: Tensor) -> Tensor:

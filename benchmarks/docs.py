@@ -1,0 +1,172 @@
+"""The pages' measured numbers, generated from the records the benchmarks wrote (``docs/data/``).
+
+A page marks each generated block with two HTML comments, ``<!-- data: NAME -->`` and
+``<!-- /data -->``; ``RENDER[NAME]`` turns the records into the block's Markdown. ``make docs``
+(``python benchmarks/docs.py``) rewrites every block; ``--check`` rewrites nothing and exits 1
+naming each block that differs from its data (the test suite runs the check), so a number typed by
+hand into a block, or a record rerun without regenerating, fails.
+
+    .venv/bin/python benchmarks/docs.py [--check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "data"
+PAGES = (ROOT / "README.md", ROOT / "docs" / "results.md")
+BLOCK = re.compile(r"(<!-- data: ([\w-]+) -->\n)(.*?)(<!-- /data -->)", re.S)
+
+
+def record(name: str) -> dict[str, Any]:
+    """``docs/data/NAME.json``; SystemExit naming it when a block needs a record that is missing."""
+    path = DATA / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {path.relative_to(ROOT)} is missing: run the benchmark that writes it")
+    return json.loads(path.read_text())
+
+
+def _span(values: list[float]) -> str:
+    low, high = min(values), max(values)
+    return f"{low:.2f}" if f"{low:.2f}" == f"{high:.2f}" else f"{low:.2f}-{high:.2f}"
+
+
+def _where(rec: dict[str, Any]) -> str:
+    """One line: what ran, on what, when."""
+    m, v = rec["machine"], rec["versions"]
+    commit = (v.get("commit") or "unknown")[:12]
+    return (
+        f"`{rec['command']}` on {m['cpu']} ({m['usable_cores']} cores), torch {v['torch']}, depthscope "
+        f"{commit}, {rec['date'][:10]}"
+    )
+
+
+def _met(rows: list[dict[str, Any]]) -> str:
+    missed = [r["variant"] for r in rows if not r["time_ratio"] <= r["target"]]
+    target = max(r["target"] for r in rows)
+    if not missed:
+        return f"every variant within its {target}x target"
+    return f"{len(rows) - len(missed)} of {len(rows)} within {target}x (missed: {', '.join(missed)})"
+
+
+def readme_cost_own(_: str) -> str:
+    """The README's line on the own schemes at width 256."""
+    rec = record("capture_overhead")
+    rows, s = rec["rows"], rec["settings"]
+    dca = next((r for r in rows if r["variant"] == "dca"), None)
+    dca_part = f" (DCA {dca['time_ratio']:.2f})" if dca else ""
+    return (
+        f"depthscope's own {len(rows)} scheme variants at width {s['d_model']} ({s['layers']} blocks, "
+        f"{s['tokens']} tokens, one thread): capture / forward time {_span([r['time_ratio'] for r in rows])}"
+        f"{dca_part}, peak memory {_span([r['memory_ratio'] for r in rows])}; {_met(rows)} "
+        "([data](docs/data/capture_overhead.json)).\n"
+    )
+
+
+def results_overhead(_: str) -> str:
+    """results.md's table of the own schemes, every row of the record."""
+    rec = record("capture_overhead")
+    lines = [
+        f"Generated from [data/capture_overhead.json](data/capture_overhead.json): {_where(rec)}; times "
+        "interleaved chunk by chunk in one process, peak memory in fresh processes.",
+        "",
+        "| variant | weights | capture / forward time | capture / forward peak memory "
+        "| peak at 8x / 1x tokens | target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rec["rows"]:
+        ok = "met" if r["time_ratio"] <= r["target"] else "**missed**"
+        lines.append(
+            f"| {r['variant']} | {'static' if r['static'] else 'per token'} | {r['time_ratio']:.2f} | "
+            f"{r['memory_ratio']:.2f} ({r['capture_peak_mb']:.0f} / {r['forward_peak_mb']:.0f} MB) | "
+            f"{r['capture_peak_mb'] / max(r['capture_peak_mb_eighth_tokens'], 1e-9):.2f} | "
+            f"<= {r['target']} {ok} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def results_spec(_: str) -> str:
+    """results.md's table of ModelSpec captures: each model, how it was read, what the fit found."""
+    rec = record("capture_spec")
+    s = rec["settings"]
+    lines = [
+        f"Generated from [data/capture_spec.json](data/capture_spec.json): {_where(rec)}; {s['layers']} "
+        f"blocks of width {s['d_model']}, windows of {s['ctx']}, batch {s['batch']}, {s['tokens']} tokens, "
+        "forward and capture interleaved chunk by chunk in one process.",
+        "",
+        "| model | read by | weights the fit found | capture / forward time | consumers x sources "
+        "| max residual error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rec["rows"]:
+        if "refused" in r:
+            why = r["refused"].removeprefix("ModelSpec: ")
+            lines.append(f"| {r['model']} | {r['read_by']} | refused: {why} | | | |")
+            continue
+        found = ", ".join(f"{n} {k}" for k, n in sorted((r["weights"] or {}).items())) or "the family's"
+        lines.append(
+            f"| {r['model']} | {r['read_by']} | {found} | {r['time_ratio']:.2f} | {r['consumers']} x "
+            f"{r['sources']} | {r['max_residual_error']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+RENDER: dict[str, Callable[[str], str]] = {
+    "readme-cost-own": readme_cost_own,
+    "results-overhead": results_overhead,
+    "results-spec": results_spec,
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every block replaced by its rendering; SystemExit for an unknown block name."""
+
+    def one(m: re.Match) -> str:
+        name = m.group(2)
+        if name not in RENDER:
+            raise SystemExit(f"error: a block names {name!r}, which no renderer makes ({', '.join(RENDER)})")
+        return m.group(1) + RENDER[name](m.group(3)) + m.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def stale(pages: tuple[Path, ...] = PAGES) -> list[str]:
+    """The blocks whose text differs from what their data renders, as ``page: name``."""
+    out = []
+    for page in pages:
+        text = page.read_text()
+        for m in BLOCK.finditer(text):
+            if RENDER[m.group(2)](m.group(3)) != m.group(3):
+                out.append(f"{page.relative_to(ROOT)}: {m.group(2)}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--check", action="store_true", help="change nothing; exit 1 where a page differs from data"
+    )
+    args = ap.parse_args(argv)
+    if args.check:
+        found = stale()
+        for line in found:
+            print(f"stale: {line} (run: make docs)", file=sys.stderr)
+        return 1 if found else 0
+    for page in PAGES:
+        text = page.read_text()
+        new = render(text)
+        if new != text:
+            page.write_text(new)
+            print(f"wrote {page.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""A benchmark's results as data: one JSON file under ``docs/data/`` per benchmark, which the pages
+are generated from (``benchmarks/docs.py``, ``make docs``), never typed by hand.
+
+A record holds the machine (CPU model, cores), the versions (Python, torch, depthscope and its git
+commit), the command and settings it ran with, when, and the benchmark's rows with their raw
+timings. It is written atomically: a run that stops half way leaves the previous record whole.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs" / "data"
+
+
+def machine() -> dict[str, Any]:
+    """The CPU model, its cores and the cores this process may use."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu, "cores": os.cpu_count(), "usable_cores": usable, "system": platform.system()}
+
+
+def versions() -> dict[str, Any]:
+    """Python, torch and depthscope (with the commit of this checkout, and whether it was modified)."""
+    import torch
+
+    import depthscope
+
+    found = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "depthscope": depthscope.__version__,
+    }
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "depthscope"], cwd=ROOT, capture_output=True, text=True
+        )
+        found["commit"] = commit + ("+modified" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        found["commit"] = None
+    return found
+
+
+def write(name: str, settings: dict[str, Any], rows: list[dict[str, Any]], path: Path | None = None) -> Path:
+    """Write ``docs/data/NAME.json`` (or ``path``): machine, versions, command, settings, rows."""
+    path = path or DATA / f"{name}.json"
+    record = {
+        "benchmark": name,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join([Path(sys.argv[0]).as_posix().split(f"{ROOT.as_posix()}/")[-1], *sys.argv[1:]]),
+        "machine": machine(),
+        "versions": versions(),
+        "settings": settings,
+        "rows": rows,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path

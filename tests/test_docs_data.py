@@ -1,0 +1,109 @@
+"""The pages' generated numbers equal what their data renders (``benchmarks/docs.py``, ``make docs``),
+and every record says what ran it, on what and with which versions."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from depthscope import schemes
+
+SPEC = importlib.util.spec_from_file_location(
+    "docs_gen", Path(__file__).parents[1] / "benchmarks" / "docs.py"
+)
+docs = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(docs)
+
+
+def blocks() -> list[tuple[str, str, str]]:
+    """(page, block name, text) of every generated block."""
+    found = []
+    for page in docs.PAGES:
+        found += [(page.name, m.group(2), m.group(3)) for m in docs.BLOCK.finditer(page.read_text())]
+    return found
+
+
+def test_every_page_equals_what_its_data_renders():
+    assert docs.stale() == []
+
+
+def test_the_pages_have_their_blocks_and_every_block_a_renderer():
+    named = {(page, name) for page, name, _ in blocks()}
+    assert {
+        ("README.md", "readme-cost-own"),
+        ("results.md", "results-overhead"),
+        ("results.md", "results-spec"),
+    } <= named
+    assert {name for _, name in named} <= set(docs.RENDER)
+    assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
+
+
+def test_a_number_typed_into_a_block_is_stale(tmp_path):
+    """The check sees a block edited by hand: one digit changed in the README's cost line."""
+    readme = next(p for p in docs.PAGES if p.name == "README.md")
+    text = readme.read_text()
+    m = next(m for m in docs.BLOCK.finditer(text) if m.group(2) == "readme-cost-own")
+    edited = m.group(3).replace("capture / forward time 1", "capture / forward time 9", 1)
+    assert edited != m.group(3)
+    page = tmp_path / "README.md"
+    page.write_text(text[: m.start(3)] + edited + text[m.end(3) :])
+    original = docs.ROOT
+    try:
+        docs.ROOT = tmp_path
+        assert docs.stale((page,)) == ["README.md: readme-cost-own"]
+    finally:
+        docs.ROOT = original
+
+
+def test_the_overhead_record_says_how_it_was_made_and_covers_every_variant():
+    rec = json.loads((docs.DATA / "capture_overhead.json").read_text())
+    assert rec["benchmark"] == "capture_overhead" and rec["command"].startswith(
+        "benchmarks/capture_overhead.py"
+    )
+    assert {"cpu", "cores", "usable_cores"} <= set(rec["machine"])
+    assert {"python", "torch", "depthscope", "commit"} <= set(rec["versions"])
+    assert re.fullmatch(r"[0-9a-f]{40}", rec["versions"]["commit"])  # a committed tree, not a modified one
+    assert rec["settings"]["d_model"] == 256
+    assert [r["variant"] for r in rec["rows"]] == [label for label, _, _ in schemes.variants()]
+    for r in rec["rows"]:  # the ratio is the raw timings' ratio, and every number finite and positive
+        assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+        assert r["memory_ratio"] == pytest.approx(r["capture_peak_mb"] / r["forward_peak_mb"], rel=1e-12)
+        assert all(0 < r[k] < float("inf") for k in ("forward_seconds", "capture_seconds", "forward_peak_mb"))
+
+
+def test_the_readme_line_is_the_records_range():
+    """An independent reading of the record: the README's span is the rows' min and max."""
+    rec = json.loads((docs.DATA / "capture_overhead.json").read_text())
+    ratios = [r["time_ratio"] for r in rec["rows"]]
+    readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
+    assert f"capture / forward time {min(ratios):.2f}-{max(ratios):.2f}" in readme
+    dca = next(r for r in rec["rows"] if r["variant"] == "dca")
+    assert f"(DCA {dca['time_ratio']:.2f})" in readme
+
+
+def test_the_spec_record_reads_every_model_exactly_and_finds_what_each_mixes_with():
+    """The ModelSpec benchmark's record: every capture exact (residual at float32 rounding), and the
+    fit found what each model is written with: nanoGPT unit weights only, DenseFormer static ones,
+    AttnRes, mHC and MUDD per-token ones; the Llama read by its family and through its spec alike. A
+    model whose weights its random states do not determine is refused, and the record says why."""
+    rec = json.loads((docs.DATA / "capture_spec.json").read_text())
+    assert {"cpu", "cores"} <= set(rec["machine"]) and rec["settings"]["d_model"] == 256
+    every = {r["model"]: r for r in rec["rows"]}
+    assert set(every) == {"nanogpt", "denseformer", "attnres", "mhc", "mudd", "llama-family", "llama-spec"}
+    rows = {m: r for m, r in every.items() if "refused" not in r}
+    for m, r in every.items():  # a refusal is one for weights the activations do not determine
+        assert m in rows or "not determined by the activations" in r["refused"], r
+    assert {"nanogpt", "denseformer", "attnres", "mhc", "llama-family", "llama-spec"} <= set(rows)
+    for r in rows.values():
+        assert r["max_residual_error"] <= 1e-4  # what every float32 capture is held to
+        assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+    assert set(rows["nanogpt"]["weights"]) == {"unit"}
+    assert "static" in rows["denseformer"]["weights"]
+    assert all("token" in r["weights"] for m, r in rows.items() if m in ("attnres", "mhc", "mudd"))
+    assert rows["llama-family"]["read_by"] == "family" and set(rows["llama-spec"]["weights"]) == {"unit"}
+    shape = lambda r: (r["consumers"], r["sources"])  # noqa: E731
+    assert shape(rows["llama-family"]) == shape(rows["llama-spec"])
