@@ -43,6 +43,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402  (benchmarks/record.py, beside this file)
+
 TARGETS = {"time": 1.1, "memory": 1.3, "logits_time": 1.3, "minilm_time": 1.5}
 MODES = {
     "smollm2": ("forward", "trunk", "depthscope", "depthscope-logits", "tl-full", "tl-filtered", "nnsight"),
@@ -270,6 +273,7 @@ def main() -> None:
     ap.add_argument(
         "--dir", default=None, help="where to keep the converted model (default: a temporary directory)"
     )
+    ap.add_argument("--json", default=None, help="the record (default docs/data/capture_real_MODEL.json)")
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(args.worker[0], Path(args.worker[1]), args)))
@@ -290,6 +294,14 @@ def main() -> None:
             m: {k: statistics.median(r[k] for r in runs[m]) for k in ("seconds", "peak_mb")} for m in modes
         }
     report(what, args, modes, res)
+    if args.json or not args.only:  # a subset of the paths never replaces the full record
+        settings = {
+            k: getattr(args, k) for k in ("model", "windows", "ctx", "batch", "threads", "rounds", "device")
+        }
+        settings |= {"dtype": args.dtype, "what": what, "targets": TARGETS}
+        rows = [{"path": m, "runs": runs[m], **res[m]} for m in modes]
+        name = f"capture_real_{args.model}"
+        print(f"wrote {record_write(name, settings, rows, Path(args.json) if args.json else None)}")
 
 
 def report(what: str, args, modes, res) -> None:

@@ -56,7 +56,7 @@ def _met(rows: list[dict[str, Any]]) -> str:
     return f"{len(rows) - len(missed)} of {len(rows)} within {target}x (missed: {', '.join(missed)})"
 
 
-def readme_cost_own(_: str) -> str:
+def readme_cost_own() -> str:
     """The README's line on the own schemes at width 256."""
     rec = record("capture_overhead")
     rows, s = rec["rows"], rec["settings"]
@@ -68,6 +68,59 @@ def readme_cost_own(_: str) -> str:
         f"{dca_part}, peak memory {_span([r['memory_ratio'] for r in rows])}; {_met(rows)} "
         "([data](docs/data/capture_overhead.json)).\n"
     )
+
+
+def _real(model: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    rec = record(f"capture_real_{model}")
+    return rec, {r["path"]: r for r in rec["rows"]}
+
+
+def _ratio(paths: dict[str, dict[str, Any]], path: str, key: str, over: str = "forward") -> float:
+    return paths[path][key] / max(paths[over][key], 1e-9)
+
+
+def _verdict(ok: list[bool]) -> str:
+    return "met" if all(ok) else "**missed**"
+
+
+def readme_cost(_: str) -> str:
+    """The README's cost table (real models: ``benchmarks/capture_real.py``) and the own schemes' line."""
+    lines = [
+        "| model (one thread, CPU; [how measured](docs/results.md#cost-the-batched-engine)) "
+        "| capture / forward: time | memory | target "
+        "| TransformerLens, filtered cache: time / memory, x depthscope's "
+        "| nnsight: time / memory, x depthscope's |",
+        "|---|---|---|---|---|---|",
+    ]
+    rec, p = _real("smollm2")
+    s, t = rec["settings"], rec["settings"]["targets"]
+    time_, mem = _ratio(p, "depthscope", "seconds"), _ratio(p, "depthscope", "peak_mb")
+    anchors = [
+        f"{_ratio(p, a, 'seconds', 'depthscope'):.2f} / {_ratio(p, a, 'peak_mb', 'depthscope'):.2f}"
+        if a in p
+        else "-"
+        for a in ("tl-filtered", "nnsight")
+    ]
+    trunk = f" ({_ratio(p, 'depthscope', 'seconds', 'trunk'):.2f} of the trunk)" if "trunk" in p else ""
+    lines.append(
+        f"| SmolLM2-135M, {s['windows']} x {s['ctx']} tokens | **{time_:.2f}**{trunk} | **{mem:.2f}** | "
+        f"{t['time']}, {t['memory']}: {_verdict([time_ <= t['time'], mem <= t['memory']])} | {anchors[0]} | "
+        f"{anchors[1]} |"
+    )
+    if "depthscope-logits" in p:
+        lt, lm = _ratio(p, "depthscope-logits", "seconds"), _ratio(p, "depthscope-logits", "peak_mb")
+        lines.append(
+            f"| SmolLM2-135M `--logits` | **{lt:.2f}** | {lm:.2f} | {t['logits_time']}: "
+            f"{_verdict([lt <= t['logits_time']])} | | |"
+        )
+    rec, p = _real("minilm")
+    s, t = rec["settings"], rec["settings"]["targets"]
+    time_, mem = _ratio(p, "depthscope", "seconds"), _ratio(p, "depthscope", "peak_mb")
+    lines.append(
+        f"| MiniLM (post-LN), {s['windows']} x {s['ctx']} | **{time_:.2f}** | {mem:.2f} | "
+        f"{t['minilm_time']}: {_verdict([time_ <= t['minilm_time']])} | - | - |"
+    )
+    return "\n".join(lines) + "\n\n" + readme_cost_own()
 
 
 def results_overhead(_: str) -> str:
@@ -118,8 +171,48 @@ def results_spec(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _lead(text: str) -> float:
+    """The first number in a claims cell ('0.118 ± 0.031 (n=3)' -> 0.118)."""
+    return float(re.search(r"-?\d+(?:\.\d+)?", text).group())
+
+
+def readme_seeds(_: str) -> str:
+    """The README's finding over seeds, from the bundled several-seed collection (its manifest, the
+    traces of its runs and the side-by-side costs: ``depthscope claims``)."""
+    from depthscope import zoo
+    from depthscope.pipelines.claims import read_claims
+
+    c = read_claims(None)
+    entries = zoo.read_manifest(zoo.SEEDS.directory)
+    seeds = len({e["seed"] for e in entries})
+    steps = sorted({e["steps"] for e in entries})
+    pattern = {
+        r["claim"].split(":")[0]: r["verdict"]
+        for r in c.rows
+        if r["claim"].endswith("the most recent layers")
+    }
+    holds = [v for v, verdict in pattern.items() if verdict == "holds"]
+    unsure = [v for v, verdict in pattern.items() if verdict.startswith("inconclusive")]
+    best = max(c.costs, key=lambda r: _lead(r["gain"]))
+    dca = next(r for r in c.speedups if r["variant"] == "dca")
+    swa = next(r for r in c.rows if r["claim"].startswith("ShortSWA"))
+    swa_text = (
+        "works better on the sequence axis"
+        if swa["verdict"] == "holds"
+        else f"sequence axis: {swa['verdict']}"
+    )
+    gain = _lead(best["gain"])
+    return (
+        f"Over {seeds} seeds ({', '.join(map(str, steps))} steps) the pattern holds for {', '.join(holds)} "
+        f"({', '.join(unsure)}: inconclusive); {best['variant']} gains most ({gain:.2f} nats/byte), DCA "
+        f"reaches the standard's loss {dca['mean']:.2f}x faster (its paper: up to 3x), ShortSWA {swa_text} "
+        "([claims](docs/results.md#claims-with-seeds)).\n"
+    )
+
+
 RENDER: dict[str, Callable[[str], str]] = {
-    "readme-cost-own": readme_cost_own,
+    "readme-seeds": readme_seeds,
+    "readme-cost": readme_cost,
     "results-overhead": results_overhead,
     "results-spec": results_spec,
 }

@@ -34,7 +34,7 @@ def test_every_page_equals_what_its_data_renders():
 def test_the_pages_have_their_blocks_and_every_block_a_renderer():
     named = {(page, name) for page, name, _ in blocks()}
     assert {
-        ("README.md", "readme-cost-own"),
+        ("README.md", "readme-cost"),
         ("results.md", "results-overhead"),
         ("results.md", "results-spec"),
     } <= named
@@ -46,7 +46,7 @@ def test_a_number_typed_into_a_block_is_stale(tmp_path):
     """The check sees a block edited by hand: one digit changed in the README's cost line."""
     readme = next(p for p in docs.PAGES if p.name == "README.md")
     text = readme.read_text()
-    m = next(m for m in docs.BLOCK.finditer(text) if m.group(2) == "readme-cost-own")
+    m = next(m for m in docs.BLOCK.finditer(text) if m.group(2) == "readme-cost")
     edited = m.group(3).replace("capture / forward time 1", "capture / forward time 9", 1)
     assert edited != m.group(3)
     page = tmp_path / "README.md"
@@ -54,7 +54,7 @@ def test_a_number_typed_into_a_block_is_stale(tmp_path):
     original = docs.ROOT
     try:
         docs.ROOT = tmp_path
-        assert docs.stale((page,)) == ["README.md: readme-cost-own"]
+        assert docs.stale((page,)) == ["README.md: readme-cost"]
     finally:
         docs.ROOT = original
 
@@ -107,3 +107,37 @@ def test_the_spec_record_reads_every_model_exactly_and_finds_what_each_mixes_wit
     assert rows["llama-family"]["read_by"] == "family" and set(rows["llama-spec"]["weights"]) == {"unit"}
     shape = lambda r: (r["consumers"], r["sources"])  # noqa: E731
     assert shape(rows["llama-family"]) == shape(rows["llama-spec"])
+
+
+def test_the_readme_finding_over_seeds_is_the_claims_table():
+    """The README's seeds sentence says, for each scheme, what ``depthscope claims`` says of its
+    pattern, and the DCA speed-up the claims table measures."""
+    from depthscope.pipelines.claims import read_claims
+
+    c = read_claims(None)
+    readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
+    line = next(m.group(3) for m in docs.BLOCK.finditer(readme) if m.group(2) == "readme-seeds")
+    held = line.split("the pattern holds for ")[1].split(" (")[0].split(", ")
+    pattern = {r["claim"].split(":")[0]: r["verdict"] for r in c.rows if "most recent layers" in r["claim"]}
+    assert sorted(held) == sorted(v for v, verdict in pattern.items() if verdict == "holds")
+    dca = next(r for r in c.speedups if r["variant"] == "dca")
+    assert f"{dca['mean']:.2f}x faster" in line and dca["ratio"].startswith(f"{dca['mean']:.2f}")
+
+
+@pytest.mark.parametrize("model, paths", [("smollm2", 7), ("minilm", 2)])
+def test_the_readme_cost_rows_are_the_real_models_medians(model, paths):
+    """The README's row for a real model is its record's median capture time over the median
+    forward time, and every median is the median of the rounds it records."""
+    import statistics
+
+    rec = json.loads((docs.DATA / f"capture_real_{model}.json").read_text())
+    rows = {r["path"]: r for r in rec["rows"]}
+    assert len(rows) == paths and {"forward", "depthscope"} <= set(rows)
+    for r in rows.values():
+        assert len(r["runs"]) == rec["settings"]["rounds"]
+        assert r["seconds"] == statistics.median(x["seconds"] for x in r["runs"])
+    ratio = rows["depthscope"]["seconds"] / rows["forward"]["seconds"]
+    readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
+    name = {"smollm2": "SmolLM2-135M,", "minilm": "MiniLM (post-LN),"}[model]
+    row = next(line for line in readme.splitlines() if line.startswith(f"| {name}"))
+    assert f"| **{ratio:.2f}**" in row
