@@ -334,6 +334,20 @@ MUTANTS: list[Mutant] = [
         ("tests/test_inputs.py::test_a_model_argument_is_parsed_once",),
     ),
     Mutant(
+        "the held per-token Gram's upper corner left stale (a consumer's solve reads old dots)",
+        "depthscope/probes/adapters/spec.py",
+        "have[..., :m, m:n] = rows[..., :m].mT",
+        "have[..., :m, m:n] = have[..., :m, m:n]",
+        ("tests/probes/adapters/test_spec.py",),
+    ),
+    Mutant(
+        "a source written again keeps the held Gram rows of its old value",
+        "depthscope/probes/adapters/spec.py",
+        "grown[0] = min(grown[0], j)",
+        "grown[0] = grown[0]",
+        ("tests/probes/adapters/test_spec.py",),
+    ),
+    Mutant(
         "the pages' check compares a block with itself (a hand-typed number passes)",
         "benchmarks/docs.py",
         "if RENDER[m.group(2)](m.group(3)) != m.group(3):",

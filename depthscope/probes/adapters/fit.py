@@ -76,47 +76,91 @@ class Solved:
     spread: Tensor
 
 
+def _by_cholesky(g: Tensor, b: Tensor) -> tuple[Tensor, Tensor] | None:
+    """(G^-1 b, diag G^-1) of every system by Cholesky, or None where one is not positive definite.
+
+    The common case (independent sources): G = L L^T, so G^-1 b by two triangular solves and
+    [G^-1]_ss as the column sums of (L^-1)^2, a fraction of an eigendecomposition's cost. A system
+    that is nearly singular but still factors gets a huge [G^-1]_ss, which the determination check
+    refuses as the eigendecomposition's cut would; one that does not factor goes to ``_by_eigh``.
+    """
+    chol, info = torch.linalg.cholesky_ex(g)
+    if bool((info != 0).any()):
+        return None
+    u = torch.cholesky_solve(b[..., None], chol)[..., 0]
+    eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device).expand_as(g)
+    linv = torch.linalg.solve_triangular(chol, eye, upper=False)
+    return u, (linv * linv).sum(-2)
+
+
+def _by_eigh(g: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """(minimum-norm G^-1 b, diag G^-1) by eigendecomposition, infinite for every source in a
+    direction the data do not hold (an eigenvalue below 1e-13 of the largest).
+    """
+    lam, q = torch.linalg.eigh(g)
+    top = lam[..., -1:].clamp_min(1e-300)
+    keep = lam > 1e-13 * top  # the pseudo-inverse: directions the data hold
+    inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
+    u = ((q * inv[..., None, :]) @ (q.mT @ b[..., None]))[..., 0]
+    weak = torch.where(keep, torch.zeros_like(lam), torch.full_like(lam, math.inf))
+    return u, ((q * q) * (inv + weak)[..., None, :]).nan_to_num(nan=math.inf).sum(-1)
+
+
 def solve_gram(
-    gram: Tensor, rhs: Tensor, y_norm: Tensor, numbers: int, dtype: torch.dtype, limit: float | None = None
+    gram: Tensor,
+    rhs: Tensor,
+    y_norm: Tensor,
+    numbers: int,
+    dtype: torch.dtype,
+    limit: float | None = None,
+    *,
+    factor: bool = False,
 ) -> Solved:
     """Least squares of a target on n sources from their Gram matrix ``gram`` [..., n, n] and the
     dots ``rhs`` [..., n] with the target (float64), the target's norm ``y_norm`` [...] and the count
     of ``numbers`` fitted per system; minimum norm where the sources are dependent, each weight
     flagged as determined or not to ``limit`` (default ``LIMIT``; see the module docstring).
+
+    ``factor``: try Cholesky first (``_by_cholesky``; the per-token systems of a capture, thousands
+    per batch); its answer is kept only where every weight of every system is determined, else the
+    eigendecomposition decides, so the verdicts are the eigendecomposition's and the weights equal
+    its own to float64 rounding of well-conditioned systems.
     """
     scale = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()  # [..., n]: |v_s|
     live = scale > 0
     s = torch.where(live, scale, torch.ones_like(scale))
     g = gram / (s[..., :, None] * s[..., None, :])
     g = torch.where(live[..., :, None] & live[..., None, :], g, torch.zeros_like(g))
-    lam, q = torch.linalg.eigh(g)
-    top = lam[..., -1:].clamp_min(1e-300)
-    keep = lam > 1e-13 * top  # the pseudo-inverse: directions the data hold
-    inv = torch.where(keep, 1.0 / torch.where(keep, lam, torch.ones_like(lam)), torch.zeros_like(lam))
     b = rhs / s
-    u = (q * inv[..., None, :]) @ (q.mT @ b[..., None])
-    u = u[..., 0]
-    # [G^-1]_ss; a direction the data do not hold makes every source in it undetermined
-    weak = torch.where(keep, torch.zeros_like(lam), torch.full_like(lam, math.inf))
-    diag = ((q * q) * (inv + weak)[..., None, :]).nan_to_num(nan=math.inf).sum(-1)
-    diag = torch.where(live, diag, torch.full_like(diag, math.inf))
-    noise = roundoff(dtype) * u.abs().sum(-1, keepdim=True)  # rounding of the terms' sum
-    spread = SIGMAS * noise * (diag / numbers).sqrt()  # of each scaled coefficient
-    w = torch.where(live, u / s, torch.zeros_like(u))
     lim = limit_of(dtype) if limit is None else limit
-    determined = (spread <= lim * w.abs().clamp_min(1.0) * s) & (spread <= lim * y_norm[..., None])
-    return Solved(w, determined & live, spread / s)
+
+    def finish(u: Tensor, diag: Tensor) -> Solved:  # diag: [G^-1]_ss of the scaled system
+        diag = torch.where(live, diag, torch.full_like(diag, math.inf))
+        noise = roundoff(dtype) * u.abs().sum(-1, keepdim=True)  # rounding of the terms' sum
+        spread = SIGMAS * noise * (diag / numbers).sqrt()  # of each scaled coefficient
+        w = torch.where(live, u / s, torch.zeros_like(u))
+        determined = (spread <= lim * w.abs().clamp_min(1.0) * s) & (spread <= lim * y_norm[..., None])
+        return Solved(w, determined & live, spread / s)
+
+    fast = _by_cholesky(g, b) if factor else None
+    if fast is not None:
+        solved = finish(*fast)
+        if bool(solved.determined.all()):
+            return solved
+    return finish(*_by_eigh(g, b))
 
 
-def tokens(sources: Tensor, target: Tensor, dtype: torch.dtype) -> Solved:
-    """Per-token least squares of ``target`` [..., d] on ``sources`` [n, ..., d], in float64."""
+def tokens(sources: Tensor, target: Tensor, dtype: torch.dtype, gram: Tensor | None = None) -> Solved:
+    """Per-token least squares of ``target`` [..., d] on ``sources`` [n, ..., d], in float64; ``gram``
+    [..., n, n], the sources' per-token Gram matrices where the caller holds them already.
+    """
     a, y = sources.double(), target.double()
-    gram = torch.einsum("n...d,m...d->...nm", a, a)
+    gram = torch.einsum("n...d,m...d->...nm", a, a) if gram is None else gram.double()
     rhs = torch.einsum("n...d,...d->...n", a, y)
     # a term is held to the root-mean-square input, not to its own token's: a share sums over tokens
     # weighted by |h|^2, so a token whose input is small (terms cancelling) weighs little in it
     rms = (y * y).sum(-1).mean().sqrt().expand(y.shape[:-1])
-    return solve_gram(gram, rhs, rms, a.shape[-1], dtype)
+    return solve_gram(gram, rhs, rms, a.shape[-1], dtype, factor=True)
 
 
 def static(sources: Tensor, target: Tensor, dtype: torch.dtype) -> Solved:
@@ -229,16 +273,19 @@ def _undetermined(how: How, solved: Solved, bad: Tensor, labels: list[str], n: i
     )
 
 
-def solve(stack: Tensor, target: Tensor, dtype: torch.dtype) -> tuple[Tensor, str | None]:
+def solve(
+    stack: Tensor, target: Tensor, dtype: torch.dtype, gram: Tensor | None = None
+) -> tuple[Tensor, str | None]:
     """Per-token weights [..., n] of ``target`` [..., d] over ``stack`` [n, ..., d] for a capture's
-    batch, and None, or the reason they are not determined at some token (in words).
+    batch (``gram``: the stack's per-token Gram matrices, if held), and None, or the reason they are
+    not determined at some token (in words).
     """
     n, d = stack.shape[0], stack.shape[-1]
     if n >= d:
         return stack.new_zeros(()), (
             f"per-token weights over {n} sources in a width of {d} rebuild any input: not determined"
         )
-    solved = tokens(stack, target, dtype)
+    solved = tokens(stack, target, dtype, gram)
     bad = ~solved.determined
     if bool(bad.any()):
         at = [int(x) for x in torch.nonzero(bad.any(-1))[0]]

@@ -574,6 +574,11 @@ class _Hooks:
     engine, in the layout the probe found; for a consumer with per-token weights, its weights solved
     (``fit.solve``) from float64 copies of the sources of this forward, made as each source is
     written (an in-place update of a module's output afterwards does not change them).
+
+    The consumers' sources are prefixes of one list, so their per-token Gram matrices are corners
+    of one: it is grown as consumers need more sources (the rows of the new sources only) and cut
+    back to the rows before a source that is written again, so each pair of sources is multiplied
+    once per forward instead of once per consumer that reads both.
     """
 
     def __init__(self, taps, inputs, per_token, layouts, shape, dtype):
@@ -587,11 +592,13 @@ class _Hooks:
         send = router(callbacks)
         slot = {label: j for j, label in enumerate(list(self.taps)[: self.kept])}
         held: dict[str, Tensor] = {}
+        grown = [0]  # the sources whose per-token Gram rows are up to date in held["g"]
 
         def source(label: str):
             def hook(t: Tensor) -> Tensor | None:
                 if label in slot:
                     self._buffer(held, t)[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
+                    self._written(grown, slot[label])
                 return send(label, t)
 
             return hook
@@ -599,7 +606,7 @@ class _Hooks:
         def consumer(label: str):
             def hook(h: Tensor) -> Tensor | None:
                 if label in self.per_token:
-                    send(f"{label}.w", self._weights(label, held["v"], h))
+                    send(f"{label}.w", self._weights(label, held, grown, h))
                 return send(f"{label}.in", h)  # an ablation's replacement, if any
 
             return hook
@@ -622,15 +629,40 @@ class _Hooks:
             held["v"] = torch.empty(want, dtype=dtype, device=t.device)
         return held["v"]
 
-    def _weights(self, label: str, kept: Tensor, h: Tensor) -> Tensor:
+    def _weights(self, label: str, held: dict[str, Tensor], grown: list[int], h: Tensor) -> Tensor:
         """Consumer ``label``'s weights in this forward: declared, or solved and checked per token."""
         n, declared = self.per_token[label]
+        kept = held["v"]
         if declared is not None:
             return declared(kept[:n].to(h.dtype), h)
-        w, why = fit.solve(kept[:n], h, self.dtype)
+        w, why = fit.solve(kept[:n], h, self.dtype, gram=self._gram(held, grown, n))
         if why is not None:
             raise DepthscopeError(f"ModelSpec: consumer {label}: {why}")
         return w
+
+    @staticmethod
+    def _written(grown: list[int], j: int) -> None:
+        """Kept source ``j`` was (re)written: the held Gram rows from it on are stale."""
+        grown[0] = min(grown[0], j)
+
+    @staticmethod
+    def _gram(held: dict[str, Tensor], grown: list[int], n: int) -> Tensor:
+        """The per-token Gram matrices [batch, pos, n, n] of the first ``n`` kept sources, computing
+        only the rows not yet up to date.
+        """
+        kept = held["v"]
+        have = held.get("g")
+        want = (*kept.shape[1:3], kept.shape[0], kept.shape[0])
+        if have is None or tuple(have.shape) != want or have.device != kept.device:
+            have = held["g"] = kept.new_empty(want)
+            grown[0] = 0
+        m = grown[0]
+        if m < n:
+            rows = torch.einsum("sbpd,tbpd->bpst", kept[m:n], kept[:n])  # [batch, pos, n - m, n]
+            have[..., m:n, :n] = rows
+            have[..., :m, m:n] = rows[..., :m].mT
+            grown[0] = n
+        return have[..., :n, :n]
 
 
 def with_forward(spec: ModelSpec, forward: Callable[[Tensor], Any] | None) -> ModelSpec:

@@ -154,3 +154,44 @@ def test_richer_is_an_f_test():
     # an input already exact in float64 needs nothing richer
     assert not fit.richer(1e-30, 0.0, 4, 1000, 1.0)
     assert not fit.richer(1.0, 0.5, 4, 0, 1.0)  # no degrees of freedom left: nothing tested
+
+
+def _systems(v: torch.Tensor, h: torch.Tensor):
+    a, y = v.double(), h.double()
+    gram = torch.einsum("n...d,m...d->...nm", a, a)
+    rhs = torch.einsum("n...d,...d->...n", a, y)
+    rms = (y * y).sum(-1).mean().sqrt().expand(y.shape[:-1])
+    return gram, rhs, rms
+
+
+@pytest.mark.parametrize("n, d", [(3, 16), (8, 32), (15, 256)])
+def test_the_cholesky_path_equals_the_eigendecomposition(n, d):
+    """The per-token solve's Cholesky path (``factor=True``) gives the eigendecomposition's weights to
+    float64 rounding and the same verdicts on independent sources; with a duplicated source it hands
+    the systems back, so both refuse the same tokens."""
+    v = sources(n, d, seed=n)
+    wt = torch.randn(B, P, n, generator=torch.Generator().manual_seed(d))
+    gram, rhs, rms = _systems(v, mix(v, wt))
+    fast = fit.solve_gram(gram, rhs, rms, d, torch.float32, factor=True)
+    slow = fit.solve_gram(gram, rhs, rms, d, torch.float32)
+    assert bool(fast.determined.all()) and torch.equal(fast.determined, slow.determined)
+    torch.testing.assert_close(fast.w, slow.w, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(fast.spread, slow.spread, rtol=1e-8, atol=0)
+    twin = torch.cat([v, v[-1:]])  # the last source named twice: dependent at every token
+    gram, rhs, rms = _systems(twin, mix(v, wt))
+    fast = fit.solve_gram(gram, rhs, rms, d, torch.float32, factor=True)
+    slow = fit.solve_gram(gram, rhs, rms, d, torch.float32)
+    assert not bool(fast.determined[..., -2:].any()) and torch.equal(fast.determined, slow.determined)
+
+
+def test_a_held_gram_gives_the_same_weights():
+    """``solve`` given the stack's Gram matrices (as a capture's hooks hold them) answers as without."""
+    v = sources(6, 32, seed=3)
+    wt = torch.randn(B, P, 6, generator=torch.Generator().manual_seed(4))
+    h = mix(v, wt)
+    a = v.double()
+    held = torch.einsum("nbpd,mbpd->bpnm", a, a)
+    w1, why1 = fit.solve(v, h, torch.float32)
+    w2, why2 = fit.solve(v, h, torch.float32, gram=held)
+    assert why1 is None and why2 is None
+    assert torch.equal(w1, w2)
