@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 from rich.console import Console
@@ -271,6 +271,18 @@ AblateTokensOpt = Annotated[
 ]
 
 
+def _settings(options: dict[str, Any], **fixed: Any):
+    """The CaptureSettings of a command's parameters (``options``: its ``locals()`` on entry) that
+    are capture options (``pipelines.capture.capture_options``: their names are the keywords of
+    ``capture_settings``), with ``fixed`` ones on top: each option is written once, in the command's
+    signature, and becomes a setting in one place.
+    """
+    from depthscope.pipelines.capture import capture_options, capture_settings
+
+    names = capture_options()
+    return capture_settings(**{**{k: v for k, v in options.items() if k in names}, **fixed})
+
+
 def parse_sets(pairs: list[str] | None) -> dict[str, str]:
     """``["k=v", ...]`` -> dict; a malformed pair is a ConfigError."""
     result = {}
@@ -470,21 +482,15 @@ def report(
     quiet: QuietOpt = False,
 ) -> None:
     """Analyse checkpoints (or traces) into a self-contained HTML report with every figure."""
+    options = dict(locals())  # the capture options among them become settings in one place
     sf = _spec_file(spec)
     if sf is not None and not inputs:
         raise ConfigError("--spec reads the models given: name them (the bundled zoo needs no spec)")
     inputs = _model_inputs(inputs or [], sf, corpus, revision)
-    from depthscope.pipelines.capture import capture_settings
     from depthscope.pipelines.report import ReportSettings, build_report
 
-    captured = capture_settings(
-        tokens=tokens,
-        batch_size=batch_size,
-        seed=seed,
-        ctx=ctx,
-        skip_positions=skip_positions,
-        ablate_tokens=ablate_tokens,
-    )
+    # logits and ablations are chosen per model by ReportSettings ("auto" unless given)
+    captured = _settings(options, logits=False, ablate=None)
     settings = ReportSettings(  # unset (None): "auto", chosen per model
         capture=captured,
         k=k,
@@ -571,29 +577,13 @@ def capture(
     tokenizer: TokenizerOpt = None,
 ) -> None:
     """Capture a trace: what each layer's input is made of, in the delta basis."""
+    options = dict(locals())  # the capture options among them become settings in one place
     _output_file(out_path, checkpoint, *([corpus] if corpus else []), *([spec] if spec else []))
     sf = _spec_file(spec)
     [checkpoint] = _model_inputs([checkpoint], sf, corpus, revision)
-    from depthscope.pipelines.capture import CaptureJob, capture_settings, run_capture
+    from depthscope.pipelines.capture import CaptureJob, run_capture
 
-    settings = capture_settings(
-        tokens=tokens,
-        batch_size=batch_size,
-        seed=seed,
-        ctx=ctx,
-        skip_positions=skip_positions,
-        rank=rank,
-        logits=logits,
-        lens=lens,
-        ablate=None if ablate == "off" else ablate,
-        ablate_mean=ablate_mean,
-        ablate_tokens=ablate_tokens,
-        device=device,
-        dtype=dtype,
-        device_map=device_map,
-        checkpoint_every=checkpoint_every,
-        resume=resume,
-    )
+    settings = _settings(options, ablate=None if ablate == "off" else ablate)
     job = CaptureJob(
         checkpoint,
         out_path,
@@ -1118,13 +1108,13 @@ def rank_measure(
     quiet: QuietOpt = False,
 ) -> None:
     """Effective rank of each sublayer's outputs, r*, d and r*/d against the DCA threshold."""
+    options = dict(locals())
     [path] = _inputs([path], corpus, revision)
-    from depthscope.pipelines.capture import capture_settings
     from depthscope.pipelines.rank import measure
 
     results = measure(
         path,
-        capture_settings(tokens=tokens, rank=True),
+        _settings(options, rank=True),
         corpus,
         energy,
         kappa,

@@ -10,6 +10,7 @@ writes the trace. ``workers=N`` starts N local processes with a gloo group itsel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import multiprocessing
 import os
@@ -38,44 +39,33 @@ from depthscope.trace import load_trace, save_trace
 STOP_GRACE = 10.0  # seconds a worker has to leave after SIGTERM before it is killed
 
 
-def capture_settings(
-    *,
-    tokens: int,
-    batch_size: int = 16,
-    seed: int = 0,
-    ctx: int | None = None,
-    skip_positions: int | None = None,
-    rank: bool = False,
-    logits: bool = False,
-    lens: bool = False,
-    ablate: str | None = None,
-    ablate_mean: bool = False,
-    ablate_tokens: int | None = None,
-    device: str | None = None,
-    dtype: str | None = None,
-    device_map: str | None = None,
-    checkpoint_every: int = 0,
-    resume: bool = False,
-) -> CaptureSettings:
+# the command line's flat names for what CaptureSettings nests or names otherwise
+RENAMED = {"tokens": "n_tokens"}
+PLACEMENT = ("device", "dtype", "device_map")  # Placement's fields
+PARTIAL = {"checkpoint_every": "save_every", "resume": "resume"}  # option -> Partial's field
+
+
+def capture_options() -> frozenset[str]:
+    """The names of the command line's capture options (``capture_settings``' keywords)."""
+    plain = {f.name for f in dataclasses.fields(CaptureSettings)} - {"placement", "partial", "n_tokens"}
+    return frozenset(plain | set(RENAMED) | set(PLACEMENT) | set(PARTIAL))
+
+
+def capture_settings(**options: Any) -> CaptureSettings:
     """The CaptureSettings of the command line's flat options, for every command that captures
     (``capture``, ``report``, ``rank``): the one place the options become settings, placement and
-    partial state, validated once by the settings themselves.
+    partial state, validated once by the settings themselves. ``tokens`` is ``n_tokens``; ``device``,
+    ``dtype`` and ``device_map`` the placement; ``checkpoint_every`` and ``resume`` the partial
+    state; any other option the field of its name. An option not given keeps CaptureSettings'
+    default, so every default is written once, there.
     """
-    return CaptureSettings(
-        n_tokens=tokens,
-        batch_size=batch_size,
-        seed=seed,
-        ctx=ctx,
-        skip_positions=skip_positions,
-        rank=rank,
-        logits=logits,
-        lens=lens,
-        ablate=ablate,
-        ablate_mean=ablate_mean,
-        ablate_tokens=ablate_tokens,
-        placement=Placement(device=device, dtype=dtype, device_map=device_map),
-        partial=Partial(save_every=checkpoint_every, resume=resume),
-    )
+    unknown = set(options) - capture_options()
+    if unknown:
+        raise TypeError(f"capture_settings: unknown options {sorted(unknown)}")
+    placement = Placement(**{k: options.pop(k) for k in PLACEMENT if k in options})
+    partial = Partial(**{PARTIAL[k]: options.pop(k) for k in list(PARTIAL) if k in options})
+    fields = {RENAMED.get(k, k): v for k, v in options.items()}
+    return CaptureSettings(**fields, placement=placement, partial=partial)
 
 
 @dataclass(frozen=True)
