@@ -35,7 +35,6 @@ attention, which reads the embedding directly): ``residual_add_idx`` (layer) k,
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Any
 
@@ -47,11 +46,10 @@ from depthscope.probes.adapters.base import (
     Callback,
     ConsumerSpec,
     SourceSpec,
-    config_values,
     module_attach,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "beam"
@@ -111,19 +109,17 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = config_values(cfg, keep)
-    name = model_name(model)
     return Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
-        attrs={
-            "scheme": "depth-scaled",
-            "variant": name,
-            "label": label_of(model, cfg.model_type),
-            "config": json.dumps(config, sort_keys=True, default=str),
-            "mixing_meaning": "static: every available source has weight 1/sqrt(K) at a consumer of depth K",
-        },
+        attrs=family_attrs(
+            model,
+            cfg,
+            keep,
+            "depth-scaled",
+            mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
+        ),
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model),

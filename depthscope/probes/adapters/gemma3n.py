@@ -54,7 +54,6 @@ attention row; ``altup_correction`` (layer, stream) = c, on each layer's MLP row
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -69,13 +68,12 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    config_values,
     forward_hooks,
     module_attach,
     router,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "gemma3n"
@@ -133,18 +131,11 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = config_values(cfg, keep)
     return Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
-        attrs={
-            "scheme": "altup",
-            "variant": model_name(model),
-            "label": label_of(model, cfg.model_type),
-            "config": json.dumps(config, sort_keys=True, default=str),
-            "streams": int(streams),
-        },
+        attrs=family_attrs(model, cfg, keep, "altup", streams=int(streams)),
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import find_module, installed_version
+from depthscope.probes.adapters.base import config_values, find_module, installed_version
 
 
 def pretrained(model: Any) -> bool:
@@ -102,6 +103,19 @@ def prefix_of(model: Any, class_name: str, family: str) -> str:
         kind = type(model).__name__
         raise DepthscopeError(f"the {family} adapter reads transformers {class_name} models, not a {kind}")
     return f"{path}." if path else ""
+
+
+def family_attrs(model: Any, cfg: Any, keep: tuple[str, ...], scheme: str, **extra: Any) -> dict[str, Any]:
+    """The trace attrs a transformers family records: its scheme, the model's name (``variant``),
+    the label, the config values ``keep`` names (as JSON), then ``extra``.
+    """
+    return {
+        "scheme": scheme,
+        "variant": model_name(model),
+        "label": label_of(model, cfg.model_type),
+        "config": json.dumps(config_values(cfg, keep), sort_keys=True, default=str),
+        **extra,
+    }
 
 
 def label_of(model: Any, model_type: str) -> str:

@@ -50,7 +50,6 @@ only after that read). Attrs: ``block_size`` (``n_layers_per_attn_res_block``).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,13 +65,12 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    config_values,
     forward_hooks,
     module_attach,
     router,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
 from depthscope.schemes import names
 
 NAME = "inkling2"
@@ -163,19 +161,12 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = config_values(cfg, keep)
     slots = n_slots(cfg.num_hidden_layers, block)
     return Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
-        attrs={
-            "scheme": "attnres",
-            "variant": model_name(model),
-            "label": label_of(model, cfg.model_type),
-            "config": json.dumps(config, sort_keys=True, default=str),
-            "block_size": block,
-        },
+        attrs=family_attrs(model, cfg, keep, "attnres", block_size=block),
         ctx=int(cfg.max_position_embeddings),
         vocab=int(min(cfg.vocab_size, getattr(cfg, "unpadded_vocab_size", None) or cfg.vocab_size)),
         encode=text_encoder(model),

@@ -50,7 +50,6 @@ follows each PLE.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from typing import Any
@@ -65,12 +64,11 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    config_values,
     forward_hooks,
     router,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -127,20 +125,18 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    config = config_values(cfg, keep)
-    name = model_name(model)
     return Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
-        attrs={
-            "scheme": "gated-streams",
-            "variant": name,
-            "label": label_of(model, cfg.model_type),
-            "config": json.dumps(config, sort_keys=True, default=str),
-            "streams": int(streams),
-            "mixing_meaning": "per-channel weights: mixing is their mean over channels and tokens",
-        },
+        attrs=family_attrs(
+            model,
+            cfg,
+            keep,
+            "gated-streams",
+            streams=int(streams),
+            mixing_meaning="per-channel weights: mixing is their mean over channels and tokens",
+        ),
         ctx=int(cfg.max_position_embeddings),
         vocab=int(cfg.vocab_size),
         encode=text_encoder(model),

@@ -18,7 +18,6 @@ Legend: batch, pos, stream, source, d_model.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,11 +32,10 @@ from depthscope.probes.adapters.base import (
     Hook,
     NativeSpec,
     SourceSpec,
-    config_values,
     forward_hooks,
     router,
 )
-from depthscope.probes.adapters.hf import label_of, model_name, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
 from depthscope.schemes import names
 
 
@@ -146,15 +144,7 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
     ro = names.READOUT
     cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
-    config = config_values(cfg, form.keep)
-    attrs = {
-        "scheme": form.scheme,
-        "variant": model_name(model),
-        "label": label_of(model, cfg.model_type),
-        "family": form.family,
-        "config": json.dumps(config, sort_keys=True, default=str),
-        "streams": int(cfg.hc_mult),
-    }
+    attrs = family_attrs(model, cfg, form.keep, form.scheme, family=form.family, streams=int(cfg.hc_mult))
     return Adapter(
         family=form.family,
         sources=srcs,
