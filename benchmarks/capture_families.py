@@ -41,6 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 
 from tests.families import FAMILIES, HEAD_DIM, zoo  # noqa: E402  (one small model per family, shared with the tests)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402  (benchmarks/record.py, beside this file)
+
 # --- measurement -----------------------------------------------------------------------------------
 
 
@@ -71,7 +74,8 @@ def one_line(err: BaseException) -> str:
     return msg if len(msg) <= 240 else msg[:237] + "..."
 
 
-def family_row(name: str, build: Callable, args) -> str:
+def family_row(name: str, build: Callable, args) -> tuple[str, dict]:
+    """(the table's row, the record's row) of one family."""
     from depthscope.probes import capture
     from depthscope.probes.adapters import resolve
 
@@ -79,7 +83,8 @@ def family_row(name: str, build: Callable, args) -> str:
     try:
         model, what = build(args)
     except Exception as err:  # noqa: BLE001 - a row with the reason, not a crash
-        return f"| {name} | - | build failed: {one_line(err)} | - | - | - | - | - |"
+        why = f"build failed: {one_line(err)}"
+        return f"| {name} | - | {why} | - | - | - | - | - |", {"family": name, "failed": why}
     try:
         model.eval()
         params = sum(p.numel() for p in model.parameters())
@@ -99,13 +104,30 @@ def family_row(name: str, build: Callable, args) -> str:
         t_fwd, t_cap, traces = interleaved(toks, per, forward, cap)
         tr = traces[-1]
         err = max(float(t["residual_error"].max()) for t in traces)
+        row = {
+            "family": name,
+            "model": what,
+            "params": params,
+            "window": window,
+            "sources": int(tr.sizes["source"]),
+            "consumers": int(tr.sizes["layer"]),
+            "forward_seconds": t_fwd,
+            "capture_seconds": t_cap,
+            "time_ratio": t_cap / t_fwd,
+            "max_residual_error": err,
+        }
         return (
             f"| {name} | {what}; {params / 1e6:.2f}M params; window {window} | "
             f"{tr.sizes['source']} x {tr.sizes['layer']} | {t_fwd:.2f} | {t_cap:.2f} | "
             f"**{t_cap / t_fwd:.2f}** | {err:.1e} | {time.perf_counter() - t0:.0f} |"
-        )
+        ), row
     except Exception as err:  # noqa: BLE001
-        return f"| {name} | {what} | capture failed: {one_line(err)} | - | - | - | - | - |"
+        why = f"capture failed: {one_line(err)}"
+        return f"| {name} | {what} | {why} | - | - | - | - | - |", {
+            "family": name,
+            "model": what,
+            "failed": why,
+        }
 
 
 def causal_rows(name: str, args) -> list[str]:
@@ -182,6 +204,7 @@ def main() -> None:
     )
     ap.add_argument("--no-families", action="store_true", help="skip table 1")
     ap.add_argument("--no-causal", action="store_true", help="skip table 2")
+    ap.add_argument("--json", default=None, help="the record (default docs/data/capture_families.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import warnings
@@ -211,13 +234,22 @@ def main() -> None:
             "max residual_error | wall (s) |"
         )
         print("|---|---|---|---|---|---|---|---|")
+        rows = []
         for name, installed, package, build in FAMILIES:
             if args.family and not any(f in name for f in args.family):
                 continue
             if not installed():
                 print(f"| {name} | - | skipped: {package} not installed | - | - | - | - | - |", flush=True)
+                rows.append({"family": name, "failed": f"skipped: {package} not installed"})
                 continue
-            print(family_row(name, build, args), flush=True)
+            line, row = family_row(name, build, args)
+            print(line, flush=True)
+            rows.append(row)
+        if args.json or not args.family:  # a subset of the families never replaces the full record
+            keep = ("tokens", "chunk", "layers", "d_model", "ctx", "vocab", "batch", "threads")
+            settings = {k: getattr(args, k) for k in keep}
+            path = record_write("capture_families", settings, rows, Path(args.json) if args.json else None)
+            print(f"wrote {path}")
     if not args.no_causal:
         print()
         print(

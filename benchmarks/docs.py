@@ -210,7 +210,35 @@ def readme_seeds(_: str) -> str:
     )
 
 
+def results_families(_: str) -> str:
+    """results.md's table of the capture cost per model family (``benchmarks/capture_families.py``)."""
+    rec = record("capture_families")
+    s = rec["settings"]
+    rows = rec["rows"]
+    done = [r for r in rows if "failed" not in r]
+    within = [r for r in done if r["time_ratio"] <= 1.3]
+    lines = [
+        f"Generated from [data/capture_families.json](data/capture_families.json): {_where(rec)}; random "
+        f"models of {s['layers']} blocks, width {s['d_model']}, vocabulary {s['vocab']}, windows of "
+        f"{s['ctx']}, {s['tokens']} tokens, batch {s['batch']}; forward and capture interleaved in "
+        f"{s['chunk']}-token chunks. {len(within)} of {len(done)} families within 1.3x.",
+        "",
+        "| family | model | sources x consumers | capture / forward | max residual error |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "failed" in r:
+            lines.append(f"| {r['family']} | {r.get('model', '-')} | {r['failed']} | | |")
+            continue
+        lines.append(
+            f"| {r['family']} | {r['model']} | {r['sources']} x {r['consumers']} | {r['time_ratio']:.2f} | "
+            f"{r['max_residual_error']:.1e} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 RENDER: dict[str, Callable[[str], str]] = {
+    "results-families": results_families,
     "readme-seeds": readme_seeds,
     "readme-cost": readme_cost,
     "results-overhead": results_overhead,

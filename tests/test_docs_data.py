@@ -141,3 +141,20 @@ def test_the_readme_cost_rows_are_the_real_models_medians(model, paths):
     name = {"smollm2": "SmolLM2-135M,", "minilm": "MiniLM (post-LN),"}[model]
     row = next(line for line in readme.splitlines() if line.startswith(f"| {name}"))
     assert f"| **{ratio:.2f}**" in row
+
+
+def test_the_family_record_reads_every_family_exactly():
+    """Every family of ``tests/families.py`` has its row: captured exactly (residual at float32
+    rounding, the ratio its raw timings' ratio), or the reason it was not."""
+    import sys
+
+    sys.path.insert(0, str(docs.ROOT))
+    from tests.families import FAMILIES
+
+    rec = json.loads((docs.DATA / "capture_families.json").read_text())
+    assert [r["family"] for r in rec["rows"]] == [name for name, *_ in FAMILIES]
+    done = [r for r in rec["rows"] if "failed" not in r]
+    assert len(done) >= len(FAMILIES) - 1, [r for r in rec["rows"] if "failed" in r]
+    for r in done:
+        assert r["max_residual_error"] <= 1e-4
+        assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
