@@ -168,11 +168,15 @@ def build(model: Any) -> Adapter:
 
 
 def entry_weights(entries: Tensor, query: Tensor, eps: float) -> Tensor:
-    """softmax_n(query . RMSNorm(v_n)) in float64: [entry, batch, pos, d_model] -> [batch, pos, entry]."""
+    """softmax_n(query . RMSNorm(v_n)) in float64: [entry, batch, pos, d_model] -> [batch, pos, entry].
+
+    As query . v_n / rms(v_n): one product with the query and one norm per entry, never the
+    normalised keys themselves (a copy of every entry).
+    """
     v = entries.double()
-    keys = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
-    logits = torch.einsum("d,nbpd->bpn", query.detach().double(), keys)
-    return logits.softmax(-1)
+    mean_sq = torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1]
+    logits = (v @ query.detach().double()) * torch.rsqrt(mean_sq + eps)  # [entry, batch, pos]
+    return logits.permute(1, 2, 0).softmax(-1)
 
 
 @contextlib.contextmanager

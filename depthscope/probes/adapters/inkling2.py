@@ -182,11 +182,12 @@ def entry_weights(module: Any, block_states: Tensor, partial: Tensor) -> tuple[T
     float64 from what the module stacks (its block states and partial sum) and its own queries.
     """
     stacked = torch.cat([block_states, partial.unsqueeze(-2)], dim=-2).double()
-    rms = torch.sqrt(stacked.square().mean(-1) + module.norm.eps)
-    keys = stacked / rms.unsqueeze(-1)
-    query = module.query.double().view(-1, stacked.shape[-1])
-    alpha = torch.softmax(torch.einsum("bped,qd->bpqe", keys, query) / math.sqrt(stacked.shape[-1]), dim=-1)
-    return alpha, rms
+    d = stacked.shape[-1]
+    rms = torch.sqrt(torch.linalg.vector_norm(stacked, dim=-1).square() / d + module.norm.eps)
+    query = module.query.double().view(-1, d)
+    # query . (v_e / rms_e) as (query . v_e) / rms_e: the normalised keys are never materialised
+    logits = torch.einsum("bped,qd->bpqe", stacked, query) / (rms.unsqueeze(-2) * math.sqrt(d))
+    return torch.softmax(logits, dim=-1), rms
 
 
 def delta_weights(alpha: Tensor, rms: Tensor, entries: tuple[tuple[int, ...], ...], n: int) -> Tensor:
