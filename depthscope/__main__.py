@@ -46,11 +46,11 @@ def _leave(status: int) -> None:
     * after an interrupt, CPython kills itself with SIGINT at exit once a KeyboardInterrupt escaped
       code it ran through ``PyRun_String`` (torch runs some while it is imported), even when
       depthscope caught that interrupt further up;
-    * a rank under torchrun has finished its part and destroyed its process group; a thread of
-      torch's left joinable in a C++ destructor at exit aborted the process ("terminate called
-      without an active exception", SIGABRT) in 2 of 18 two-rank captures of a tiny Llama on a
-      2-core machine (and once in CI), after the trace was written, and torchrun then reported the
-      run as failed; 0 of 36 leaving this way.
+    * a rank under torchrun has finished its part and destroyed its process group; the C++ side
+      then aborted at interpreter exit ("terminate called without an active exception", SIGABRT;
+      where exactly was not found) in 2 of about 20 two-rank captures of a tiny Llama on a 2-core
+      machine (and once in CI), after the trace was written, and torchrun then reported the run as
+      failed; 0 of 36 leaving this way.
     """
     import atexit
     import contextlib
