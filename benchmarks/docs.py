@@ -237,7 +237,23 @@ def results_families(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def readme_findings(_: str) -> str:
+    """The README's finding on the zoo's pattern and SmolLM2's dilution (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    zoo = sorted((r for r in rec["rows"] if r["table"] == "zoo"), key=lambda r: -r["pattern_sublayers"])
+    top = zoo[:2]
+    smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
+    k = round(smol["uniform"] * smol["sources"])
+    return (
+        f"On the zoo {top[0]['name']} and {top[1]['name']} weight the input and the latest layers most "
+        f"(pattern score {top[0]['pattern_sublayers']:.2f}, {top[1]['pattern_sublayers']:.2f}; 1 = uniform); "
+        f"in SmolLM2-135M layer {smol['layer']}'s {k} writes are {smol['share']:.2%} of the read-out, "
+        f"{smol['below_uniform']:.0f}x below their uniform share {k}/{smol['sources']}.\n"
+    )
+
+
 RENDER: dict[str, Callable[[str], str]] = {
+    "readme-findings": readme_findings,
     "results-families": results_families,
     "readme-seeds": readme_seeds,
     "readme-cost": readme_cost,

@@ -35,8 +35,11 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
     named = {(page, name) for page, name, _ in blocks()}
     assert {
         ("README.md", "readme-cost"),
+        ("README.md", "readme-seeds"),
+        ("README.md", "readme-findings"),
         ("results.md", "results-overhead"),
         ("results.md", "results-spec"),
+        ("results.md", "results-families"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -158,3 +161,24 @@ def test_the_family_record_reads_every_family_exactly():
     for r in done:
         assert r["max_residual_error"] <= 1e-4
         assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+
+
+def test_the_findings_record_and_the_readme_sentence():
+    """The zoo's pattern scores cover every bundled model, the standard residual's is 1 by
+    construction (unit weights), the README names the two highest; SmolLM2's row is exact and its
+    numbers are one another's (uniform share k/n, the factor below it)."""
+    from depthscope import zoo
+
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    rows = {r["name"]: r for r in rec["rows"] if r["table"] == "zoo"}
+    assert list(rows) == [m["name"] for m in zoo.read_manifest()]
+    assert rows["standard"]["pattern_sublayers"] == pytest.approx(1.0, abs=1e-9)
+    top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
+    smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
+    assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
+    assert smol["uniform"] == pytest.approx(2 / smol["sources"], rel=1e-12)
+    assert smol["below_uniform"] == pytest.approx(smol["uniform"] / smol["share"], rel=1e-12)
+    readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
+    line = next(m.group(3) for m in docs.BLOCK.finditer(readme) if m.group(2) == "readme-findings")
+    assert f"On the zoo {top[0]['name']} and {top[1]['name']} " in line
+    assert f"{smol['share']:.2%} of the read-out" in line

