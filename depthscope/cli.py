@@ -79,6 +79,12 @@ def _count(low: int, high: int = BIG):
     return parse
 
 
+def _n(help: str, low: int = 1, high: int = BIG, flag: str | None = None, **more: Any) -> Any:
+    """A whole-number option in [low, high], shown as N in the help; ``flag`` names it."""
+    names = (flag,) if flag else ()
+    return typer.Option(*names, parser=_count(low, high), metavar="N", help=help, **more)
+
+
 def _unit(text: str) -> float:
     """A float in (0, 1]: kappa, energy fractions."""
     value = _float(text)
@@ -223,21 +229,18 @@ TokenizerOpt = Annotated[
 ]
 CtxOpt = Annotated[
     int | None,
-    typer.Option(
-        parser=_count(1),
-        metavar="N",
-        help="Window length in tokens (at most the model's context; default: the model's context). Shares "
+    _n(
+        "Window length in tokens (at most the model's context; default: the model's context). Shares "
         "depend on it; for long-context models choose what your question needs (e.g. 256 or 1024): one "
-        "window of 8192 tokens costs minutes and gigabytes on a CPU.",
+        "window of 8192 tokens costs minutes and gigabytes on a CPU."
     ),
 ]
 SkipOpt = Annotated[
     int | None,
-    typer.Option(
-        parser=_count(0),
-        metavar="N",
-        help="Leave the first K positions of every window out of every statistic (default: 1 for pretrained "
+    _n(
+        "Leave the first K positions of every window out of every statistic (default: 1 for pretrained "
         "causal LMs, whose first position holds an attention sink; 0 for depthscope's own models).",
+        0,
     ),
 ]
 
@@ -262,11 +265,9 @@ AblateOpt = Annotated[
 AblateMeanOpt = Annotated[bool, typer.Option(help="Ablation replaces a term by its token mean instead.")]
 AblateTokensOpt = Annotated[
     int | None,
-    typer.Option(
-        parser=_count(1),
-        metavar="N",
-        help="Ablate only the first batches holding this many tokens (ablation costs a forward per "
-        "source or cell); the rest of the trace covers every token.",
+    _n(
+        "Ablate only the first batches holding this many tokens (ablation costs a forward per "
+        "source or cell); the rest of the trace covers every token."
     ),
 ]
 
@@ -300,19 +301,19 @@ def train(
     out_path: Annotated[
         Path, typer.Option("--out", parser=_path, help="Checkpoint to write (.safetensors).")
     ] = Path("model.safetensors"),
-    layers: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Number of blocks.")] = 4,
-    d_model: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Width.")] = 64,
-    heads: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Attention heads.")] = 4,
-    ctx: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Context length in bytes.")] = 128,
+    layers: Annotated[int, _n("Number of blocks.")] = 4,
+    d_model: Annotated[int, _n("Width.")] = 64,
+    heads: Annotated[int, _n("Attention heads.")] = 4,
+    ctx: Annotated[int, _n("Context length in bytes.")] = 128,
     steps: Annotated[
         int,
-        typer.Option(parser=_count(0), metavar="N", help="Optimiser steps (0 writes the initialised model)."),
+        _n("Optimiser steps (0 writes the initialised model).", 0),
     ] = 300,
-    batch_size: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Sequences per step.")] = 16,
+    batch_size: Annotated[int, _n("Sequences per step.")] = 16,
     lr: Annotated[float, typer.Option(parser=_positive, help="Peak learning rate.")] = 3e-3,
     seed: Annotated[
         int,
-        typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for initialisation and batches."),
+        _n("Seed for initialisation and batches.", 0, SEED_MAX),
     ] = 0,
     corpus: CorpusOpt = None,
     set_: Annotated[
@@ -321,11 +322,7 @@ def train(
     half: Annotated[bool, typer.Option(help="Store weights in bfloat16 (half the file size).")] = False,
     save_every: Annotated[
         int,
-        typer.Option(
-            parser=_count(0),
-            metavar="N",
-            help="Also write NAME.step-000500.safetensors every N steps (0: never).",
-        ),
+        _n("Also write NAME.step-000500.safetensors every N steps (0: never).", 0),
     ] = 0,
     quiet: QuietOpt = False,
 ) -> None:
@@ -433,18 +430,10 @@ def report(
         Path, typer.Option("--out", parser=_path, help="Directory for index.html, traces.nc and the figures.")
     ] = Path("report"),
     corpus: CorpusOpt = None,
-    tokens: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per checkpoint.")
-    ] = 8192,
-    batch_size: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")
-    ] = 16,
-    seed: Annotated[
-        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")
-    ] = 0,
-    k: Annotated[
-        int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")
-    ] = 2,
+    tokens: Annotated[int, _n("Tokens captured per checkpoint.")] = 8192,
+    batch_size: Annotated[int, _n("Sequences per forward pass.")] = 16,
+    seed: Annotated[int, _n("Seed for the window offsets.", 0, SEED_MAX)] = 0,
+    k: Annotated[int, _n("Recent sources counted by the pattern score.", 0)] = 2,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     trajectory: Annotated[
@@ -453,11 +442,10 @@ def report(
     ] = False,
     steps: Annotated[
         list[int] | None,
-        typer.Option(
-            "--step",
-            parser=_count(0),
-            metavar="N",
-            help="Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
+        _n(
+            "Training step of each checkpoint, in order (repeatable; for checkpoints without one).",
+            0,
+            flag="--step",
         ),
     ] = None,
     logits: Annotated[
@@ -518,13 +506,9 @@ def capture(
     ],
     out_path: Annotated[Path, typer.Option("--out", parser=_path, help="Trace file to write (netCDF).")],
     corpus: CorpusOpt = None,
-    tokens: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Tokens to analyse.")] = 16384,
-    batch_size: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Sequences per forward pass.")
-    ] = 16,
-    seed: Annotated[
-        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed for the window offsets.")
-    ] = 0,
+    tokens: Annotated[int, _n("Tokens to analyse.")] = 16384,
+    batch_size: Annotated[int, _n("Sequences per forward pass.")] = 16,
+    seed: Annotated[int, _n("Seed for the window offsets.", 0, SEED_MAX)] = 0,
     ctx: CtxOpt = None,
     skip_positions: SkipOpt = None,
     rank: Annotated[
@@ -538,19 +522,11 @@ def capture(
     quiet: QuietOpt = False,
     workers: Annotated[
         int,
-        typer.Option(
-            parser=_count(1),
-            metavar="N",
-            help="Local processes that share the windows (gloo); or run under torchrun.",
-        ),
+        _n("Local processes that share the windows (gloo); or run under torchrun."),
     ] = 1,
     checkpoint_every: Annotated[
         int,
-        typer.Option(
-            parser=_count(0),
-            metavar="N",
-            help="Save the partial sums every N batches beside the output (OUT.partial); 0: never.",
-        ),
+        _n("Save the partial sums every N batches beside the output (OUT.partial); 0: never.", 0),
     ] = 0,
     resume: Annotated[
         bool, typer.Option(help="Continue from OUT.partial if it exists (refused if made with other inputs).")
@@ -788,9 +764,7 @@ def spec_(
 @app.command()
 def dilution(
     trace_path: Annotated[Path, typer.Argument(help="A trace written by `depthscope capture` or `report`.")],
-    k: Annotated[
-        int, typer.Option(parser=_count(0), metavar="N", help="Recent sources counted by the pattern score.")
-    ] = 2,
+    k: Annotated[int, _n("Recent sources counted by the pattern score.", 0)] = 2,
     layer: Annotated[
         str | None,
         typer.Option(help="Show one consumer's sources instead of the table (e.g. readout, 12.attn)."),
@@ -1010,7 +984,7 @@ def zoo_build(
     ] = None,
     steps: Annotated[
         int | None,
-        typer.Option(parser=_count(1), metavar="N", help="Training steps per model (default: the zoo's)."),
+        _n("Training steps per model (default: the zoo's)."),
     ] = None,
     only: Annotated[
         list[str] | None,
@@ -1095,9 +1069,7 @@ def rank_measure(
         ),
     ] = None,
     variant: Annotated[Variant, typer.Option(help="GRN variant of the threshold.")] = Variant.v1,
-    tokens: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured from a checkpoint.")
-    ] = 16384,
+    tokens: Annotated[int, _n("Tokens captured from a checkpoint.")] = 16384,
     energy: Annotated[
         float, typer.Option(parser=_unit, help="Energy fraction of the numerical rank, in (0, 1].")
     ] = 0.99,
@@ -1166,15 +1138,13 @@ def rank_measure(
 
 @rank_app.command("threshold")
 def rank_threshold(
-    d: Annotated[int, typer.Option(parser=_count(2, D_MAX), metavar="N", help="Width d.")],
+    d: Annotated[int, _n("Width d.", 2, D_MAX)],
     kappa: Annotated[
         float, typer.Option(parser=_unit, help="Task complexity lambda_min / lambda_max, in (0, 1].")
     ],
     variant: Annotated[Variant, typer.Option(help="GRN variant.")] = Variant.v1,
-    tasks: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged.")] = 8,
-    seed: Annotated[
-        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")
-    ] = 0,
+    tasks: Annotated[int, _n("Random tasks averaged.")] = 8,
+    seed: Annotated[int, _n("Seed of the random tasks.", 0, SEED_MAX)] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Largest r*/d at which a GRN beats the ResNet at equal parameters (exact risks)."""
@@ -1214,12 +1184,8 @@ def rank_theory(
         list[Variant] | None,
         typer.Option("--variant", help="GRN variant (repeatable; default v1 and v2; v2 takes minutes)."),
     ] = None,
-    tasks: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Random tasks averaged per point.")
-    ] = 2,
-    seed: Annotated[
-        int, typer.Option(parser=_count(0, SEED_MAX), metavar="N", help="Seed of the random tasks.")
-    ] = 0,
+    tasks: Annotated[int, _n("Random tasks averaged per point.")] = 2,
+    seed: Annotated[int, _n("Seed of the random tasks.", 0, SEED_MAX)] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print theory.json.")] = False,
 ) -> None:
     """DCA's Fig. 5 with exact risks: gain versus r* and lambda_min, and the threshold versus kappa."""
@@ -1244,9 +1210,7 @@ def rank_identity(
     out_dir: Annotated[
         Path, typer.Option("--out", parser=_path, help="Directory for identity.json and the figures.")
     ],
-    steps: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="SGD steps (the paper: 1000).")
-    ] = 1000,
+    steps: Annotated[int, _n("SGD steps (the paper: 1000).")] = 1000,
     sweep: Annotated[
         bool, typer.Option(help="Also run the width sweep d in {40, 60, 100, 200, 400}.")
     ] = True,
@@ -1275,24 +1239,15 @@ def rank_sweep_cmd(
     ],
     widths: Annotated[
         list[int] | None,
-        typer.Option(
-            "--width",
-            parser=_count(32),
-            metavar="N",
-            help="Width (repeatable; multiples of 16; default 32, 64, 128).",
-        ),
+        _n("Width (repeatable; multiples of 16; default 32, 64, 128).", 32, flag="--width"),
     ] = None,
     schemes: Annotated[
         list[str] | None,
         typer.Option("--scheme", help="Scheme to train (repeatable; default standard and dca)."),
     ] = None,
-    layers: Annotated[int, typer.Option(parser=_count(1), metavar="N", help="Blocks per model.")] = 4,
-    steps: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Training steps per model.")
-    ] = 300,
-    tokens: Annotated[
-        int, typer.Option(parser=_count(1), metavar="N", help="Tokens captured per model.")
-    ] = 8192,
+    layers: Annotated[int, _n("Blocks per model.")] = 4,
+    steps: Annotated[int, _n("Training steps per model.")] = 300,
+    tokens: Annotated[int, _n("Tokens captured per model.")] = 8192,
     as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON.")] = False,
     quiet: QuietOpt = False,
 ) -> None:

@@ -49,7 +49,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
 from depthscope.schemes import names
 
 NAME = "beam"
@@ -57,9 +57,9 @@ MODEL_TYPES = ("beam",)
 BASE_CLASS = "BeamModel"
 
 
-def add_indices(base: Any) -> list[int]:
+def add_indices(inner: Any) -> list[int]:
     """The residual add index k of every sublayer, in execution order, as the decoder layers carry them."""
-    return [k for layer in base.layers for k in (layer.attn_residual_add_idx, layer.mlp_residual_add_idx)]
+    return [k for layer in inner.layers for k in (layer.attn_residual_add_idx, layer.mlp_residual_add_idx)]
 
 
 def unrolled_weights(indices: list[int]) -> list[list[float]]:
@@ -77,10 +77,10 @@ def build(model: Any) -> Adapter:
     as each consumer's input arrives.
     """
     p = prefix_of(model, BASE_CLASS, NAME)
-    base = model.get_submodule(p.rstrip(".")) if p else model
-    cfg = base.config
+    inner = text_model(model, p)
+    cfg = inner.config
     n = cfg.num_hidden_layers
-    indices = add_indices(base)
+    indices = add_indices(inner)
     rows = unrolled_weights(indices)
     srcs = [SourceSpec(names.EMBED, f"{p}embed_tokens:out", names.EMBED, 0)]
     cons, weights = [], {}

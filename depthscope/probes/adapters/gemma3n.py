@@ -61,19 +61,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    Hook,
-    NativeSpec,
-    SourceSpec,
-    forward_hooks,
-    module_attach,
-    router,
-)
+from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
 from depthscope.schemes import names
 
 NAME = "gemma3n"
@@ -83,41 +73,41 @@ PER_LAYER = ("laurel", names.ATTN, names.MLP, "ple")  # the sources of a layer, 
 MIN_RMS = 1e-5  # the read-out clamps each projected stream's mean square to at least this
 
 
-def layout(n_layers: int, streams: int) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
+def layout(n_layers: int, streams: int) -> tuple[list[ab.SourceSpec], list[ab.ConsumerSpec]]:
     """Sources and consumers of a Gemma 3n decoder (see the module docstring)."""
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
-    srcs += [SourceSpec(f"embed.stream{k}", f"embed.stream{k}", names.EMBED, 0) for k in range(1, streams)]
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    srcs += [ab.SourceSpec(f"embed.stream{k}", f"embed.stream{k}", names.EMBED, 0) for k in range(1, streams)]
     cons = []
     for i in range(n_layers):
         attn, mlp = names.label(i, names.ATTN), names.label(i, names.MLP)
-        cons.append(ConsumerSpec(attn, f"{attn}.in", names.ATTN, 2 * i + 1, len(srcs), f"{attn}.w"))
-        srcs.append(SourceSpec(f"{i}.laurel", f"{i}.laurel", names.ATTN, 2 * i + 1))
-        srcs.append(SourceSpec(attn, attn, names.ATTN, 2 * i + 1))
-        cons.append(ConsumerSpec(mlp, f"{mlp}.in", names.MLP, 2 * i + 2, len(srcs), f"{mlp}.w"))
-        srcs.append(SourceSpec(mlp, mlp, names.MLP, 2 * i + 2))
-        srcs.append(SourceSpec(f"{i}.ple", f"{i}.ple", names.EMBED, 2 * i + 2))
+        cons.append(ab.ConsumerSpec(attn, f"{attn}.in", names.ATTN, 2 * i + 1, len(srcs), f"{attn}.w"))
+        srcs.append(ab.SourceSpec(f"{i}.laurel", f"{i}.laurel", names.ATTN, 2 * i + 1))
+        srcs.append(ab.SourceSpec(attn, attn, names.ATTN, 2 * i + 1))
+        cons.append(ab.ConsumerSpec(mlp, f"{mlp}.in", names.MLP, 2 * i + 2, len(srcs), f"{mlp}.w"))
+        srcs.append(ab.SourceSpec(mlp, mlp, names.MLP, 2 * i + 2))
+        srcs.append(ab.SourceSpec(f"{i}.ple", f"{i}.ple", names.EMBED, 2 * i + 2))
     srcs += [
-        SourceSpec(f"readout.stream{k}", f"readout.stream{k}", names.READOUT, 2 * n_layers)
+        ab.SourceSpec(f"readout.stream{k}", f"readout.stream{k}", names.READOUT, 2 * n_layers)
         for k in range(1, streams)
     ]
     ro = names.READOUT
-    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n_layers + 1, len(srcs), f"{ro}.w"))
+    cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n_layers + 1, len(srcs), f"{ro}.w"))
     return srcs, cons
 
 
-def build(model: Any) -> Adapter:
+def build(model: Any) -> ab.Adapter:
     """The adapter of a Gemma 3n model: AltUp's streams and LAuReL unrolled per token."""
     p = prefix_of(model, BASE_CLASS, NAME)
-    cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
+    cfg = text_model(model, p).config
     n, streams = cfg.num_hidden_layers, cfg.altup_num_inputs
     srcs, cons = layout(n, streams)
     native = []
     for i in range(n):
         attn, mlp = names.label(i, names.ATTN), names.label(i, names.MLP)
         native.append(
-            NativeSpec("altup_prediction", f"{attn}.prediction", attn, ("stream_from", "stream_to"))
+            ab.NativeSpec("altup_prediction", f"{attn}.prediction", attn, ("stream_from", "stream_to"))
         )
-        native.append(NativeSpec("altup_correction", f"{mlp}.correction", mlp, ("stream",)))
+        native.append(ab.NativeSpec("altup_correction", f"{mlp}.correction", mlp, ("stream",)))
     keep = (
         "model_type",
         "num_hidden_layers",
@@ -131,7 +121,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    return Adapter(
+    return ab.Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
@@ -170,7 +160,7 @@ class AltUpStreams:
         for k in range(1, self.n):
             self.send(f"embed.stream{k}", x[k])
 
-    def predict(self, i: int) -> Hook:
+    def predict(self, i: int) -> ab.Hook:
         """``prediction_coefs``' output W (per token, row-major n x n): P_j = X_j + sum_i W[j, i] X_i."""
 
         def hook(module, args, out: Tensor) -> None:
@@ -187,7 +177,7 @@ class AltUpStreams:
 
         return hook
 
-    def correct(self, i: int) -> Hook:
+    def correct(self, i: int) -> ab.Hook:
         """``correction_coefs``' output: c = output + 1, X'_k = P_k + c_k (A - P_a)."""
 
         def hook(module, args, out: Tensor) -> None:
@@ -201,7 +191,7 @@ class AltUpStreams:
 
         return hook
 
-    def per_layer(self, i: int) -> Hook:
+    def per_layer(self, i: int) -> ab.Hook:
         """The per-layer-input write: a source added to the streams 1..n-1."""
 
         def hook(module, args, out: Tensor) -> None:
@@ -214,7 +204,7 @@ class AltUpStreams:
         """The streams after the last layer: X_0 is what the read-out's projections are scaled to."""
         self.final = out[0]
 
-    def unembed(self, k: int) -> Hook:
+    def unembed(self, k: int) -> ab.Hook:
         """``altup_unembed_projections[k-1]``'s output U_k X_k: a source, weight r_k / n."""
 
         def hook(module, args, out: Tensor) -> None:
@@ -228,7 +218,7 @@ class AltUpStreams:
 
         return hook
 
-    def source(self, label: str) -> Hook:
+    def source(self, label: str) -> ab.Hook:
         """A module whose output is the source ``label``."""
 
         def hook(module, args, out) -> None:
@@ -238,11 +228,13 @@ class AltUpStreams:
 
 
 @contextlib.contextmanager
-def _attach(model: Any, taps: list[tuple[str, Callback]], p: str, n_layers: int, streams: int, active: int):
-    send = router(taps)
+def _attach(
+    model: Any, taps: list[tuple[str, ab.Callback]], p: str, n_layers: int, streams: int, active: int
+):
+    send = ab.router(taps)
     state = AltUpStreams(send, n_layers, streams, active)
-    hooks: list[tuple[str, Hook]] = []
-    inputs: list[tuple[str, Callback]] = []
+    hooks: list[tuple[str, ab.Hook]] = []
+    inputs: list[tuple[str, ab.Callback]] = []
     for i in range(n_layers):
         layer = f"{p}layers.{i}"
         hooks += [
@@ -261,13 +253,13 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], p: str, n_layers: int,
     inputs.append((f"{p}norm:in", _relay(send, f"{names.READOUT}.in")))
     first = model.get_submodule(f"{p}layers.0").register_forward_pre_hook(state.start, with_kwargs=True)
     try:
-        with forward_hooks(model, hooks), module_attach(model, inputs):
+        with ab.forward_hooks(model, hooks), ab.module_attach(model, inputs):
             yield
     finally:
         first.remove()
 
 
-def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
+def _relay(send: Callable[[str, Any], Any], key: str) -> ab.Callback:
     return lambda t: send(key, t)
 
 

@@ -105,6 +105,11 @@ def prefix_of(model: Any, class_name: str, family: str) -> str:
     return f"{path}." if path else ""
 
 
+def text_model(model: Any, prefix: str) -> Any:
+    """The base model under ``prefix`` (from ``prefix_of``): the model itself when it is empty."""
+    return model.get_submodule(prefix.rstrip(".")) if prefix else model
+
+
 def family_attrs(model: Any, cfg: Any, keep: tuple[str, ...], scheme: str, **extra: Any) -> dict[str, Any]:
     """The trace attrs a transformers family records: its scheme, the model's name (``variant``),
     the label, the config values ``keep`` names (as JSON), then ``extra``.

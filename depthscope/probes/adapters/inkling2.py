@@ -58,19 +58,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    Hook,
-    NativeSpec,
-    SourceSpec,
-    forward_hooks,
-    module_attach,
-    router,
-)
+from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
 from depthscope.schemes import names
 
 NAME = "inkling2"
@@ -99,12 +89,12 @@ def _label(i: int, view: str | None = None) -> str:
     return names.label(i, names.ATTN) + (f".{view}" if view else "")
 
 
-def plan(layer_types: list[str], block: int) -> tuple[list[SourceSpec], list[ConsumerSpec], list[Read]]:
+def plan(layer_types: list[str], block: int) -> tuple[list[ab.SourceSpec], list[ab.ConsumerSpec], list[Read]]:
     """Sources, consumers and every mix's entries of an Inkling-2 decoder with these layer types and
     ``n_layers_per_attn_res_block`` = ``block``, following the block boundaries as the model does.
     """
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
-    cons: list[ConsumerSpec] = []
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    cons: list[ab.ConsumerSpec] = []
     reads: list[Read] = []
     done: list[tuple[int, ...]] = []  # completed block states, as source indices
     partial: tuple[int, ...] = (0,)  # the hidden state handed on: the embedding at first
@@ -114,23 +104,23 @@ def plan(layer_types: list[str], block: int) -> tuple[list[SourceSpec], list[Con
         depth = len(srcs)
         for row in rows:
             cons.append(
-                ConsumerSpec(row, f"{row}.in", names.ATTN, depth, depth, None if i == 0 else f"{row}.w")
+                ab.ConsumerSpec(row, f"{row}.in", names.ATTN, depth, depth, None if i == 0 else f"{row}.w")
             )
         if i > 0:
             reads.append(Read(f"layers.{i}.attention_input", rows, (*done, partial)))
         attn = len(srcs)
-        srcs.append(SourceSpec(names.label(i, names.ATTN), names.label(i, names.ATTN), names.ATTN, depth))
+        srcs.append(ab.SourceSpec(names.label(i, names.ATTN), names.label(i, names.ATTN), names.ATTN, depth))
         if i % block == 0:  # a block boundary: what the layer received becomes a block state
             done, partial = [*done, partial], (attn,)
         else:
             partial = (*partial, attn)
         mlp = names.label(i, names.MLP)
-        cons.append(ConsumerSpec(mlp, f"{mlp}.in", names.MLP, len(srcs), len(srcs), f"{mlp}.w"))
+        cons.append(ab.ConsumerSpec(mlp, f"{mlp}.in", names.MLP, len(srcs), len(srcs), f"{mlp}.w"))
         reads.append(Read(f"layers.{i}.mlp_input", (mlp,), (*done, partial)))
-        srcs.append(SourceSpec(mlp, mlp, names.MLP, len(srcs)))
+        srcs.append(ab.SourceSpec(mlp, mlp, names.MLP, len(srcs)))
         partial = (*partial, len(srcs) - 1)
     ro = names.READOUT
-    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, len(srcs), len(srcs), f"{ro}.w"))
+    cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, len(srcs), len(srcs), f"{ro}.w"))
     reads.append(Read("final_input", (ro,), (*done, partial)))
     return srcs, cons, reads
 
@@ -140,15 +130,17 @@ def n_slots(n_layers: int, block: int) -> int:
     return math.ceil(n_layers / block) + 1
 
 
-def build(model: Any) -> Adapter:
+def build(model: Any) -> ab.Adapter:
     """The adapter of an Inkling-2 model: per-token weights from the block states' softmax, q/k/v rows
     on full-attention layers, ``attnres_alpha`` kept as a native quantity.
     """
     p = prefix_of(model, BASE_CLASS, NAME)
-    cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
+    cfg = text_model(model, p).config
     block = int(cfg.n_layers_per_attn_res_block)
     srcs, cons, reads = plan(list(cfg.layer_types), block)
-    native = [NativeSpec("attnres_alpha", f"{row}.alpha", row, ("entry",)) for r in reads for row in r.rows]
+    native = [
+        ab.NativeSpec("attnres_alpha", f"{row}.alpha", row, ("entry",)) for r in reads for row in r.rows
+    ]
     keep = (
         "model_type",
         "num_hidden_layers",
@@ -162,7 +154,7 @@ def build(model: Any) -> Adapter:
         "max_position_embeddings",
     )
     slots = n_slots(cfg.num_hidden_layers, block)
-    return Adapter(
+    return ab.Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
@@ -208,7 +200,7 @@ def _slots(alpha: Tensor, slots: int) -> Tensor:
     return out
 
 
-def _mix_hook(send: Callable[[str, Any], Any], read: Read, slots: int) -> Hook:
+def _mix_hook(send: Callable[[str, Any], Any], read: Read, slots: int) -> ab.Hook:
     def hook(module, args, out) -> None:
         alpha, rms = entry_weights(module, args[0], args[1])
         w = delta_weights(alpha, rms, read.entries, read.n_sources)
@@ -219,7 +211,7 @@ def _mix_hook(send: Callable[[str, Any], Any], read: Read, slots: int) -> Hook:
     return hook
 
 
-def _source_hook(send: Callable[[str, Any], Any], label: str) -> Hook:
+def _source_hook(send: Callable[[str, Any], Any], label: str) -> ab.Hook:
     def hook(module, args, out) -> None:
         send(label, out[0] if isinstance(out, tuple) else out)
 
@@ -242,24 +234,24 @@ def _input_taps(p: str, layer_types: list[str]) -> list[tuple[str, str]]:
 @contextlib.contextmanager
 def _attach(
     model: Any,
-    taps: list[tuple[str, Callback]],
+    taps: list[tuple[str, ab.Callback]],
     p: str,
     layer_types: list[str],
     reads: list[Read],
     slots: int,
 ):
-    send = router(taps)
-    hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", _source_hook(send, names.EMBED))]
+    send = ab.router(taps)
+    hooks: list[tuple[str, ab.Hook]] = [(f"{p}embed_tokens", _source_hook(send, names.EMBED))]
     for i in range(len(layer_types)):
         for kind, conv in ((names.ATTN, "post_attention_convolution"), (names.MLP, "post_mlp_convolution")):
             hooks.append((f"{p}layers.{i}.{conv}", _source_hook(send, names.label(i, kind))))
     hooks += [(f"{p}{r.mix}", _mix_hook(send, r, slots)) for r in reads]
     inputs = [(path, _relay(send, f"{row}.in")) for row, path in _input_taps(p, layer_types)]
-    with forward_hooks(model, hooks), module_attach(model, inputs):
+    with ab.forward_hooks(model, hooks), ab.module_attach(model, inputs):
         yield
 
 
-def _relay(send: Callable[[str, Any], Any], key: str) -> Callback:
+def _relay(send: Callable[[str, Any], Any], key: str) -> ab.Callback:
     return lambda t: send(key, t)
 
 

@@ -57,18 +57,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    Hook,
-    NativeSpec,
-    SourceSpec,
-    forward_hooks,
-    router,
-)
+from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -83,35 +74,35 @@ def ple_layers(cfg: Any) -> list[int]:
     return [i - 1 for i in sorted(cfg.ple_layer_ids or [])]
 
 
-def build(model: Any) -> Adapter:
+def build(model: Any) -> ab.Adapter:
     """The adapter of a Qwen4-Exp model: per-feature weights unrolled per token from the gated reads, and
     each PLE layer's n-gram value and per-stream convolution terms as sources.
     """
     p = prefix_of(model, BASE_CLASS, NAME)
-    base = model.get_submodule(p.rstrip(".")) if p else model
-    cfg = base.config
+    inner = text_model(model, p)
+    cfg = inner.config
     n, streams = cfg.num_hidden_layers, cfg.hc_count
     with_ple = set(ple_layers(cfg))
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
     cons, native = [], []
     for i in range(n):
         if i in with_ple:
-            srcs.append(SourceSpec(f"{i}.ple", f"{i}.ple", names.EMBED, 2 * i))
+            srcs.append(ab.SourceSpec(f"{i}.ple", f"{i}.ple", names.EMBED, 2 * i))
             srcs += [
-                SourceSpec(f"{i}.ple_conv.{s}", f"{i}.ple_conv.{s}", names.EMBED, 2 * i)
+                ab.SourceSpec(f"{i}.ple_conv.{s}", f"{i}.ple_conv.{s}", names.EMBED, 2 * i)
                 for s in range(streams)
             ]
         for kind, depth in ((names.ATTN, 2 * i + 1), (names.MLP, 2 * i + 2)):
             label = names.label(i, kind)
-            cons.append(ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
-            native += [NativeSpec(q, f"{label}.{q}", label, ("stream",)) for q in SUBLAYER_NATIVE]
-            srcs.append(SourceSpec(label, label, kind, depth))
+            cons.append(ab.ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
+            native += [ab.NativeSpec(q, f"{label}.{q}", label, ("stream",)) for q in SUBLAYER_NATIVE]
+            srcs.append(ab.SourceSpec(label, label, kind, depth))
         if i in with_ple:
             label = names.label(i, names.ATTN)
-            native.append(NativeSpec("ple_gate", f"{i}.ple_gate", label, ("stream",)))
+            native.append(ab.NativeSpec("ple_gate", f"{i}.ple_gate", label, ("stream",)))
     ro = names.READOUT
-    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
-    native += [NativeSpec(q, f"{ro}.{q}", ro, ("stream",)) for q in SUBLAYER_NATIVE[:2]]
+    cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
+    native += [ab.NativeSpec(q, f"{ro}.{q}", ro, ("stream",)) for q in SUBLAYER_NATIVE[:2]]
     keep = (
         "model_type",
         "num_hidden_layers",
@@ -125,7 +116,7 @@ def build(model: Any) -> Adapter:
         "vocab_size",
         "max_position_embeddings",
     )
-    return Adapter(
+    return ab.Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
@@ -180,19 +171,19 @@ class _Streams:
         self.unroll = StreamUnroll.start(out.shape[:2], self.n, device=out.device)
         self.send(names.EMBED, out)
 
-    def hold(self, key: str) -> Hook:
+    def hold(self, key: str) -> ab.Hook:
         def hook(module, args, out) -> None:
             self.held[key] = out
 
         return hook
 
-    def source(self, label: str) -> Hook:
+    def source(self, label: str) -> ab.Hook:
         def hook(module, args, out) -> None:
             self.send(label, out[0] if isinstance(out, tuple) else out)
 
         return hook
 
-    def gated_residual(self, label: str) -> Hook:
+    def gated_residual(self, label: str) -> ab.Hook:
         def hook(module, args, out) -> None:
             mixed = out[0] if isinstance(out, tuple) else out
             a, gate = read_weights(module, args[0], self.held.pop(f"{label}.up"))
@@ -206,7 +197,7 @@ class _Streams:
 
         return hook
 
-    def ple(self, i: int) -> Hook:
+    def ple(self, i: int) -> ab.Hook:
         def hook(module, args, out: Tensor) -> None:
             value = self.held.pop(f"{i}.value")
             sigma = ple_gate(self.held.pop(f"{i}.key"), self.held.pop(f"{i}.query"), value.shape[-1])
@@ -224,18 +215,18 @@ class _Streams:
 
 
 def _attach(
-    model: Any, taps: list[tuple[str, Callback]], p: str, n_layers: int, with_ple: set[int], n_streams: int
+    model: Any, taps: list[tuple[str, ab.Callback]], p: str, n_layers: int, with_ple: set[int], n_streams: int
 ):
-    state = _Streams(router(taps), n_streams)
-    hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", state.embed)]
-    base = model.get_submodule(p.rstrip(".")) if p else model
+    state = _Streams(ab.router(taps), n_streams)
+    hooks: list[tuple[str, ab.Hook]] = [(f"{p}embed_tokens", state.embed)]
+    inner = text_model(model, p)
     for i in range(n_layers):
         layer = f"{p}layers.{i}"
         if i in with_ple:
             for key, sub in (("value", "value_proj"), ("key", "norm_key"), ("query", "norm_query")):
                 hooks.append((f"{layer}.ple.{sub}", state.hold(f"{i}.{key}")))
             hooks.append((f"{layer}.ple", state.ple(i)))
-        mixer = "linear_attn" if base.layers[i].layer_type == "linear_attention" else "self_attn"
+        mixer = "linear_attn" if inner.layers[i].layer_type == "linear_attention" else "self_attn"
         for kind, hc, sublayer in (
             (names.ATTN, "attn_hyper_connection", mixer),
             (names.MLP, "mlp_hyper_connection", "mlp"),
@@ -251,19 +242,19 @@ def _attach(
         (f"{p}hyper_connection_mixer.input_mix_weight_up", state.hold(f"{ro}.up")),
         (f"{p}hyper_connection_mixer", state.gated_residual(ro)),
     ]
-    return forward_hooks(model, hooks)
+    return ab.forward_hooks(model, hooks)
 
 
-def stream_reads(model: Any, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
+def stream_reads(model: Any, adapter: ab.Adapter) -> tuple[int, Callable[[Any], Any]]:
     """Where stream statistics read a Qwen4-Exp model (``probes.stream_stats``): forward hooks on every
     gated residual and on ``hyper_connection_mixer`` (per-channel read weights; no stream mixing).
     """
-    return int(adapter.attrs["streams"]), lambda sums: forward_hooks(model, _stream_hooks(model, sums))
+    return int(adapter.attrs["streams"]), lambda sums: ab.forward_hooks(model, _stream_hooks(model, sums))
 
 
 def _stream_hooks(model: Any, sums: Any) -> list:
     p = prefix_of(model, BASE_CLASS, NAME)
-    base = model.get_submodule(p.rstrip(".")) if p else model
+    inner = text_model(model, p)
     held: dict[str, Tensor] = {}
 
     def hold(key: str):
@@ -282,7 +273,7 @@ def _stream_hooks(model: Any, sums: Any) -> list:
         return hook
 
     hooks = []
-    for i in range(base.config.num_hidden_layers):
+    for i in range(inner.config.num_hidden_layers):
         for kind, hc in ((names.ATTN, "attn_hyper_connection"), (names.MLP, "mlp_hyper_connection")):
             label = names.label(i, kind)
             hooks += [

@@ -25,17 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    Hook,
-    NativeSpec,
-    SourceSpec,
-    forward_hooks,
-    router,
-)
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder
+from depthscope.probes.adapters import base as ab
+from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
 from depthscope.schemes import names
 
 
@@ -122,15 +113,15 @@ def unweighted_rms(x: Tensor, eps: float) -> Tensor:
     return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + eps)
 
 
-def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
+def hyper_adapter(model: Any, form: HyperForm) -> ab.Adapter:
     """The adapter of a model of ``form``: per-token weights unrolled from its streams, ``pre``,
     ``post`` (and ``comb``) kept as native quantities, the Sinkhorn and composite checks as attrs
     when the streams are mixed.
     """
     p = prefix_of(model, form.base_class, form.family)
-    cfg = model.get_submodule(p.rstrip(".")).config if p else model.config
+    cfg = text_model(model, p).config
     n = cfg.num_hidden_layers
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
     cons, native = [], []
     per_sublayer = (("pre", ("stream",)), ("post", ("stream",)))
     if form.mixes_streams:
@@ -138,14 +129,14 @@ def hyper_adapter(model: Any, form: HyperForm) -> Adapter:
     for i in range(n):
         for kind in (names.ATTN, names.MLP):
             label, depth = names.label(i, kind), len(srcs)
-            cons.append(ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
-            native += [NativeSpec(q, f"{label}.{q}", label, dims) for q, dims in per_sublayer]
-            srcs.append(SourceSpec(label, label, kind, depth))
+            cons.append(ab.ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.w"))
+            native += [ab.NativeSpec(q, f"{label}.{q}", label, dims) for q, dims in per_sublayer]
+            srcs.append(ab.SourceSpec(label, label, kind, depth))
     ro = names.READOUT
-    cons.append(ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
-    native.append(NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
+    cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
+    native.append(ab.NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
     attrs = family_attrs(model, cfg, form.keep, form.scheme, family=form.family, streams=int(cfg.hc_mult))
-    return Adapter(
+    return ab.Adapter(
         family=form.family,
         sources=srcs,
         consumers=cons,
@@ -180,7 +171,7 @@ class HyperStreams:
         self.composite = eye.expand(*out.shape[:2], self.n, self.n).clone()
         self.send(names.EMBED, out)
 
-    def source(self, label: str) -> Hook:
+    def source(self, label: str) -> ab.Hook:
         """A sublayer's output, as the hyper-connection receives it (before ``post``)."""
 
         def hook(module, args, out) -> None:
@@ -188,7 +179,7 @@ class HyperStreams:
 
         return hook
 
-    def hyper_connection(self, label: str) -> Hook:
+    def hyper_connection(self, label: str) -> ab.Hook:
         """A sublayer's hyper-connection: its read (weights and collapsed input), then its write."""
 
         def hook(module, args, out) -> None:
@@ -229,15 +220,15 @@ class HyperStreams:
 
 def _attach_hyper(
     model: Any,
-    taps: list[tuple[str, Callback]],
+    taps: list[tuple[str, ab.Callback]],
     p: str,
     n_layers: int,
     attrs: dict[str, Any],
     form: HyperForm,
 ):
-    base = model.get_submodule(p.rstrip(".")) if p else model
-    state = HyperStreams(router(taps), attrs, int(base.config.hc_mult), form)
-    hooks: list[tuple[str, Hook]] = [(f"{p}embed_tokens", state.embed)]
+    inner = text_model(model, p)
+    state = HyperStreams(ab.router(taps), attrs, int(inner.config.hc_mult), form)
+    hooks: list[tuple[str, ab.Hook]] = [(f"{p}embed_tokens", state.embed)]
     for i in range(n_layers):
         layer = f"{p}layers.{i}"
         hooks += [
@@ -247,16 +238,16 @@ def _attach_hyper(
             (f"{layer}.mlp", state.source(names.label(i, names.MLP))),
         ]
     hooks.append((f"{p}hc_head", state.head))
-    return forward_hooks(model, hooks)
+    return ab.forward_hooks(model, hooks)
 
 
-def hyper_stream_reads(form: HyperForm) -> Callable[[Any, Adapter], tuple[int, Callable[[Any], Any]]]:
+def hyper_stream_reads(form: HyperForm) -> Callable[[Any, ab.Adapter], tuple[int, Callable[[Any], Any]]]:
     """Where stream statistics read a model of ``form`` (``probes.stream_stats``): forward hooks on
     every hyper-connection (the streams its input, pre recomputed, comb its output) and on the head.
     """
 
-    def reads(model: Any, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
-        return int(adapter.attrs["streams"]), lambda sums: forward_hooks(
+    def reads(model: Any, adapter: ab.Adapter) -> tuple[int, Callable[[Any], Any]]:
+        return int(adapter.attrs["streams"]), lambda sums: ab.forward_hooks(
             model, _hyper_hooks(model, form, sums)
         )
 
@@ -265,7 +256,7 @@ def hyper_stream_reads(form: HyperForm) -> Callable[[Any, Adapter], tuple[int, C
 
 def _hyper_hooks(model: Any, form: HyperForm, sums: Any) -> list:
     p = prefix_of(model, form.base_class, form.family)
-    base = model.get_submodule(p.rstrip(".")) if p else model
+    inner = text_model(model, p)
 
     def hc(label: str):
         def hook(module, args, out) -> None:
@@ -278,7 +269,7 @@ def _hyper_hooks(model: Any, form: HyperForm, sums: Any) -> list:
         sums.record(names.READOUT, args[0], form.head_pre(module, args[0]), None, out)
 
     hooks = []
-    for i in range(base.config.num_hidden_layers):
+    for i in range(inner.config.num_hidden_layers):
         hooks += [
             (f"{p}layers.{i}.attn_hc", hc(names.label(i, names.ATTN))),
             (f"{p}layers.{i}.ffn_hc", hc(names.label(i, names.MLP))),
