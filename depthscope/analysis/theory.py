@@ -293,6 +293,11 @@ class Risks(NamedTuple):
     grn: float
     grn_rank: int
 
+    @property
+    def gain(self) -> float:
+        """ResNet risk at r* minus GRN risk at equal parameters (> 0: GRN wins)."""
+        return self.resnet - self.grn
+
 
 class _TaskRisks:
     """One task's risks, computed lazily and cached per rank (sweeps reuse ranks heavily)."""
@@ -346,20 +351,6 @@ def excess_risks(
     """
     tasks = _TaskSet(d, lambda_min, lambda_max, n_tasks, seed)
     return tasks.risks(r_star, variant)
-
-
-def excess_risk_gain(
-    d: int,
-    r_star: int,
-    lambda_min: float,
-    lambda_max: float,
-    variant: Variant = "v1",
-    n_tasks: int = 8,
-    seed: int = 0,
-) -> float:
-    """Mean over tasks of ResNet risk at r* minus GRN risk at equal parameters (> 0: GRN wins)."""
-    risks = excess_risks(d, r_star, lambda_min, lambda_max, variant, n_tasks, seed)
-    return risks.resnet - risks.grn
 
 
 def gain_curve(

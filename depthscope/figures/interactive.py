@@ -298,7 +298,6 @@ def curves(
     key: str,
     rows: dict[str, list],
     *,
-    chart_id: str,
     x: str,
     y: dict[str, str],
     series: str = "model",
@@ -307,8 +306,8 @@ def curves(
     logy: tuple[str, ...] = (),
     points: bool = False,
 ) -> list[Chart]:
-    """A panel per entry of ``y`` (panel name -> y-axis title): one line (or point cloud,
-    ``points``) per series, hover values (series, x, y), zoom. ``rows`` from ``series_rows`` (or
+    """A panel per entry of ``y`` (panel name -> y-axis title), chart ``{key}-{n}``: one line (or
+    point cloud, ``points``) per series, hover values (series, x, y), zoom. ``rows`` from ``series_rows`` (or
     with more columns, shown in the tooltip as they are named).
     """
     if key not in out.data:
@@ -355,7 +354,7 @@ def curves(
             spec["encoding"]["order"] = {"field": "x", "type": "quantitative"}
             if "1/T" in order:
                 spec["encoding"]["strokeDash"] = dash
-        charts.append(out.add(Chart(f"{chart_id}-{n}", key, spec)))
+        charts.append(out.add(Chart(f"{key}-{n}", key, spec)))
     return charts
 
 

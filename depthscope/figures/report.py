@@ -333,9 +333,7 @@ def _dilution_charts(out, cid, curves: xr.Dataset):
             ).items():
                 rows[key] += value
     y = {p: "contribution share" for p in ("embed share", "first share", "latest share")}
-    return ia.curves(
-        out, cid, rows, chart_id=cid, x="consumer depth", y=y, colors=_model_colors(curves), logy=tuple(y)
-    )
+    return ia.curves(out, cid, rows, x="consumer depth", y=y, colors=_model_colors(curves), logy=tuple(y))
 
 
 def _pattern_charts(out, cid, curves: xr.Dataset):
@@ -348,7 +346,6 @@ def _pattern_charts(out, cid, curves: xr.Dataset):
         out,
         cid,
         rows,
-        chart_id=cid,
         x="consumer depth",
         y={"pattern score": f"pattern score (k = {k})"},
         colors=_model_colors(curves),
@@ -369,7 +366,6 @@ def _retention_charts(out, cid, data: xr.DataArray):
         out,
         cid,
         rows,
-        chart_id=cid,
         x="lag (sublayers)",
         y={"retention": "share in units of 1/T"},
         series=series,
@@ -392,7 +388,6 @@ def _weight_effect_charts(out, cid, traces, cells):
             out,
             f"{cid}-{x}",
             rows,
-            chart_id=f"{cid}-{x}",
             x=title,
             y={title: "ablation effect (nats/token)"},
             colors=palette,
@@ -409,7 +404,7 @@ def _read_depth_charts(out, cid, trace, views):
     ]
     rows = ia.series_rows(panels, "block")
     y = {"mean_lag": "mean lag (sublayers back)", "embed_mass": "weight on the embedding"}
-    return ia.curves(out, cid, rows, chart_id=cid, x="block", y=y, series="view")
+    return ia.curves(out, cid, rows, x="block", y=y, series="view")
 
 
 def _training_x(table: xr.Dataset) -> tuple[str, str]:
@@ -438,7 +433,6 @@ def _trajectories_charts(out, cid, tables, labels):
         out,
         cid,
         rows,
-        chart_id=cid,
         x=x,
         y=y,
         series="run",
@@ -469,7 +463,6 @@ def _trajectory_charts(out, cid, table, title):
         out,
         cid,
         rows,
-        chart_id=cid,
         x=_training_x(table)[1],
         y=y,
         series="line",
@@ -493,9 +486,7 @@ def _depth_charts(out, cid, table):
     rows = ia.series_rows(panels, "n_layers")
     titles = list(dict.fromkeys(p for p, _, _ in panels))
     palette = model_colors(zip(map(str, table["group"].values), map(str, table["scheme"].values)))
-    return ia.curves(
-        out, cid, rows, chart_id=cid, x="blocks", y={t: t for t in titles}, series="scheme", colors=palette
-    )
+    return ia.curves(out, cid, rows, x="blocks", y={t: t for t in titles}, series="scheme", colors=palette)
 
 
 def _rank_draw(profile):
@@ -517,7 +508,6 @@ def _rank_charts(out, cid, profile):
         out,
         cid,
         rows,
-        chart_id=cid,
         x="source depth",
         y={"effective rank": "numerical effective rank"},
         colors=_model_colors(profile),

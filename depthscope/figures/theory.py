@@ -107,24 +107,11 @@ def plot_threshold_vs_kappa(numerical, derived=None, ax=None):
     nums = _as_list(numerical)
     ders = [] if derived is None else _as_list(derived)
     colours = _colour_by(nums + ders, "variant")
-    for c in nums:
+    for c, numerical in [(c, True) for c in nums] + [(c, False) for c in ders]:
         v = c.attrs.get("variant", "v1")
-        ax.plot(
-            c["kappa"].values,
-            c.values,
-            color=colours[v],
-            marker="o",
-            label=f"GRN-{v}, numerical (d = {c.attrs.get('d')})",
-        )
-    for c in ders:
-        v = c.attrs.get("variant", "v1")
-        ax.plot(
-            c["kappa"].values,
-            c.values,
-            color=colours[v],
-            linestyle="--",
-            label=f"GRN-{v}, sufficient condition (derived here)",
-        )
+        what = f"numerical (d = {c.attrs.get('d')})" if numerical else "sufficient condition (derived here)"
+        style = {"marker": "o"} if numerical else {"linestyle": "--"}
+        ax.plot(c["kappa"].values, c.values, color=colours[v], label=f"GRN-{v}, {what}", **style)
     ax.set_xlabel("task complexity kappa = lambda_min / lambda_max")
     ax.set_ylabel("threshold r*/d")
     ax.set_ylim(0.0, 1.05)

@@ -33,6 +33,11 @@ def figure_5(variants=("v1", "v2"), n_tasks: int = 2, seed: int = 0) -> dict:
     }
 
 
+def _row(curve, x: str, y: str, **fixed) -> dict:
+    """One curve of ``figure_5`` as a JSON row: its variant, the fixed settings, then x and y."""
+    return {"variant": curve.attrs["variant"], **fixed, x: curve[x].values.tolist(), y: curve.values.tolist()}
+
+
 def figure_5_document(curves: dict, n_tasks: int, seed: int) -> dict:
     """JSON-ready record of ``figure_5``'s curves."""
     return {
@@ -43,25 +48,8 @@ def figure_5_document(curves: dict, n_tasks: int, seed: int) -> dict:
             "lambda_min": 5.0,
             "lambda_max": 10.0,
         },
-        "gain_vs_r_star": [
-            {
-                "variant": g.attrs["variant"],
-                "d": g.attrs["d"],
-                "r_star": g["r_star"].values.tolist(),
-                "gain": g.values.tolist(),
-            }
-            for g in curves["gains"]
-        ],
-        "gain_vs_lambda_min": [
-            {
-                "variant": g.attrs["variant"],
-                "d": 100,
-                "r_star": 50,
-                "lambda_min": g["lambda_min"].values.tolist(),
-                "gain": g.values.tolist(),
-            }
-            for g in curves["lambda"]
-        ],
+        "gain_vs_r_star": [_row(g, "r_star", "gain", d=g.attrs["d"]) for g in curves["gains"]],
+        "gain_vs_lambda_min": [_row(g, "lambda_min", "gain", d=100, r_star=50) for g in curves["lambda"]],
         "threshold_vs_kappa": [
             {
                 "variant": t.attrs["variant"],

@@ -56,11 +56,7 @@ from torch import Tensor, nn
 
 from depthscope.errors import ConfigError
 from depthscope.schemes._common import inv_rms
-from depthscope.schemes.base import (
-    ModelConfig,
-    Site,
-    register,
-)
+from depthscope.schemes.base import ModelConfig, Site, register
 from depthscope.schemes.hc import StreamMixer, StreamScheme, thin_matmul
 
 

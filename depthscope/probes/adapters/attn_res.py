@@ -45,18 +45,8 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    NativeSpec,
-    SourceSpec,
-    head_of,
-    installed_version,
-    module_attach,
-    router,
-)
-from depthscope.probes.adapters.family import Family
+from depthscope.probes.adapters import base as ab
+from depthscope.probes.adapters.family import package_family
 from depthscope.schemes import names
 
 NAME = "attn-res"
@@ -111,7 +101,7 @@ def _label(i: int) -> str:
     return names.label(i // 2, names.ATTN if i % 2 == 0 else names.MLP)
 
 
-def build(model: Any) -> Adapter:
+def build(model: Any) -> ab.Adapter:
     """The adapter of an ``AttnResTransformer``: each sublayer's entry weights recomputed from its
     operator's input (unit weights in mode none), the read-out a plain sum.
     """
@@ -120,7 +110,7 @@ def build(model: Any) -> Adapter:
     cfg, mode = model.cfg, mode_of(model)
     size = group_size(model)
     n = len(model.layers)
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
     cons, native = [], []
     for i, layer in enumerate(model.layers):
         kind = names.ATTN if layer.is_attention else names.MLP
@@ -128,12 +118,12 @@ def build(model: Any) -> Adapter:
             raise DepthscopeError(f"attn-res: sublayer {i} is not in the attention/MLP alternation")
         label = _label(i)
         weights = f"{label}.w" if mode != "none" else None
-        cons.append(ConsumerSpec(label, f"{label}.in", kind, i + 1, len(srcs), weights))
+        cons.append(ab.ConsumerSpec(label, f"{label}.in", kind, i + 1, len(srcs), weights))
         if mode != "none":
-            native.append(NativeSpec("attnres_alpha", f"{label}.alpha", label, ("entry",)))
-        srcs.append(SourceSpec(label, label, kind, i + 1))
-    cons.append(ConsumerSpec(names.READOUT, "readout.in", names.READOUT, n + 1, len(srcs)))
-    version = installed_version(PACKAGE) or VERSION
+            native.append(ab.NativeSpec("attnres_alpha", f"{label}.alpha", label, ("entry",)))
+        srcs.append(ab.SourceSpec(label, label, kind, i + 1))
+    cons.append(ab.ConsumerSpec(names.READOUT, "readout.in", names.READOUT, n + 1, len(srcs)))
+    version = ab.installed_version(PACKAGE) or VERSION
     variant = mode if mode != "block" else f"block-{cfg.n_blocks}"
     config = {
         "d_model": cfg.d_model,
@@ -148,7 +138,7 @@ def build(model: Any) -> Adapter:
         "block_size": size,
         "eps": cfg.eps,
     }
-    return Adapter(
+    return ab.Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
@@ -163,7 +153,7 @@ def build(model: Any) -> Adapter:
         vocab=int(cfg.vocab_size),
         native=native,
         attach=lambda m, taps: _attach(m, taps, size, mode),
-        head=head_of(model.out_norm, model.lm_head),
+        head=ab.head_of(model.out_norm, model.lm_head),
     )
 
 
@@ -180,8 +170,8 @@ def entry_weights(entries: Tensor, query: Tensor, eps: float) -> Tensor:
 
 
 @contextlib.contextmanager
-def _attach(model: Any, taps: list[tuple[str, Callback]], size: int, mode: str):
-    send = router(taps)
+def _attach(model: Any, taps: list[tuple[str, ab.Callback]], size: int, mode: str):
+    send = ab.router(taps)
     longest = n_entries(len(model.layers) - 1, size)
 
     def forward_to(key: str):
@@ -215,20 +205,19 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], size: int, mode: str):
             (f"layers.{i}:out", forward_to(_label(i))),
         ]
     hooks.append(("out_norm:in", forward_to("readout.in")))
-    with module_attach(model, hooks):
+    with ab.module_attach(model, hooks):
         yield
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=(
+FAMILY = package_family(
+    NAME,
+    (
         "attn-res AttnResTransformer (full, block): softmax(pseudo_query . RMSNorm(entry)) recomputed from a "
         "pre-hook on AttnResOperator; a block's weight applies to each member; read-out: plain sum (all 1)"
     ),
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    priority=50,
-    from_saved=from_saved,
+    PACKAGE,
+    VERSION,
+    detect,
+    build,
+    from_saved,
 )

@@ -49,7 +49,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
 )
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
+from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
 from depthscope.schemes import names
 
 NAME = "beam"
@@ -99,34 +99,24 @@ def build(model: Any) -> Adapter:
     cons.append(ConsumerSpec(ro, tap, ro, len(srcs), len(srcs), f"{ro}.w"))
     weights[f"{ro}.w"] = (tap, torch.tensor(rows[-1], dtype=torch.float64))
     labels = [c.label for c in cons]
-    keep = (
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
-        "layer_types",
-        "mlp_layer_types",
-        "num_experts",
-        "vocab_size",
-        "max_position_embeddings",
+    keep = ("layer_types", "mlp_layer_types", "num_experts")
+    attrs = family_attrs(
+        model,
+        cfg,
+        keep,
+        "depth-scaled",
+        mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
     )
-    return Adapter(
-        family=NAME,
-        sources=srcs,
-        consumers=cons,
-        attrs=family_attrs(
-            model,
-            cfg,
-            keep,
-            "depth-scaled",
-            mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
-        ),
-        ctx=int(cfg.max_position_embeddings),
-        vocab=int(cfg.vocab_size),
-        encode=text_encoder(model),
+    return decoder_adapter(
+        model,
+        cfg,
+        NAME,
+        srcs,
+        cons,
+        attrs,
+        "depth-scaled residual",
         static_native=lambda: static_scales(indices, labels),
         attach=lambda m, taps: _attach(m, taps, weights),
-        skip_positions=1,
-        hint="; the beam forward no longer matches the depth-scaled residual this adapter unrolls",
     )
 
 

@@ -58,18 +58,8 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    NativeSpec,
-    SourceSpec,
-    head_of,
-    installed_version,
-    module_attach,
-    router,
-)
-from depthscope.probes.adapters.family import Family
+from depthscope.probes.adapters import base as ab
+from depthscope.probes.adapters.family import package_family
 from depthscope.schemes import names
 
 NAME = "deep-cross-attention"
@@ -125,7 +115,7 @@ def _check(model: Any) -> int:
     return k
 
 
-def build(model: Any) -> Adapter:
+def build(model: Any) -> ab.Adapter:
     """The adapter of a ``DCAGPT``: rows q, k, v and the MLP per block, then the read-out, with weights
     from each GRN's ``to_aggregate`` output and bias; DepthscopeError for a model it cannot read.
     """
@@ -133,22 +123,24 @@ def build(model: Any) -> Adapter:
         raise DepthscopeError(f"deep-cross-attention: expected a DCAGPT, got a {type(model).__name__}")
     k = _check(model)
     depth = len(model.dca_blocks)
-    srcs = [SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
+    srcs = [ab.SourceSpec(names.EMBED, names.EMBED, names.EMBED, 0)]
     cons, native = [], []
     for i in range(depth):
         for v in VIEWS:
             label = _label(i, names.ATTN, v)
-            cons.append(ConsumerSpec(label, f"{label}.in", names.ATTN, 2 * i + 1, len(srcs), f"{label}.w"))
-            native.append(NativeSpec("grn_weight", f"{label}.gate", label, ("entry",)))
-        srcs.append(SourceSpec(names.label(i, names.ATTN), names.label(i, names.ATTN), names.ATTN, 2 * i + 1))
+            cons.append(ab.ConsumerSpec(label, f"{label}.in", names.ATTN, 2 * i + 1, len(srcs), f"{label}.w"))
+            native.append(ab.NativeSpec("grn_weight", f"{label}.gate", label, ("entry",)))
+        srcs.append(
+            ab.SourceSpec(names.label(i, names.ATTN), names.label(i, names.ATTN), names.ATTN, 2 * i + 1)
+        )
         mlp = names.label(i, names.MLP)
-        cons.append(ConsumerSpec(mlp, f"{mlp}.in", names.MLP, 2 * i + 2, len(srcs), f"{mlp}.w"))
-        srcs.append(SourceSpec(mlp, mlp, names.MLP, 2 * i + 2))
+        cons.append(ab.ConsumerSpec(mlp, f"{mlp}.in", names.MLP, 2 * i + 2, len(srcs), f"{mlp}.w"))
+        srcs.append(ab.SourceSpec(mlp, mlp, names.MLP, 2 * i + 2))
     cons.append(
-        ConsumerSpec(names.READOUT, "readout.in", names.READOUT, 2 * depth + 1, len(srcs), "readout.w")
+        ab.ConsumerSpec(names.READOUT, "readout.in", names.READOUT, 2 * depth + 1, len(srcs), "readout.w")
     )
-    native.append(NativeSpec("grn_weight", "readout.gate", names.READOUT, ("entry",)))
-    version = installed_version(PACKAGE) or VERSION
+    native.append(ab.NativeSpec("grn_weight", "readout.gate", names.READOUT, ("entry",)))
+    version = ab.installed_version(PACKAGE) or VERSION
     first = model.dca_blocks[0]
     config = {
         "num_tokens": model.token_emb.num_embeddings,
@@ -159,7 +151,7 @@ def build(model: Any) -> Adapter:
         "dim_head": first.attn.to_q[1].out_features // first.attn.heads,
         "grn_activation": type(first.qkv_grn.to_aggregate[2]).__name__,
     }
-    return Adapter(
+    return ab.Adapter(
         family=NAME,
         sources=srcs,
         consumers=cons,
@@ -175,7 +167,7 @@ def build(model: Any) -> Adapter:
         native=native,
         static_native=lambda: static_native(model, [c.label for c in cons]),
         attach=lambda m, taps: _attach(m, taps, k),
-        head=head_of(model.norm, model.to_logits),
+        head=ab.head_of(model.norm, model.to_logits),
     )
 
 
@@ -220,8 +212,8 @@ def per_source(coef: Tensor, entries: list[int | None]) -> Tensor:
 class _State:
     """Routes values to the engine's callbacks; keeps the q view's weights for the block's MLP."""
 
-    def __init__(self, taps: list[tuple[str, Callback]], n_entries: int):
-        self.send = router(taps)
+    def __init__(self, taps: list[tuple[str, ab.Callback]], n_entries: int):
+        self.send = ab.router(taps)
         self.n_entries = n_entries
 
     def gate(self, key: str, dynamic: Tensor) -> None:
@@ -247,7 +239,7 @@ class _State:
 
 
 @contextlib.contextmanager
-def _attach(model: Any, taps: list[tuple[str, Callback]], k: int):
+def _attach(model: Any, taps: list[tuple[str, ab.Callback]], k: int):
     state = _State(taps, _n_entries(model))
     depth = len(model.dca_blocks)
 
@@ -284,20 +276,19 @@ def _attach(model: Any, taps: list[tuple[str, Callback]], k: int):
         ("final_grn.to_aggregate:out", readout_weights),
         ("final_grn:out", forward_to("readout.in")),
     ]
-    with module_attach(model, hooks):
+    with ab.module_attach(model, hooks):
         yield
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=(
+FAMILY = package_family(
+    NAME,
+    (
         "deep-cross-attention DCAGPT: each GRN's to_aggregate output + static bias, per q/k/v view; "
         "a stack entry's per-feature weight applies to each of its sources (0 where select_layers drops it)"
     ),
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    priority=50,
-    from_saved=from_saved,
+    PACKAGE,
+    VERSION,
+    detect,
+    build,
+    from_saved,
 )

@@ -65,3 +65,18 @@ def transformers_family(
     """
     detect = transformers_detect(model_types, base_class)
     return Family(name, reads, detect, build, "transformers", TRANSFORMERS, model_types, 20, **more)
+
+
+def package_family(
+    name: str,
+    reads: str,
+    package: str,
+    version: str,
+    detect: Callable[[Any], bool],
+    build: Callable[[Any], Adapter],
+    from_saved: Callable[[dict], Any] | None = None,
+) -> Family:
+    """A family of a third-party package's model classes, written for its ``version``: tried after the
+    transformers families and before the generic transformers reader (priority 50).
+    """
+    return Family(name, reads, detect, build, package, version, priority=50, from_saved=from_saved)

@@ -63,7 +63,7 @@ from torch import Tensor
 
 from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
+from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
 from depthscope.schemes import names
 
 NAME = "gemma3n"
@@ -109,30 +109,24 @@ def build(model: Any) -> ab.Adapter:
         )
         native.append(ab.NativeSpec("altup_correction", f"{mlp}.correction", mlp, ("stream",)))
     keep = (
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
         "altup_num_inputs",
         "altup_active_idx",
         "laurel_rank",
         "hidden_size_per_layer_input",
         "num_kv_shared_layers",
         "layer_types",
-        "vocab_size",
-        "max_position_embeddings",
     )
-    return ab.Adapter(
-        family=NAME,
-        sources=srcs,
-        consumers=cons,
-        attrs=family_attrs(model, cfg, keep, "altup", streams=int(streams)),
-        ctx=int(cfg.max_position_embeddings),
-        vocab=int(cfg.vocab_size),
-        encode=text_encoder(model),
+    attrs = family_attrs(model, cfg, keep, "altup", streams=int(streams))
+    return decoder_adapter(
+        model,
+        cfg,
+        NAME,
+        srcs,
+        cons,
+        attrs,
+        "AltUp and LAuReL equations",
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, n, streams, int(cfg.altup_active_idx)),
-        skip_positions=1,
-        hint="; the gemma3n forward no longer matches the AltUp and LAuReL equations this adapter unrolls",
     )
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import config_values, find_module, installed_version
+from depthscope.probes.adapters.base import Adapter, config_values, find_module, installed_version
 
 
 def pretrained(model: Any) -> bool:
@@ -110,15 +110,18 @@ def text_model(model: Any, prefix: str) -> Any:
     return model.get_submodule(prefix.rstrip(".")) if prefix else model
 
 
+SHAPE_KEYS = ("model_type", "num_hidden_layers", "hidden_size", "vocab_size", "max_position_embeddings")
+
+
 def family_attrs(model: Any, cfg: Any, keep: tuple[str, ...], scheme: str, **extra: Any) -> dict[str, Any]:
     """The trace attrs a transformers family records: its scheme, the model's name (``variant``),
-    the label, the config values ``keep`` names (as JSON), then ``extra``.
+    the label, the config values ``SHAPE_KEYS`` and ``keep`` name (as JSON), then ``extra``.
     """
     return {
         "scheme": scheme,
         "variant": model_name(model),
         "label": label_of(model, cfg.model_type),
-        "config": json.dumps(config_values(cfg, keep), sort_keys=True, default=str),
+        "config": json.dumps(config_values(cfg, SHAPE_KEYS + keep), sort_keys=True, default=str),
         **extra,
     }
 
@@ -128,3 +131,21 @@ def label_of(model: Any, model_type: str) -> str:
     name = model_name(model)
     base = f"transformers {installed_version('transformers') or '?'}: {model_type}"
     return base if name in (model_type, model.config.model_type) else f"{base} ({name})"
+
+
+def decoder_adapter(
+    model: Any, cfg: Any, name: str, sources: list, consumers: list, attrs: dict, equations: str, **more: Any
+) -> Adapter:
+    """The adapter of a transformers decoder family: context, vocabulary and tokenizer from the model
+    and its config, the first position left out (its attention sink), and a hint naming the
+    ``equations`` it unrolls for when the forward no longer matches them; ``more`` adds or overrides.
+    """
+    fields = {
+        "ctx": int(cfg.max_position_embeddings),
+        "vocab": int(cfg.vocab_size),
+        "encode": text_encoder(model),
+        "skip_positions": 1,
+        "hint": f"; the {name} forward no longer matches the {equations} this adapter unrolls",
+        **more,
+    }
+    return Adapter(family=name, sources=sources, consumers=consumers, attrs=attrs, **fields)

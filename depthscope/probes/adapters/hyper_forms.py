@@ -98,10 +98,7 @@ def hy_head_pre(head: Any, streams: Tensor) -> Tensor:
     return torch.sigmoid(logits * head.hc_scale.float() + head.hc_base.float()) + head.eps
 
 
-MHC_KEEP = (  # config keys recorded in the trace's ``config`` attr
-    "model_type",
-    "num_hidden_layers",
-    "hidden_size",
+MHC_KEEP = (  # config keys recorded in the trace's ``config`` attr (with hf.SHAPE_KEYS)
     "hc_mult",
     "hc_sinkhorn_iters",
     "hc_eps",
@@ -109,8 +106,6 @@ MHC_KEEP = (  # config keys recorded in the trace's ``config`` attr
     "num_experts_per_tok",
     "layer_types",
     "mlp_layer_types",
-    "vocab_size",
-    "max_position_embeddings",
 )
 DEEPSEEK_V4 = HyperForm(
     "deepseek_v4", "DeepseekV4Model", "mhc", mhc_pre, mhc_head_pre, lambda out: out, MHC_KEEP

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
+from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
 from depthscope.schemes import names
 
 NAME = "inkling2"
@@ -142,30 +142,24 @@ def build(model: Any) -> ab.Adapter:
         ab.NativeSpec("attnres_alpha", f"{row}.alpha", row, ("entry",)) for r in reads for row in r.rows
     ]
     keep = (
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
         "layer_types",
         "n_layers_per_attn_res_block",
         "conv_kernel_size",
         "n_routed_experts",
         "num_experts_per_tok",
-        "vocab_size",
-        "max_position_embeddings",
     )
     slots = n_slots(cfg.num_hidden_layers, block)
-    return ab.Adapter(
-        family=NAME,
-        sources=srcs,
-        consumers=cons,
-        attrs=family_attrs(model, cfg, keep, "attnres", block_size=block),
-        ctx=int(cfg.max_position_embeddings),
+    return decoder_adapter(
+        model,
+        cfg,
+        NAME,
+        srcs,
+        cons,
+        family_attrs(model, cfg, keep, "attnres", block_size=block),
+        "block attention residuals",
         vocab=int(min(cfg.vocab_size, getattr(cfg, "unpadded_vocab_size", None) or cfg.vocab_size)),
-        encode=text_encoder(model),
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, cfg.layer_types, reads, slots),
-        skip_positions=1,
-        hint="; the inkling2 forward no longer matches the block attention residuals this adapter unrolls",
     )
 
 

@@ -687,11 +687,8 @@ FAMILY = Family(
     name=NAME,
     reads=(
         "transformers post-LN encoders (bert, roberta, xlm-roberta, camembert, electra, distilbert): "
-        "every term "
-        ""
-        "propagated through each LayerNorm (and ELECTRA's embedding projection), LayerNorm biases as "
-        "sources; "
-        "M = accumulated 1/sigma"
+        "every term propagated through each LayerNorm (and ELECTRA's embedding projection), LayerNorm "
+        "biases as sources; M = accumulated 1/sigma"
     ),
     detect=detect,
     build=build,

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
+from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -103,38 +103,25 @@ def build(model: Any) -> ab.Adapter:
     ro = names.READOUT
     cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native += [ab.NativeSpec(q, f"{ro}.{q}", ro, ("stream",)) for q in SUBLAYER_NATIVE[:2]]
-    keep = (
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
-        "hc_count",
-        "hc_lowrank",
-        "layer_types",
-        "ple_layer_ids",
-        "num_experts",
-        "num_experts_per_tok",
-        "vocab_size",
-        "max_position_embeddings",
+    keep = ("hc_count", "hc_lowrank", "layer_types", "ple_layer_ids", "num_experts", "num_experts_per_tok")
+    attrs = family_attrs(
+        model,
+        cfg,
+        keep,
+        "gated-streams",
+        streams=int(streams),
+        mixing_meaning="per-channel weights: mixing is their mean over channels and tokens",
     )
-    return ab.Adapter(
-        family=NAME,
-        sources=srcs,
-        consumers=cons,
-        attrs=family_attrs(
-            model,
-            cfg,
-            keep,
-            "gated-streams",
-            streams=int(streams),
-            mixing_meaning="per-channel weights: mixing is their mean over channels and tokens",
-        ),
-        ctx=int(cfg.max_position_embeddings),
-        vocab=int(cfg.vocab_size),
-        encode=text_encoder(model),
+    return decoder_adapter(
+        model,
+        cfg,
+        NAME,
+        srcs,
+        cons,
+        attrs,
+        "gated-residual equations",
         native=native,
         attach=lambda m, taps: _attach(m, taps, p, n, with_ple, streams),
-        skip_positions=1,
-        hint="; the qwen4_exp forward no longer matches the gated-residual equations this adapter unrolls",
     )
 
 

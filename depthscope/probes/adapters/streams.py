@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from depthscope.probes.adapters import base as ab
-from depthscope.probes.adapters.hf import family_attrs, prefix_of, text_encoder, text_model
+from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
 from depthscope.schemes import names
 
 
@@ -136,21 +136,19 @@ def hyper_adapter(model: Any, form: HyperForm) -> ab.Adapter:
     cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native.append(ab.NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
     attrs = family_attrs(model, cfg, form.keep, form.scheme, family=form.family, streams=int(cfg.hc_mult))
-    return ab.Adapter(
-        family=form.family,
-        sources=srcs,
-        consumers=cons,
-        attrs=attrs,
-        ctx=int(cfg.max_position_embeddings),
-        vocab=int(cfg.vocab_size),
-        encode=text_encoder(model),
+    return decoder_adapter(
+        model,
+        cfg,
+        form.family,
+        srcs,
+        cons,
+        attrs,
+        "hyper-connection equations",
         native=native,
         attach=lambda m, taps: _attach_hyper(m, taps, p, n, attrs, form),
         # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
         # replacement back: they are not views a source's term could be removed from (ablation)
         views=False,
-        skip_positions=1,
-        hint=f"; the {form.family} forward no longer matches the hyper-connection equations unrolled here",
     )
 
 

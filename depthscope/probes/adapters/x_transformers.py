@@ -83,7 +83,7 @@ from depthscope.probes.adapters.base import (
     module_attach,
     router,
 )
-from depthscope.probes.adapters.family import Family
+from depthscope.probes.adapters.family import package_family
 from depthscope.probes.adapters.streams import StreamUnroll
 from depthscope.schemes import names
 
@@ -472,16 +472,15 @@ def _attnres_hook(state: _State, integrator: Any, rows: list[str]) -> Callback:
     return lambda keys: state.state_weights(rows, depth_softmax(state.query, keys, scale), "attnres_alpha")
 
 
-FAMILY = Family(
-    name=NAME,
-    reads=(
+FAMILY = package_family(
+    NAME,
+    (
         "x-transformers TransformerWrapper: HyperConnection (unrolled, H_res = ones: the 2.31.10 defect), "
         "AttentionResidual and DynamicLIMe (weights over states, summed onto every earlier source)"
     ),
-    detect=detect,
-    build=build,
-    package=PACKAGE,
-    version=VERSION,
-    priority=50,
-    from_saved=from_saved,
+    PACKAGE,
+    VERSION,
+    detect,
+    build,
+    from_saved,
 )
