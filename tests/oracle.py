@@ -95,10 +95,16 @@ def oracle(model, ad, tokens: torch.Tensor, skip: int | None = None) -> dict[str
     centred = flat - flat.mean(1, keepdim=True)
     cov = centred.transpose(1, 2) @ centred / max(n_tok - 1, 1)
     out["source_spectrum"] = torch.linalg.eigvalsh(cov).flip(-1).clamp(min=0).numpy()
+    labels = [c.label for c in ad.consumers]
     for k, spec in enumerate(ad.native):
         x = got["native"][k][:, skip:]
+        i = labels.index(spec.layer)
+        if spec.parts_of is not None:  # the parts of a write: <part, write> and |write|^2 per token
+            write = V[[s.label for s in ad.sources].index(spec.parts_of)]
+            x, total = (x * write[:, :, None]).sum(-1), write.square().sum(-1)
+            out.setdefault(f"{spec.name}_total", np.full(len(ad.consumers), np.nan))[i] = total.sum() / n_tok
         rows = out.setdefault(spec.name, np.full((len(ad.consumers), *x.shape[2:]), np.nan))
-        rows[[c.label for c in ad.consumers].index(spec.layer)] = x.sum((0, 1)).numpy() / n_tok
+        rows[i] = x.sum((0, 1)).numpy() / n_tok
     return out
 
 

@@ -157,8 +157,9 @@ def style_axes(ax, *, spines: bool = False):
 
 
 # One colour per scheme in every figure, keyed by the ``scheme`` a trace records (an attr of one
-# trace, a coordinate along ``model`` of a stack); the colours are PALETTE's, so they stay
-# colour-blind safe. A scheme not listed hashes into PALETTE.
+# trace, a coordinate along ``model`` of a stack); the colours are PALETTE's, then its dark shades
+# (EXTRA) once PALETTE is spent, so they stay colour-blind safe. A scheme not listed hashes into
+# PALETTE.
 SCHEME_COLORS = {
     "standard": "#949494",
     "denseformer": "#0173b2",
@@ -166,9 +167,13 @@ SCHEME_COLORS = {
     "attnres": "#029e73",
     "hc": "#d55e00",
     "mhc": "#cc78bc",
+    "shc": "#591e71",  # the 2026 schemes: PALETTE is spent, so dark shades (EXTRA), as distinct
     "ddl": "#ca9161",
     "shortswa": "#56b4e9",
     "muddformer": "#fbafe4",
+    "value-residual": "#12711c",
+    "depth-attention": "#006374",
+    "moda": "#001c7f",
 }
 _SKIPPED = ("#ece133",)  # yellow: too pale for lines on white, never handed out as a free colour
 

@@ -42,7 +42,7 @@ CAVEAT = (
 # schemes whose depth weights are learned (the pattern claim is about them)
 LEARNED = ("denseformer", "dca", "grn-v1", "attnres", "attnres-block4", "hc", "mhc", "muddformer")
 GROWN = ("standard-9blocks", "standard-w72")
-MULTI_STREAM = ("hc", "mhc")
+MULTI_STREAM = ("hc", "mhc", "shc")
 STREAM_TOKENS = 2048  # 16 windows of the validation split: the probe sums in float64, per read
 
 

@@ -449,6 +449,14 @@ class Taps:
         self.pending: dict[int, dict[str, Any]] = {}
         self.natives: set[int] = set()
         self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
+        # natives holding the parts of a source's write, by source index; and this batch's parts
+        self.splits = {
+            [s.label for s in adapter.sources].index(n.parts_of): (n.name, n.dims, self.row[n.layer])
+            for n in adapter.native
+            if n.parts_of is not None
+        }
+        self.parts: dict[int, Tensor] = {}
+        self.split_error: dict[int, float] = {}
         self.static = {
             i: torch.tensor(c.static, dtype=torch.float64)
             for i, c in enumerate(adapter.consumers)
@@ -465,7 +473,12 @@ class Taps:
             if c.weights is not None:
                 out.append((c.weights, self._on_consumer(i, "w")))
         out += [
-            (n.tap, self._on_native(k, n.name, n.dims, self.row[n.layer]))
+            (
+                n.tap,
+                self._on_parts(k, n.parts_of)
+                if n.parts_of
+                else self._on_native(k, n.name, n.dims, self.row[n.layer]),
+            )
             for k, n in enumerate(self.ad.native)
         ]
         return out
@@ -473,6 +486,7 @@ class Taps:
     def new_batch(self, chunk: Tensor | None = None) -> None:
         """Start a batch of windows ``chunk`` [batch, pos]."""
         self.pending, self.natives = {}, set()
+        self.parts, self.split_error = {}, {}
         self.fired[:] = False
         # (batch, pos) of the analysed tokens, from the windows themselves: whichever source fires first
         # (a position embedding [1, pos, d] called before the token embedding) is checked against it
@@ -506,6 +520,12 @@ class Taps:
                 f"of the captured sources (relative error {err[worst]:.3g} in batch {b}, tolerance "
                 f"{tol:g}){self.ad.hint}"
             )
+        for j, e in self.split_error.items():
+            if not e <= tol:
+                raise TraceError(
+                    f"the parts of {self.ad.sources[j].label}'s write do not add up to it (relative error "
+                    f"{e:.3g} in batch {b}, tolerance {tol:g}){self.ad.hint}"
+                )
         if not finite:
             raise TraceError(
                 f"{self.ad.family} model gives non-finite values (NaN or inf) in batch {b}: its weights or "
@@ -535,6 +555,8 @@ class Taps:
                 raise TraceError(f"source {label} has shape {tuple(t.shape)}, the batch's sources {want}")
             self.acc.source(j, self._flat(t))
             self.fired[j] = True
+            if j in self.splits:
+                self._split(j, t)
 
         return hook
 
@@ -598,6 +620,31 @@ class Taps:
             self.natives.add(k)
 
         return hook
+
+    def _on_parts(self, k: int, label: str):
+        j = [s.label for s in self.ad.sources].index(label)
+
+        def hook(t: Tensor) -> None:
+            if self.fired[j]:
+                raise TraceError(f"the parts of {label}'s write arrived after the write itself")
+            self.parts[j] = self._cut(t)
+            self.natives.add(k)
+
+        return hook
+
+    def _split(self, j: int, write: Tensor) -> None:
+        """Check that the parts of source j's write add up to it (NaN parts: blocks not read) and keep,
+        per part, the token sum of <part, write> beside that of |write|^2, in float64.
+        """
+        name, dims, i = self.splits[j]
+        parts = self.parts.pop(j, None)
+        if parts is None:
+            raise TraceError(f"the parts of {self.ad.sources[j].label}'s write did not arrive before it")
+        parts, write = parts.double(), write.double()
+        miss = (parts.nan_to_num(0.0).sum(-2) - write).norm()
+        self.split_error[j] = 0.0 if miss == 0 else float(miss / write.norm())
+        self.acc.native_mean(name, dims, i, (parts * write.unsqueeze(-2)).sum(-1))
+        self.acc.native_mean(f"{name}_total", (), i, write.square().sum(-1))
 
     def complete(self) -> bool:
         """Whether this batch has seen every source, consumer and native quantity."""

@@ -7,9 +7,13 @@ from depthscope.schemes import dca  # noqa: F401
 from depthscope.schemes import attnres  # noqa: F401
 from depthscope.schemes import hc  # noqa: F401
 from depthscope.schemes import mhc  # noqa: F401
+from depthscope.schemes import shc  # noqa: F401
 from depthscope.schemes import ddl  # noqa: F401
 from depthscope.schemes import shortswa  # noqa: F401
 from depthscope.schemes import muddformer  # noqa: F401
+from depthscope.schemes import value_residual  # noqa: F401
+from depthscope.schemes import depth_attention  # noqa: F401
+from depthscope.schemes import moda  # noqa: F401
 from depthscope.schemes.base import (
     Consumer,
     Mixer,

@@ -448,3 +448,6 @@ class NativeHook:
     hook: str
     layer: str
     dims: tuple[str, ...] = ()
+    # a source label: the hook carries the parts of that source's write [batch, pos, part, d_model];
+    # the probe checks they add up to it and keeps the token mean of <part, write> per part
+    parts_of: str | None = None

@@ -128,7 +128,7 @@ class ManifoldHyperConnection(StreamMixer):
     def __init__(self, cfg: ModelConfig, site: Site):
         super().__init__(cfg, site)
         n = self.n
-        self.iters = cfg.options.sinkhorn_iters
+        self.iters = getattr(cfg.options, "sinkhorn_iters", 0)  # sHC (a subclass) has no Sinkhorn rounds
         # rows: phi_pre (n), phi_post (n), phi_res (n*n, row-major source x target); stored
         # transposed ([out, in], as nn.Linear) for the fast orientation of the product
         self.phi = nn.Parameter(torch.zeros(2 * n + n * n, n * cfg.d_model))
@@ -137,8 +137,12 @@ class ManifoldHyperConnection(StreamMixer):
         self.b_post = nn.Parameter(torch.zeros(n))
         self.b_res = nn.Parameter(torch.eye(n))
 
+    def project(self, logits: Tensor) -> Tensor:
+        """H_res from its logits H~_res [stream, stream, token]: Sinkhorn-Knopp (doubly stochastic)."""
+        return _Sinkhorn.apply(logits, self.iters)
+
     def coefficients(self, h: Tensor) -> tuple[Tensor, Tensor]:
-        """H_pre = sigmoid(H~_pre), H_res = Sinkhorn-Knopp(H~_res) and H_post = 2 sigmoid(H~_post), from
+        """H_pre = sigmoid(H~_pre), H_res = ``project``(H~_res) and H_post = 2 sigmoid(H~_post), from
         x' = RMSNorm(vec(H)), each H~ = a (x' phi) + b; the constraints in at least float32.
         """
         n, lead = self.n, h.shape[:-2]
@@ -149,9 +153,7 @@ class ManifoldHyperConnection(StreamMixer):
         m, alpha = m.to(dtype), self.alpha.to(dtype)
         pre = torch.sigmoid(alpha[0] * m[:n] + self.b_pre.unsqueeze(-1))  # [stream, token]
         post = 2 * torch.sigmoid(alpha[1] * m[n : 2 * n] + self.b_post.unsqueeze(-1))  # [stream, token]
-        res = _Sinkhorn.apply(
-            alpha[2] * m[2 * n :].unflatten(0, (n, n)) + self.b_res.unsqueeze(-1), self.iters
-        )
+        res = self.project(alpha[2] * m[2 * n :].unflatten(0, (n, n)) + self.b_res.unsqueeze(-1))
         mix = torch.cat([pre.unsqueeze(1), res], dim=1).to(h.dtype)  # [stream, 1 + stream, token]
         mix = rearrange(mix, "stream column token -> token stream column").unflatten(0, lead)
         return mix, post.to(h.dtype).t().unflatten(0, lead)

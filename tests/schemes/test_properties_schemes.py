@@ -42,7 +42,11 @@ def random_options(scheme: str, n_layers: int, ctx: int) -> st.SearchStrategy[di
             {"streams": st.integers(1, 4), "mode": st.sampled_from(["dynamic", "static"])}
         ),
         "mhc": st.fixed_dictionaries({"streams": st.integers(2, 4), "sinkhorn_iters": st.integers(1, 20)}),
+        "shc": st.fixed_dictionaries({"streams": st.integers(2, 4)}),
         "muddformer": st.fixed_dictionaries({"hidden": st.sampled_from([0, 4, 8])}),
+        "value-residual": st.fixed_dictionaries({"mode": st.sampled_from(["value", "x0"])}),
+        "depth-attention": st.just({}),
+        "moda": st.fixed_dictionaries({"norm": st.sampled_from(["pre", "post"])}),
         "shortswa": st.sampled_from(["depth", "sequence"]).flatmap(
             lambda axis: st.fixed_dictionaries(
                 {"axis": st.just(axis), "window": st.integers(1, ctx if axis == "sequence" else 6)}

@@ -74,6 +74,10 @@ class NativeSpec:
     tap: str
     layer: str
     dims: tuple[str, ...] = ()
+    # a source label: the tap carries the parts of that source's write [batch, pos, part, d_model],
+    # checked on every batch to add up to it; the trace keeps the token means of <part, write>
+    # (``name``, dims (layer, *dims)) and of |write|^2 (``name``_total)
+    parts_of: str | None = None
 
 
 def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.AbstractContextManager:

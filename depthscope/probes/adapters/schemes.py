@@ -81,7 +81,7 @@ def build(model: DepthModel, split_grn: bool = True) -> Adapter:
                 c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, static=None if unit else w
             )
         cons.append(spec)
-    native = [NativeSpec(n.name, n.hook, n.layer, n.dims) for n in model.scheme.native_hooks(cfg)]
+    native = [NativeSpec(n.name, n.hook, n.layer, n.dims, n.parts_of) for n in model.scheme.native_hooks(cfg)]
     label = variant_label(cfg)
     training = {
         k: model.training_summary[k] for k in TRAINING_ATTRS if model.training_summary.get(k) is not None
@@ -110,10 +110,12 @@ def build(model: DepthModel, split_grn: bool = True) -> Adapter:
 
 
 def stream_reads(model: DepthModel, adapter: Adapter) -> tuple[int, Callable[[Any], Any]]:
-    """Where stream statistics read an HC/mHC model's streams (``probes.stream_stats``): the number of
-    streams, and the context that wraps each stream mixer's ``read`` to report to the sums.
+    """Where stream statistics read a multi-stream model's streams (HC, mHC, sHC: ``probes.stream_stats``):
+    the number of streams, and the context that wraps each stream mixer's ``read`` to report to the sums.
     """
-    if model.cfg.scheme not in ("hc", "mhc"):
+    from depthscope.schemes.hc import StreamScheme
+
+    if not issubclass(model.scheme, StreamScheme):
         raise DepthscopeError(f"stream statistics: a {model.cfg.scheme} model has one residual stream")
     return model.cfg.options.streams, lambda sums: _wrapped_reads(model, sums)
 
