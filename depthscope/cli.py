@@ -817,6 +817,11 @@ def _dilution_findings(t, k: int) -> None:
         f"  the embedding ({k_e} source{'s' if k_e != 1 else ''}) holds {_fmt(f['embed_share'], 4)} of "
         f"{where}: index {_fmt(f['embed_index'], 3)} against its uniform share {k_e}/{n}"
     )
+    out.print(
+        f"  residual norm growth {_fmt(f['norm_growth_ratio'], 2)}x: the RMS of the last sublayer input "
+        f"({f['norm_growth_to'] or '-'}) over the first's ({f['norm_growth_from'] or '-'}); the indices "
+        "measure shares of an input, this how much the stream's magnitude grew"
+    )
     s = summary(t, k)
     ps = s["pattern_score"]
     if unit_weights(t):

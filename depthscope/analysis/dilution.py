@@ -13,6 +13,14 @@ Definitions (docs/design.md "Estimators"); n_l is the number of sources availabl
     pattern_score[l]     = (sum_{s in I_k} |M[l,s]| / sum_s |M[l,s]|) / (|I_k| / n_l)
                            with I_k = the embedding(s) + the last k sources; > 1 is the
                            "input and recent layers" pattern, 1 is a uniform row (NaN when n_l <= |I_k|)
+    norm_growth[l]       = input_rms[l] / input_rms[l_1]        (l_1 the first sublayer input: 1.0)
+                         = sqrt(sum_tokens |h_l|^2 / sum_tokens |h_l1|^2)  (same tokens, same d)
+    norm_growth_ratio    = norm_growth at the last sublayer input: the residual stream's growth
+
+The shares measure how much of a consumer's input each earlier write still makes up; the norm
+growth measures how much the stream's magnitude grew, the other face of dilution (a write of a
+given size is a smaller part of a larger stream). A trace without ``input_rms`` (a block view, a
+trace built by hand) gives NaN, never a guess.
 
 |M| is ``mixing_abs``, the token (and feature) mean of |weight|: for per-feature weights (DCA
 GRN-v2/v3) a magnitude, not the magnitude of a mean that signs can cancel.
@@ -219,17 +227,80 @@ def by_depth(da: xr.DataArray) -> xr.DataArray:
     return da.isel(layer=present).groupby("layer_depth").mean(keep_attrs=True)
 
 
+def _input_at(trace: xr.Dataset, end: str) -> xr.DataArray:
+    """True on the rows of the ``first`` or ``last`` sublayer input (of each model of a stack): the
+    consumers at the smallest or largest depth that are not the read-out (DCA's q, k and v views
+    of one input are three rows; a stack's padding rows, depth -1, are none).
+    """
+    depth = trace["layer_depth"]
+    sub = (trace["layer_kind"] != READOUT) & (depth >= 0)
+    at = depth.where(sub).min("layer") if end == "first" else depth.where(sub).max("layer")
+    return sub & (depth == at)
+
+
+GROWTH = "how much the stream's magnitude grew; a growing stream makes each new write a smaller part of it"
+
+
+def norm_growth(trace: xr.Dataset) -> xr.DataArray:
+    """Residual norm growth per consumer: the RMS of its input over the trace's tokens,
+    ``input_rms[l] = sqrt(sum_tokens |h_l|^2 / (tokens * d_model))``, over that of the first
+    sublayer input (which is exactly 1; DCA's q/k/v views of that input: over their mean RMS).
+
+    Every consumer of a trace is measured on the same tokens and width, so this is exactly
+    ``sqrt(sum_tokens |h_l|^2 / sum_tokens |h_first|^2)``: how much the stream's magnitude grew,
+    beside the shares (``dilution_index``: how much of the input each write still makes up). An
+    RMS over tokens (a quadratic mean: high-norm tokens weigh more, as in the shares). NaN where
+    the trace (or a model of a stack) lacks ``input_rms`` or the first input's RMS is not > 0.
+    Reduced by dimension name: a stack's models each against their own first input.
+    """
+    if "input_rms" not in trace:
+        out = xr.full_like(trace["layer_depth"], np.nan, dtype=float)
+    else:
+        rms = trace["input_rms"]
+        first = rms.where(_input_at(trace, "first")).mean("layer")  # one row: its own value, exactly
+        out = (rms / first).where(first > 0)
+    out.name = "norm_growth"
+    long_name = f"residual norm growth: input RMS over the first sublayer input's ({GROWTH})"
+    out.attrs = {"long_name": long_name, "units": "1"}
+    return out
+
+
+def norm_growth_ratio(trace: xr.Dataset) -> xr.DataArray:
+    """The residual stream's norm growth, last over first: ``norm_growth`` at the last sublayer
+    input (the last block's last sublayer, ``7.mlp`` of 8 blocks), the RMS of that input over the
+    first sublayer input's (``0.attn``'s, the embedding in a pre-norm residual); NaN where the
+    trace lacks ``input_rms``. A scalar (per model, for a stack).
+
+    The survey's "last-layer over first-layer residual norm", read at the inputs of the
+    transformer's own layers, not at the read-out's: a multi-stream scheme's read-out (HC, mHC)
+    sums its n streams, so its RMS is n times a stream's by construction.
+    """
+    out = norm_growth(trace).where(_input_at(trace, "last")).mean("layer")
+    out.name = "norm_growth_ratio"
+    long_name = f"residual norm growth: the last sublayer input's RMS over the first's ({GROWTH})"
+    out.attrs = {"long_name": long_name, "units": "1"}
+    return out
+
+
+def _input_label(trace: xr.Dataset, end: str) -> str:
+    """The label of one trace's ``first`` or ``last`` sublayer input (views: ``1.attn``)."""
+    rows = [str(x) for x in trace["layer"].values[_input_at(trace, end).values]]
+    return rows[0] if len(rows) == 1 else rows[0].rsplit(".", 1)[0] if rows else ""
+
+
 SHARES = ("embed", "first", "latest")  # the sources ``share_of`` follows
 
 
 def dilution_curves(trace: xr.Dataset) -> xr.Dataset:
     """Per consumer depth (``by_depth``): ``embed_share``, ``first_share`` and ``latest_share``
-    (``share_of``) and the 1/T ``baseline``, for a trace or each model of a stack.
+    (``share_of``), the 1/T ``baseline`` and ``norm_growth``, with ``norm_growth_ratio`` (a
+    scalar per model), for a trace or each model of a stack.
     """
 
     def one(t: xr.Dataset) -> xr.Dataset:
         curves = {f"{which}_share": by_depth(share_of(t, which)) for which in SHARES}
-        return xr.Dataset({**curves, "baseline": by_depth(baseline(t))})
+        growth = {"norm_growth": by_depth(norm_growth(t)), "norm_growth_ratio": norm_growth_ratio(t)}
+        return xr.Dataset({**curves, "baseline": by_depth(baseline(t)), **growth})
 
     return per_model(trace, one)
 
@@ -249,7 +320,7 @@ def pattern_curves(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
 
 def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     """Per consumer: available sources, 1/T, shares of embedding, first and latest source, their
-    dilution indices, and the pattern score.
+    dilution indices, the pattern score and the residual ``norm_growth``.
     """
     n = n_available(trace)
     table = xr.Dataset(
@@ -260,6 +331,7 @@ def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
             "first_share": share_of(trace, "first"),
             "latest_share": share_of(trace, "latest"),
             "pattern_score": pattern_score(trace, k),
+            "norm_growth": norm_growth(trace),
             "residual_error": trace["residual_error"],
         }
     )
@@ -268,7 +340,10 @@ def consumer_table(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     for which, k in (("embed", group), ("first", 1), ("latest", 1)):
         table[f"{which}_index"] = table[f"{which}_share"] * n / k
         what = "the embedding group (its share over k/n)" if which == "embed" else f"the {which} source"
-        table[f"{which}_index"].attrs.update(long_name=f"dilution index of {what}", units="1")
+        table[f"{which}_index"].attrs.update(
+            long_name=f"dilution index of {what}: how much of the input it still makes up, over 1/n",
+            units="1",
+        )
     return table
 
 
@@ -288,8 +363,9 @@ def findings(trace: xr.Dataset, layer: str | None = None) -> dict[str, object]:
     """What one consumer's shares say (the read-out by default, the last consumer in a trace cut
     before it): how many sublayer writes sit
     below the uniform 1/T share there and how many pull against the input (a negative share), the
-    most and least diluted of them (the smallest and largest |index|), and the embedding group's
-    share and index (against its own k/n).
+    most and least diluted of them (the smallest and largest |index|), the embedding group's
+    share and index (against its own k/n), and beside them the stream's ``norm_growth_ratio``
+    (its last and first sublayer inputs: ``norm_growth_to``, ``norm_growth_from``).
     """
     if layer is None:
         layers = [str(x) for x in trace["layer"].values]
@@ -318,6 +394,9 @@ def findings(trace: xr.Dataset, layer: str | None = None) -> dict[str, object]:
         "embed_sources": k,
         "embed_share": embed_share,
         "embed_index": embed_share / (k / n) if k else float("nan"),
+        "norm_growth_ratio": float(norm_growth_ratio(trace)),
+        "norm_growth_from": _input_label(trace, "first"),
+        "norm_growth_to": _input_label(trace, "last"),
     }
 
 
@@ -391,6 +470,7 @@ def summary(trace: xr.Dataset, k: int = 2) -> xr.Dataset:
     out = xr.Dataset(data)
     out["max_residual_error"] = t["residual_error"].max("layer")
     out["max_residual_error"].attrs.update(long_name="largest residual error", units="1")
+    out["norm_growth_ratio"] = norm_growth_ratio(trace)
     out["pattern_score"].attrs.update(long_name=f"mean pattern score (k={k})")
     return out.assign_attrs(k=k, label=str(trace.attrs.get("label", "")))
 

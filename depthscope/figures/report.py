@@ -40,6 +40,7 @@ from depthscope.figures import interactive as ia
 from depthscope.figures.causal import native_figure, read_depth_figure, weight_effect_figure
 from depthscope.figures.claims import plot_claims
 from depthscope.figures.curves import (
+    BASELINE_STYLE,
     SHARE_LINES,
     TRAJECTORY_GROUPS,
     plot_dilution_panels,
@@ -112,6 +113,32 @@ def model_figure(t: xr.Dataset, blocks: xr.Dataset | None = None):
     for ax, (data, var, title) in zip(axes[0], panels):
         plot_heatmap(data, ax, var=var, symlog=var == "mixing" and _is_signed(t), title=title)
     fig.suptitle(trace_label(t))
+    return fig
+
+
+NORM_GROWTH = "input RMS / first sublayer input's"  # the norm-growth figure's y axis
+
+
+@styled
+def norm_growth_figure(curves: xr.Dataset):
+    """The residual norm growth of ``analysis.dilution_curves`` (its ``norm_growth``) per consumer
+    depth, a line per model, each legend entry with its ``norm_growth_ratio``; dashed: no growth.
+    """
+    fig, ax = subplots(figsize=(7.0, 4.2))
+    palette = colors(curves)
+    for label, _, part in by_model(curves):
+        g = part["norm_growth"].dropna("layer_depth")
+        ratio = float(part["norm_growth_ratio"])
+        text = f"{label} (last / first {ratio:.2f}x)" if ratio == ratio else f"{label} (no input norms)"
+        ax.plot(g["layer_depth"].values, g.values, color=palette[label], marker="o", label=text)
+    ax.axhline(1.0, label="no growth (1.0)", **BASELINE_STYLE)
+    ax.set_yscale("log")
+    ax.set_xlabel("consumer depth (layer_depth; the read-out is last)")
+    ax.set_ylabel(NORM_GROWTH)
+    ax.set_title("Residual norm growth (the stream's magnitude, not the shares)", loc="left")
+    ax.legend(
+        title="model (norm growth ratio)", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0
+    )
     return fig
 
 
@@ -333,6 +360,14 @@ def _dilution_charts(out, cid, curves: xr.Dataset):
             ).items():
                 rows[key] += value
     y = {p: "contribution share" for p in ("embed share", "first share", "latest share")}
+    return ia.curves(out, cid, rows, x="consumer depth", y=y, colors=_model_colors(curves), logy=tuple(y))
+
+
+def _norm_growth_charts(out, cid, curves: xr.Dataset):
+    rows = ia.series_rows(
+        [("norm growth", label, part["norm_growth"]) for label, _, part in by_model(curves)], "layer_depth"
+    )
+    y = {"norm growth": NORM_GROWTH}
     return ia.curves(out, cid, rows, x="consumer depth", y=y, colors=_model_colors(curves), logy=tuple(y))
 
 
@@ -608,6 +643,16 @@ FIGURES: dict[str, FigureKind] = {
         "the dashed line is the uniform share 1/T.",
         lambda curves: plot_dilution_panels(curves),
         _dilution_charts,
+    ),
+    "norm-growth": FigureKind(
+        "Residual norm growth beside the shares",
+        "RMS of each consumer's input over the captured tokens, sqrt(sum |h_l|^2 / (tokens x d)), over that "
+        "of the first sublayer input, at each consumer depth (log scale; the read-out is last): how much "
+        "the residual stream's magnitude grew. The shares above say how much of an input each write still "
+        "makes up; a growing stream makes each new write a smaller part of it. The legend and the summary "
+        "table give each model's norm growth ratio, the last sublayer input's RMS over the first's.",
+        lambda curves: norm_growth_figure(curves),
+        _norm_growth_charts,
     ),
     "grid-mixing": FigureKind(
         "Raw depth-mixing weights M of every model",

@@ -111,6 +111,7 @@ def _f(x) -> float:
 
 def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
     signed = any(_is_signed(t) for t in traces)
+    curves = dilution_curves(stacked)  # the shares' figure and the norm growth's
     scale = ", symmetric-log (weights are signed)" if signed else ""
     return Section(
         "overview",
@@ -135,7 +136,8 @@ def _overview(stacked: xr.Dataset, traces: list[xr.Dataset]) -> Section:
                     "scale": "diverging",
                 },
             ),
-            figure("dilution", {"curves": dilution_curves(stacked)}),
+            figure("dilution", {"curves": curves}),
+            figure("norm-growth", {"curves": curves}),
             figure(
                 "grid-mixing",
                 {
@@ -160,7 +162,9 @@ SCORES = Markup(
     "{k} sources over the uniform mass (1 = uniform; &gt; 1 = the input-and-recent-layers pattern); shown "
     "only for learned weights: a model read with unit weights scores 1 by construction. The embedding's "
     "index is the embedding group's (a token and a position embedding together) against its own uniform "
-    "share, k/n for k embeddings."
+    "share, k/n for k embeddings. Norm growth: the RMS over tokens of the last sublayer input over the "
+    "first's, how much the residual stream's magnitude grew (the indices measure shares of an input, this "
+    "its size)."
 )
 
 
@@ -197,6 +201,7 @@ SUMMARY_CELLS = {
     "latest_index": ("sublayers", "latest_index"),
     "readout_embed_share": ("readout", "embed_share"),
     "readout_latest_share": ("readout", "latest_share"),
+    "norm_growth": ("sublayers", "norm_growth_ratio"),  # a scalar per model: no group
 }
 
 
@@ -209,9 +214,9 @@ def summary_cells(s: xr.Dataset, keys: tuple[str, ...], *, unit: bool = False) -
 
 
 SCORE_CELLS = ("pattern", "pattern_attn", "pattern_mlp", "pattern_ssm", "pattern_readout", "embed_index")
-SCORE_CELLS += ("latest_index", "readout_embed_share", "readout_latest_share")
+SCORE_CELLS += ("latest_index", "norm_growth", "readout_embed_share", "readout_latest_share")
 TRAJECTORY_CELLS = ("pattern", "pattern_attn", "pattern_mlp", "pattern_readout", "readout_embed_share")
-TRAJECTORY_CELLS += ("first_index", "latest_index")
+TRAJECTORY_CELLS += ("first_index", "latest_index", "norm_growth")
 
 
 def _model_scores(t: xr.Dataset, s: xr.Dataset) -> dict[str, Any]:
@@ -239,6 +244,7 @@ def _scores(stacked: xr.Dataset, traces: list[xr.Dataset], k: int) -> Section:
         Column("read-out", "pattern_readout"),
         Column("embedding dilution index", "embed_index"),
         Column("latest-source dilution index", "latest_index"),
+        Column("norm growth (last / first input RMS)", "norm_growth", digits=2, cls="norm-growth"),
         Column("read-out share: embedding", "readout_embed_share"),
         Column("read-out share: latest", "readout_latest_share"),
         Column("max residual error", "max_error", "sci"),
@@ -328,6 +334,7 @@ def _trajectories(trajectories, runs, tables) -> list[Section]:
         Column("read-out share: embedding", "readout_embed_share"),
         Column("first-source dilution index", "first_index"),
         Column("latest-source dilution index", "latest_index"),
+        Column("norm growth (last / first input RMS)", "norm_growth", digits=2),
     ]
     children = []
     for tr, run, s in zip(trajectories, runs, tables):
@@ -519,6 +526,7 @@ def _models(traces: list[xr.Dataset], k: int) -> Section:
         Column("latest share", "latest_share"),
         Column("embedding index", "embed_index", digits=2),
         Column("latest index", "latest_index", digits=2),
+        Column("norm growth", "norm_growth", digits=2),
         Column(f"pattern (k={k})", "pattern", digits=2),
     ]
     for t in traces:
@@ -536,6 +544,7 @@ def _models(traces: list[xr.Dataset], k: int) -> Section:
                         ("latest_share", "latest_share"),
                         ("embed_index", "embed_index"),
                         ("latest_index", "latest_index"),
+                        ("norm_growth", "norm_growth"),
                         ("pattern", "pattern_score"),
                     )
                 },

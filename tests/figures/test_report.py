@@ -60,6 +60,7 @@ def test_report_files_and_references(report):
         "grid-mixing.png",
         "grid-share.png",
         "dilution.png",
+        "norm-growth.png",
         "pattern.png",
         "retention.png",
         "rank.png",
@@ -89,6 +90,9 @@ def test_traces_file_and_tables_match_analysis(report):
     for label in stacked["model"].values:
         expected = float(summary(select_model(stacked, label))["pattern_score"].sel(group="sublayers"))
         row = re.search(rf'<tr data-model="{label}">(.*?)</tr>', html, re.S).group(1)
+        growth = float(summary(select_model(stacked, label))["norm_growth_ratio"])
+        shown = float(re.search(r'class="norm-growth" data-value="([^"]+)"', row).group(1))
+        assert shown == pytest.approx(growth, rel=1e-12) and growth > 0
         value = float(re.search(r'class="pattern" data-value="([^"]+)"', row).group(1))
         if label == "standard":  # unit weights: the pattern score is 1 by construction, shown as no finding
             assert expected == 1.0 and np.isnan(value) and "unit (pattern 1 by construction)" in row

@@ -28,6 +28,7 @@ from depthscope.figures.curves import (
 )
 from depthscope.figures.heatmaps import plot_heatmap_grid
 from depthscope.figures.rank import plot_rank_profile
+from depthscope.figures.report import norm_growth_figure
 from depthscope.trace import load_trace, split_models, stack_traces
 from tests.figures import planned_figures
 
@@ -74,6 +75,7 @@ def test_the_report_plans_the_same_figures(stacked, trajectories):
         "grid-weights",
         "grid-share",
         "dilution",
+        "norm-growth",
         "grid-mixing",
         "pattern",
         "retention",
@@ -117,6 +119,7 @@ def test_each_report_figure_is_its_primitive_of_the_estimator(stacked, trajector
         "grid-weights": lambda: plot_heatmap_grid(row_normalized(stacked)),
         "grid-share": lambda: plot_heatmap_grid(stacked["contribution_share"]),
         "dilution": lambda: plot_dilution_panels(dilution_curves(stacked)),
+        "norm-growth": lambda: norm_growth_figure(dilution_curves(stacked)),
         "pattern": lambda: plot_pattern_scores(pattern_curves(stacked, k)).figure,
         "retention": lambda: plot_retention(mean_retention(stacked)).figure,
         "rank": lambda: plot_rank_profile(rank_profile(stacked)).figure,
