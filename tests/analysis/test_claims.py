@@ -127,6 +127,50 @@ def test_the_table_answers_each_question_from_planted_runs():
     assert {r["variant"] for r in claims.speedups} == set(runs) - {"standard"}
 
 
+def test_the_2026_claims_read_planted_runs():
+    """MoDA's post-norm claim, Depth-Attention against the best cross-layer scheme, the value
+    residual's gain and sHC's identity claim, each on planted losses and stream distances."""
+    runs = {}
+    drops = {  # a larger drop per step: a lower final loss
+        "standard": 0.5,
+        "moda": 0.55,
+        "moda-post": 0.57,  # post-norm better on every seed
+        "denseformer": 0.52,
+        "depth-attention": 0.51,  # better than the standard, worse than MoDA (the best cross-layer)
+        "value-residual": 0.53,
+        "value-residual-x0": 0.49,  # worse than the standard
+        "mhc": 0.5,
+        "shc": 0.5,
+    }
+    for seed in range(3):
+        for name, drop in drops.items():
+            curve = [[100 * i, 3.0 - drop * i + 0.001 * seed] for i in range(1, 5)]
+            runs.setdefault(name, {})[seed] = run(name, seed, curve, params=1000 if name != "moda" else 1100)
+        for name, dist in (("mhc", 1.0), ("shc", 1.6)):  # mHC far from I (limit 0.71 at n = 4)
+            runs[name][seed]["streams"] = {
+                "n_streams": 4,
+                "dominant_share": 0.5,
+                "participation_ratio": 2.0,
+                "mean_res_distance": dist + 0.01 * seed,
+                "distinct_streams": 2.0,
+                "mean_cosine": 0.5,
+            }
+    claims = build_claims(runs, {}, dict.fromkeys(runs, 100.0))
+    by = {r["claim"]: r for r in claims.rows}
+    assert by["MoDA works better with post-norm than with pre-norm"]["verdict"] == "holds"
+    assert by["MoDA improves on the standard residual"]["ours"].startswith("standard - MoDA loss 0.200")
+    assert "+10.0% params" in by["MoDA improves on the standard residual"]["ours"]
+    assert by["Depth-Attention improves on the standard residual at equal parameters"]["verdict"] == "holds"
+    lowest = by["Depth-Attention has the lowest loss of the cross-layer schemes"]
+    assert lowest["ours"].startswith("moda (the best of") and lowest["verdict"] == "contradicted"
+    assert by["the value residual (ResFormer) improves on the standard residual"]["verdict"] == "holds"
+    x0 = by["re-injecting the embedding (x0 lambdas) improves on the standard residual"]
+    assert x0["verdict"] == "contradicted"
+    assert by["mHC's doubly stochastic H_res degenerates towards the identity"]["verdict"] == "contradicted"
+    further = by["sHC's H_res (spectral sphere) moves further from the identity than mHC's"]
+    assert further["verdict"] == "holds" and "0.600" in further["ours"]
+
+
 def test_the_claims_command_prints_the_table_of_a_built_collection(tmp_path, capsys):
     from depthscope import zoo
     from depthscope.cli import app
