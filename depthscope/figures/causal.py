@@ -13,7 +13,7 @@ import xarray as xr
 from matplotlib.ticker import FuncFormatter
 
 from depthscope.analysis.causal import cell_correlation, views, weight_effect
-from depthscope.analysis.native import max_row_sum, stream_composite
+from depthscope.analysis.native import max_row_sum, routed_shares, stream_composite, write_split
 from depthscope.figures.data import trace_label, traces_by_model
 from depthscope.figures.heatmaps import make_norm, symlog_ticks, symmetric_vmax
 from depthscope.figures.style import DIVERGING_CMAP, model_colors, new_axes, style_axes, styled, subplots
@@ -118,7 +118,7 @@ def read_depth_figure(trace: xr.Dataset):
 
 # --- the papers' own heatmaps ------------------------------------------------------------------
 
-NATIVE = ("dwa_alpha", "hc_res", "attnres_alpha", "comb")
+NATIVE = ("dwa_alpha", "hc_res", "attnres_alpha", "comb", "depth_write")
 KIND_PANELS = {"attn": "pre-attention", "mlp": "pre-MLP", "readout": "read-out"}
 
 
@@ -227,7 +227,9 @@ def native_figure(trace: xr.Dataset):
       and read-out inputs in separate panels;
     * HC / mHC (arXiv 2409.19606; 2512.24880 Fig. 8) and DeepSeek-V4's ``comb``:
       ``plot_stream_matrix`` of H_res of the first, a middle and the last sublayer, and of their
-      composite over depth (``analysis.stream_composite``).
+      composite over depth (``analysis.stream_composite``);
+    * the schemes that attend over depth inside attention (MoDA, Depth-Attention, the value
+      residual): ``plot_depth_rows``.
 
     Returns:
         The Figure, or None when the trace has none of these.
@@ -241,7 +243,56 @@ def native_figure(trace: xr.Dataset):
     for name in ("hc_res", "comb"):
         if _drawable(trace, name):
             return _streams_figure(trace[name], label)
+    if _drawable(trace, "depth_write"):
+        return plot_depth_rows(trace)
     return None
+
+
+@styled
+def plot_depth_rows(trace: xr.Dataset):
+    """Depth mixing inside attention, beside the stream's: per attention layer (rows) and block
+    whose memory it read (columns), the attention mass each block gets (token and head mean; the
+    value residual's lambdas) and each block's share of the attention's write
+    (``analysis.native.write_split``, rows sum to 1); then the read-out's shares by block, through
+    the stream alone and counting what came through attention (``analysis.native.routed_shares``).
+
+    Returns:
+        The Figure.
+    """
+    from depthscope.analysis.dilution import block_view
+
+    split = write_split(trace).dropna("layer", how="all")
+    mass = trace["depth_mass"].mean("head").sel(layer=split["layer"])
+    blocks = [str(j) for j in range(split.sizes["depth"])]
+    fig, axes = subplots(1, 3, figsize=(13, 3.6), gridspec_kw={"width_ratios": [1, 1, 1.2]})
+    panels = (
+        (mass, "attention mass on each block's memory", "viridis", 0.0, 1.0),
+        (split, "share of the attention's write", DIVERGING_CMAP, None, None),
+    )
+    for ax, (da, title, cmap, lo, hi) in zip(axes, panels):
+        values = da.transpose("layer", "depth").values
+        if lo is None:
+            hi = symmetric_vmax(values)
+            lo = -hi
+        im = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
+        ax.set_xticks(range(len(blocks)), blocks)
+        ax.set_yticks(range(da.sizes["layer"]), [str(x) for x in da["layer"].values])
+        ax.set_xlabel("block whose keys / values it read")
+        ax.set_title(title, loc="left")
+        fig.colorbar(im, ax=ax, pad=0.02)
+    stream = block_view(trace)["contribution_share"].sel(layer="readout")
+    routed = routed_shares(trace).sel(block=[str(b) for b in stream["source"].values])
+    x = np.arange(stream.sizes["source"])
+    ax = axes[2]
+    ax.bar(x - 0.2, stream.values, 0.4, label="through the stream")
+    ax.bar(x + 0.2, routed.values, 0.4, label="counting attention over depth")
+    ax.set_xticks(x, [str(b) for b in stream["source"].values], rotation=90)
+    ax.set_ylabel("share of the read-out's input")
+    ax.set_title("read-out shares by block", loc="left")
+    ax.legend(fontsize=7, frameon=False)
+    label = trace_label(trace) if "label" in trace.attrs else ""
+    fig.suptitle(f"{label}: depth mixing inside attention, beside the stream's")
+    return fig
 
 
 def _entries_figure(alpha: xr.DataArray, label: str):

@@ -235,3 +235,44 @@ def test_parts_that_do_not_add_up_to_the_write_are_refused():
     hook.forward = lambda t: forward(t * 1.01)  # a split that loses nothing but scales: 1% off
     with pytest.raises(TraceError, match=r"parts of 1\.attn's write do not add up"):
         capture(model, n_tokens=512, batch_size=4, progress=False)
+
+
+def test_routed_shares_pass_an_attentions_share_on_to_the_blocks_its_write_came_through():
+    """On a MoDA trace: the read-out's shares by block, written as one matrix product here (each
+    source a row of its block's indicator, an attention's row replaced by its write split), sum to 1
+    and equal ``routed_shares``; the report's figure draws exactly these bars."""
+    from depthscope.analysis.native import routed_shares, write_split
+    from depthscope.figures.causal import native_figure
+
+    model = perturb(build(tiny("moda", {})), scale=0.3, others=0.05)
+    trace = capture(model, random_tokens(model.cfg, batch=4, pos=16), batch_size=2, progress=False)
+    share = trace["contribution_share"].sel(layer="readout").values
+    split = write_split(trace)
+    n_blocks = model.cfg.n_layers
+    route = np.zeros((len(share), 1 + n_blocks))  # source -> (embed, blocks 0..)
+    for s, label in enumerate(trace["source"].values):
+        label = str(label)
+        if label == "embed":
+            route[s, 0] = 1.0
+        elif label.endswith(".attn"):
+            route[s, 1:] = np.nan_to_num(split.sel(layer=label).values)
+        else:
+            route[s, 1 + int(label.split(".")[0])] = 1.0
+    want = share @ route
+    got = routed_shares(trace)
+    assert list(got["block"].values) == ["embed", *map(str, range(n_blocks))]
+    np.testing.assert_allclose(got.values, want, rtol=0, atol=1e-12)
+    assert abs(float(got.sum()) - 1) <= 1e-5
+    own = np.array(
+        [
+            [
+                1.0 if b == (0 if str(x) == "embed" else 1 + int(str(x).split(".")[0])) else 0.0
+                for b in range(1 + n_blocks)
+            ]
+            for x in trace["source"].values
+        ]
+    )
+    assert np.abs(want - share @ own).max() > 1e-3  # the routing moves share between blocks
+    fig = native_figure(trace)
+    bars = [p.get_height() for p in fig.axes[2].patches]
+    np.testing.assert_allclose(bars[len(bars) // 2 :], got.values, rtol=0, atol=1e-12)
