@@ -252,7 +252,30 @@ def readme_findings(_: str) -> str:
     )
 
 
+def results_norm_growth(_: str) -> str:
+    """The norm growth table (``benchmarks/norm_growth.py``): real and zoo models one row each, the
+    seeds collection as mean and range over its seeds."""
+    rec = record("norm_growth")
+    lines = [
+        "| model | collection | norm growth (last / first input RMS) | embedding share at the read-out "
+        "(index) | writes below 1/T |",
+        "|---|---|---|---|---|",
+    ]
+    by: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in rec["rows"]:
+        by.setdefault((r["model"].split(".seed")[0], r["collection"]), []).append(r)
+    for (name, coll), rows in by.items():
+        g = [r["norm_growth_ratio"] for r in rows]
+        growth = f"{g[0]:.1f}x" if len(g) == 1 else f"{sum(g) / len(g):.1f}x ({min(g):.1f}-{max(g):.1f})"
+        share = sum(r["embed_share"] for r in rows) / len(rows)
+        index = sum(r["embed_index"] for r in rows) / len(rows)
+        below = f"{rows[0]['below_uniform']} of {rows[0]['writes']}" if len(rows) == 1 else "-"
+        lines.append(f"| {name} | {coll} | {growth} | {share:.3f} ({index:.2f}) | {below} |")
+    return "\n".join(lines) + f"\n\nMeasured by {_where(rec)}.\n"
+
+
 RENDER: dict[str, Callable[[str], str]] = {
+    "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,
     "results-families": results_families,
     "readme-seeds": readme_seeds,

@@ -354,6 +354,48 @@ MUTANTS: list[Mutant] = [
         "if m.group(3) != m.group(3):",
         ("tests/test_docs_data.py",),
     ),
+    Mutant(
+        "the parts of an attention's write never checked against the write",
+        "depthscope/probes/capture.py",
+        "            if not e <= tol:",
+        "            if False:",
+        ("tests/schemes/test_depth_memory.py::test_parts_that_do_not_add_up_to_the_write_are_refused",),
+    ),
+    Mutant(
+        "MoDA's depth scores without the 1/sqrt(d_head) of the sequence scores",
+        "depthscope/schemes/moda.py",
+        "extra = (keys.to(dtype) @ q0.to(dtype).unsqueeze(-1)).squeeze(-1) * self.scale",
+        "extra = (keys.to(dtype) @ q0.to(dtype).unsqueeze(-1)).squeeze(-1)",
+        ("tests/schemes/test_depth_memory.py",),
+    ),
+    Mutant(
+        "the value residual's two lambdas swapped",
+        "depthscope/schemes/value_residual.py",
+        "return {l: p @ (lam[0] * v), 0: p @ (lam[1] * v0)}",
+        "return {l: p @ (lam[1] * v), 0: p @ (lam[0] * v0)}",
+        ("tests/schemes/test_depth_memory.py",),
+    ),
+    Mutant(
+        "an attention's share kept on its own block (attention over depth not routed)",
+        "depthscope/analysis/native.py",
+        "                out[str(j)] += float(s) * float(p)",
+        "                out[block] += float(s) * float(p)",
+        ("tests/schemes/test_depth_memory.py",),
+    ),
+    Mutant(
+        "sHC's residual matrix normalised by its Frobenius norm, not its spectral norm",
+        "depthscope/schemes/shc.py",
+        "sigma = torch.linalg.matrix_norm(logits, ord=2, dim=dim, keepdim=True)",
+        "sigma = torch.linalg.matrix_norm(logits, ord='fro', dim=dim, keepdim=True)",
+        ("tests/schemes/test_shc.py",),
+    ),
+    Mutant(
+        "norm growth measured against the last input instead of the first",
+        "depthscope/analysis/dilution.py",
+        'first = rms.where(_input_at(trace, "first")).mean("layer")',
+        'first = rms.where(_input_at(trace, "last")).mean("layer")',
+        ("tests/analysis/test_norm_growth.py",),
+    ),
 ]
 
 
