@@ -456,90 +456,72 @@ def _stream_rows(runs) -> list[dict[str, str]]:
     return rows
 
 
+def _row(claim: str, source: str, paper: str, ours: str, verdict: str) -> dict[str, str]:
+    """One row of the claims table."""
+    return {"claim": claim, "source": source, "paper": paper, "ours": ours, "verdict": verdict}
+
+
 CROSS_LAYER = ("denseformer", "dca", "attnres", "muddformer", "value-residual", "moda")
+# the 2026 papers' gains over the standard residual: (variant, claim, source, the paper's number)
+GAINS = (
+    (
+        "moda",
+        "MoDA improves on the standard residual",
+        "MoDA, arXiv 2603.15619",
+        "-0.2 perplexity on average over 10 validation sets, +3.7% FLOPs (1.5 B parameters)",
+    ),
+    (
+        "depth-attention",
+        "Depth-Attention improves on the standard residual at equal parameters",
+        "Depth-Attention, arXiv 2606.05014",
+        "lower perplexity with no parameters (Qwen3-style, 1.5 B and 3 B)",
+    ),
+    (
+        "value-residual",
+        "the value residual (ResFormer) improves on the standard residual",
+        "Value Residual Learning, arXiv 2410.17897",
+        "the standard's loss with 16.11% fewer parameters, 20.3% less data",
+    ),
+    (
+        "value-residual-x0",
+        "re-injecting the embedding (x0 lambdas) improves on the standard residual",
+        "modded-nanogpt, nanochat (speedrun code)",
+        "kept in the record-setting runs (no isolated number)",
+    ),
+)
 
 
 def _wave_rows(runs, cost: dict, speed: dict) -> list[dict[str, str]]:
     """Claim 7: the 2026 papers' claims (MoDA, Depth-Attention, the value residual, sHC) on our runs."""
     rows: list[dict[str, str]] = []
     lower = lambda e: -float(e["val_loss"])  # noqa: E731  (paired a - b of this: > 0 when a's loss is lower)
+    for name, claim, source, paper in GAINS:
+        if name not in runs:
+            continue
+        d, c = C.paired(runs, lower, name, C.BASELINE), cost[name]
+        ours = (
+            f"standard - {name} loss {C.fmt(C.stats(d))} nats/byte at {100 * c['extra_params']:+.1f}% "
+            f"params, {100 * c['extra_flops']:+.1f}% FLOPs; the standard's final loss in "
+            f"{C.fmt(C.stats(speed.get(name, [])), 2)}x fewer steps"
+        )
+        rows.append(_row(claim, source, paper, ours, C.verdict(d)))
     if "moda" in runs and "moda-post" in runs:
         d = C.paired(runs, lower, "moda-post", "moda")
-        rows.append(
-            {
-                "claim": "MoDA works better with post-norm than with pre-norm",
-                "source": "MoDA, arXiv 2603.15619",
-                "paper": "post-norm better (1.5 B parameters, 400 B tokens)",
-                "ours": f"pre-norm - post-norm loss {C.fmt(C.stats(d))} nats/byte",
-                "verdict": C.verdict(d),
-            }
+        ours = f"pre-norm - post-norm loss {C.fmt(C.stats(d))} nats/byte"
+        claim = "MoDA works better with post-norm than with pre-norm"
+        rows.append(_row(claim, "MoDA, arXiv 2603.15619", "post-norm better (1.5 B)", ours, C.verdict(d)))
+    cross = [n for n in CROSS_LAYER if n in runs]
+    if "depth-attention" in runs and cross:
+        best = min(cross, key=lambda n: np.mean([float(e["val_loss"]) for e in runs[n].values()]))
+        d = C.paired(runs, lower, "depth-attention", best)
+        ours = (
+            f"{best} (the best of {', '.join(cross)}; +{100 * cost[best]['extra_params']:.1f}% params) "
+            f"- Depth-Attention loss {C.fmt(C.stats(d))} nats/byte"
         )
-    if "moda" in runs:
-        d = C.paired(runs, lower, "moda", C.BASELINE)
-        rows.append(
-            {
-                "claim": "MoDA improves on the standard residual",
-                "source": "MoDA, arXiv 2603.15619",
-                "paper": "-0.2 perplexity on average over 10 validation sets, +3.7% FLOPs",
-                "ours": f"standard - MoDA loss {C.fmt(C.stats(d))} nats/byte at "
-                f"+{100 * cost['moda']['extra_params']:.1f}% params, "
-                f"+{100 * cost['moda']['extra_flops']:.1f}% FLOPs",
-                "verdict": C.verdict(d),
-            }
-        )
-    if "depth-attention" in runs:
-        d = C.paired(runs, lower, "depth-attention", C.BASELINE)
-        rows.append(
-            {
-                "claim": "Depth-Attention improves on the standard residual at equal parameters",
-                "source": "Depth-Attention, arXiv 2606.05014",
-                "paper": "lower perplexity with no parameters (Qwen3-style, 1.5 B and 3 B)",
-                "ours": f"standard - Depth-Attention loss {C.fmt(C.stats(d))} nats/byte, "
-                f"{100 * cost['depth-attention']['extra_params']:+.1f}% params",
-                "verdict": C.verdict(d),
-            }
-        )
-        cross = [n for n in CROSS_LAYER if n in runs]
-        if cross:
-            best = min(cross, key=lambda n: np.mean([float(e["val_loss"]) for e in runs[n].values()]))
-            d = C.paired(runs, lower, "depth-attention", best)
-            rows.append(
-                {
-                    "claim": "Depth-Attention has the lowest loss of the cross-layer schemes",
-                    "source": "Depth-Attention, arXiv 2606.05014",
-                    "paper": "lowest perplexity against the cross-layer baselines",
-                    "ours": f"{best} (the best of {', '.join(cross)}; "
-                    f"+{100 * cost[best]['extra_params']:.1f}% params) - Depth-Attention loss "
-                    f"{C.fmt(C.stats(d))} nats/byte",
-                    "verdict": C.verdict(d),
-                }
-            )
-    if "value-residual" in runs:
-        d = C.paired(runs, lower, "value-residual", C.BASELINE)
-        faster = C.fmt(C.stats(speed.get("value-residual", [])), 2)
-        rows.append(
-            {
-                "claim": "the value residual (ResFormer) improves on the standard residual",
-                "source": "Value Residual Learning, arXiv 2410.17897",
-                "paper": "the standard's loss with 16.11% fewer parameters, 20.3% less data",
-                "ours": f"standard - ResFormer loss {C.fmt(C.stats(d))} nats/byte; the standard's "
-                f"final loss in {faster}x fewer steps",
-                "verdict": C.verdict(d),
-            }
-        )
-    if "value-residual-x0" in runs:
-        d = C.paired(runs, lower, "value-residual-x0", C.BASELINE)
-        rows.append(
-            {
-                "claim": "re-injecting the embedding (x0 lambdas) improves on the standard residual",
-                "source": "modded-nanogpt, nanochat (speedrun code)",
-                "paper": "kept in the record-setting runs (no isolated number)",
-                "ours": f"standard - x0-lambda loss {C.fmt(C.stats(d))} nats/byte",
-                "verdict": C.verdict(d),
-            }
-        )
-    rows += _identity_rows(runs)
-    return rows
+        claim = "Depth-Attention has the lowest loss of the cross-layer schemes"
+        paper = "lowest perplexity against the cross-layer baselines"
+        rows.append(_row(claim, "Depth-Attention, arXiv 2606.05014", paper, ours, C.verdict(d)))
+    return rows + _identity_rows(runs)
 
 
 def _identity_rows(runs) -> list[dict[str, str]]:
@@ -556,24 +538,24 @@ def _identity_rows(runs) -> list[dict[str, str]]:
     limit = 0.25 * np.sqrt(2 * n)  # as the stream rows: a quarter of a derangement's distance from I
     seen = "; ".join(f"{k} {C.fmt(C.stats(v), 3)}" for k, v in dist.items() if v)
     rows = [
-        {
-            "claim": "mHC's doubly stochastic H_res degenerates towards the identity",
-            "source": "sHC, arXiv 2603.20896",
-            "paper": "degenerates towards I",
-            "ours": f"mean |H_res - I|_F: {seen} (a derangement: {np.sqrt(2 * n):.2f})",
-            "verdict": C.verdict([limit - x for x in dist["mhc"]]),
-        }
+        _row(
+            "mHC's doubly stochastic H_res degenerates towards the identity",
+            "sHC, arXiv 2603.20896",
+            "degenerates towards I",
+            f"mean |H_res - I|_F: {seen} (a derangement: {np.sqrt(2 * n):.2f})",
+            C.verdict([limit - x for x in dist["mhc"]]),
+        )
     ]
     if dist["shc"]:
         d = C.paired(runs, lambda e: float(e["streams"]["mean_res_distance"]), "shc", "mhc")
         rows.append(
-            {
-                "claim": "sHC's H_res (spectral sphere) moves further from the identity than mHC's",
-                "source": "sHC, arXiv 2603.20896",
-                "paper": "escapes the identity (negative entries allowed)",
-                "ours": f"sHC - mHC mean |H_res - I|_F {C.fmt(C.stats(d), 3)}",
-                "verdict": C.verdict(d),
-            }
+            _row(
+                "sHC's H_res (spectral sphere) moves further from the identity than mHC's",
+                "sHC, arXiv 2603.20896",
+                "escapes the identity (negative entries allowed)",
+                f"sHC - mHC mean |H_res - I|_F {C.fmt(C.stats(d), 3)}",
+                C.verdict(d),
+            )
         )
     return rows
 

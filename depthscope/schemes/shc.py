@@ -53,10 +53,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from depthscope.errors import ConfigError
 from depthscope.schemes.base import ModelConfig, register
 from depthscope.schemes.hc import StreamScheme
-from depthscope.schemes.mhc import ManifoldHyperConnection
+from depthscope.schemes.mhc import ManifoldHyperConnection, need_two_streams
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,4 @@ class SHC(StreamScheme):
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         """Refuse fewer than 2 streams (the init, mHC's, breaks stream symmetry)."""
-        if cfg.options.streams < 2:
-            raise ConfigError(
-                f"shc needs at least 2 streams (its init breaks stream symmetry), got {cfg.options.streams}"
-            )
+        need_two_streams(cls.name, cfg)

@@ -158,7 +158,7 @@ def test_the_2026_claims_read_planted_runs():
     claims = build_claims(runs, {}, dict.fromkeys(runs, 100.0))
     by = {r["claim"]: r for r in claims.rows}
     assert by["MoDA works better with post-norm than with pre-norm"]["verdict"] == "holds"
-    assert by["MoDA improves on the standard residual"]["ours"].startswith("standard - MoDA loss 0.200")
+    assert by["MoDA improves on the standard residual"]["ours"].startswith("standard - moda loss 0.200")
     assert "+10.0% params" in by["MoDA improves on the standard residual"]["ours"]
     assert by["Depth-Attention improves on the standard residual at equal parameters"]["verdict"] == "holds"
     lowest = by["Depth-Attention has the lowest loss of the cross-layer schemes"]
