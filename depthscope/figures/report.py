@@ -740,7 +740,9 @@ FIGURES: dict[str, FigureKind] = {
     "native": FigureKind(
         "{label} in its own parametrisation",
         "The weights as the scheme's paper draws them (axes, orientation and scale as cited in the title), "
-        "beside the delta-basis matrix above.",
+        "beside the delta-basis matrix above; for a scheme that attends over depth inside attention, the "
+        "depth rows: the attention mass on each block's memory, each block's share of the attention's write "
+        "(checked every batch to add up to it) and the read-out's shares by block counting that route.",
         lambda trace: native_figure(trace),
         None,
     ),
