@@ -154,6 +154,13 @@ SEEDS = Collection(
         Entry("attnres-block4", "attnres", {"blocks": 4}),
         Entry("standard-9blocks", "standard", {}, size=dict(n_layers=9), group="standard"),
         Entry("standard-w72", "standard", {}, size=dict(d_model=72), group="standard"),
+        # the 2026 wave (issue 40): depth mixing inside attention, and mHC's spectral rival
+        Entry("shc", "shc", {}),
+        Entry("moda", "moda", {}),
+        Entry("moda-post", "moda", {"norm": "post"}),
+        Entry("depth-attention", "depth-attention", {}),
+        Entry("value-residual", "value-residual", {}),
+        Entry("value-residual-x0", "value-residual", {"mode": "x0"}),
     ),
 )
 
