@@ -210,6 +210,33 @@ def readme_seeds(_: str) -> str:
     )
 
 
+def results_claims(_: str) -> str:
+    """results.md's claims table, from the bundled several-seed collection (``depthscope claims``)."""
+    from depthscope.pipelines.claims import read_claims
+
+    cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731  (a | inside a cell is escaped)
+    lines = ["| claim | source | paper | ours (mean ± sd over seeds) | verdict |", "|---|---|---|---|---|"]
+    keys = ("claim", "source", "paper", "ours", "verdict")
+    lines += ["| " + " | ".join(cell(r[k]) for k in keys) + " |" for r in read_claims(None).rows]
+    return "\n".join(lines) + "\n"
+
+
+def results_claim_costs(_: str) -> str:
+    """results.md's steps-to-equal-loss and cost table, from the same collection."""
+    from depthscope.pipelines.claims import read_claims
+
+    c = read_claims(None)
+    ratio = {r["variant"]: r["ratio"] for r in c.speedups}
+    lines = [
+        "| variant | steps ratio | params | FLOPs/token | time/step | gain (nats/byte) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in c.costs:
+        cells = (r["variant"], ratio.get(r["variant"], "-"), r["params"], r["flops"], r["time"], r["gain"])
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def results_families(_: str) -> str:
     """results.md's table of the capture cost per model family (``benchmarks/capture_families.py``)."""
     rec = record("capture_families")
@@ -275,6 +302,8 @@ def results_norm_growth(_: str) -> str:
 
 
 RENDER: dict[str, Callable[[str], str]] = {
+    "results-claims": results_claims,
+    "results-claim-costs": results_claim_costs,
     "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,
     "results-families": results_families,

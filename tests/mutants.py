@@ -371,8 +371,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "the value residual's two lambdas swapped",
         "depthscope/schemes/value_residual.py",
-        "return {l: p @ (lam[0] * v), 0: p @ (lam[1] * v0)}",
-        "return {l: p @ (lam[1] * v), 0: p @ (lam[0] * v0)}",
+        "z = self.attend(q, k, lam[0] * v + lam[1] * v0)",
+        "z = self.attend(q, k, lam[1] * v + lam[0] * v0)",
         ("tests/schemes/test_depth_memory.py",),
     ),
     Mutant(

@@ -6,9 +6,9 @@ and the cost table per variant, all computed once here and drawn by the report
 (``depthscope report``'s "Claims, with seeds" section) and printed by ``depthscope claims``. The
 estimators are ``depthscope.analysis.claims``; this module only gathers their inputs.
 
-Costs: forward FLOPs per token are matrix products as ``torch.utils.flop_counter`` counts them
-(elementwise mixing is not counted, so a scheme whose mixing is elementwise shows its matrix cost
-only); seconds per training step are measured side by side at the end of the build (``costs.json``),
+Costs: forward FLOPs per token are matrix products as ``torch.utils.flop_counter`` counts them,
+the fused attention kernel counted as its products written out (elementwise mixing is not counted,
+so a scheme whose mixing is elementwise shows its matrix cost only); seconds per training step are measured side by side at the end of the build (``costs.json``),
 since the runs' own times were taken under whatever else the machine ran.
 
 Stream collapse (arXiv 2606.03483) needs the streams themselves, which a trace does not keep: the
@@ -80,14 +80,21 @@ def flops_per_token(config: Mapping[str, Any]) -> float:
     ``torch.utils.flop_counter.FlopCounterMode`` counts them; weights do not matter).
     """
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
     from depthscope.schemes import DepthModel, ModelConfig
+
+    def fused(q, k, v, *_args, out_shape=None, **_kwargs):  # shapes (the counter's wrapper)
+        return sdpa_flop_count(q, k, v)
 
     cfg = ModelConfig.from_dict(dict(config))
     model = DepthModel(cfg).eval()
     tokens = torch.zeros(1, cfg.ctx, dtype=torch.long)
-    counter = FlopCounterMode(display=False)
+    # the fused attention kernel on the CPU counts as nothing unless mapped: counted as the same
+    # products written out (q k^T and P v), so attention costs alike however a scheme computes it
+    counter = FlopCounterMode(
+        display=False, custom_mapping={torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: fused}
+    )
     with torch.no_grad(), counter:
         model(tokens)
     return counter.get_total_flops() / cfg.ctx

@@ -11,12 +11,13 @@ hands it a ``DepthRead``: the stream x (after ``hook_in``), the memory written s
 ``slot`` the sublayer fills with what it adds to the memory (other sublayers get x itself); the
 mixer's ``write`` appends the slot to the memory of the next state. No state is changed in place.
 
-How an attention output splits. ``MemoryAttention`` computes its attention probabilities
-explicitly, so that the head outputs are a sum of terms, one per block whose keys or values they
-read: the block's own sequence attention is its own block's term. W_O is linear, so W_O applied to
-each term gives the parts of the attention's write, which add up to the write exactly (in exact
-arithmetic; to rounding in floating point). Two hooks carry them, built only when something
-listens:
+How an attention output splits. The head outputs are a sum of terms, one per block whose keys or
+values they read: the block's own sequence attention is its own block's term. W_O is linear, so W_O
+applied to each term gives the parts of the attention's write, which add up to the write exactly
+(in exact arithmetic; to rounding in floating point). The output itself comes from the fused
+attention kernel where the scheme allows (the value residual, Depth-Attention: attention over the
+mixed values); the terms are formed apart, with the attention probabilities written out, only when
+something listens, so that the check below compares two computations. Two hooks carry them:
 
     blocks.{i}.attn.hook_parts       [batch, pos, block, d_model]  the parts of the write (NaN for a
                                      block the layer does not read)
@@ -33,6 +34,7 @@ Legend: batch, pos, d_model, head, d_head, block (a block's index: whose memory 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -114,12 +116,26 @@ class MemoryMixer(Mixer):
         return MemoryState(x, state.n + 1, memory, w, state.post_norm, state.track)
 
 
+@dataclass(frozen=True)
+class Mixed:
+    """What one attention over depth computed: the head outputs ``z`` [batch, head, pos, d_head];
+    ``terms()``, their terms by block {block: [batch, head, pos, d_head]}, formed on demand (for
+    the parts of the write) apart from z; the depth mass {block: [batch, head, pos]}; what the layer
+    adds to the memory, or None.
+    """
+
+    z: Tensor
+    terms: Callable[[], dict[int, Tensor]]
+    mass: dict[int, Tensor]
+    written: Any = None
+
+
 class MemoryAttention(Attention):
     """Causal rotary attention whose head outputs are a sum of per-block terms (``terms``).
 
-    ``terms`` gives the head outputs' term of every block read, its depth mass and what the layer
-    adds to the memory; q, k are rotated, q0, k0 not (at one position the rotation cancels in
-    q . k, so depth scores use q0 . k0).
+    ``mix`` gives the head outputs, their term of every block read (on demand), its depth mass and
+    what the layer adds to the memory; q, k are rotated, q0, k0 not (at one position the rotation
+    cancels in q . k, so depth scores use q0 . k0).
     """
 
     def __init__(self, cfg: ModelConfig, site: Site):
@@ -130,27 +146,30 @@ class MemoryAttention(Attention):
         self.hook_parts = HookPoint()  # [batch, pos, block, d_model]
 
     def forward(self, inp: DepthRead) -> Tensor:  # type: ignore[override]
-        """W_O of the summed terms; the parts and the depth mass to their hooks when listened to."""
+        """W_O of the head outputs; the parts and the depth mass to their hooks when listened to."""
         x = self.norm(inp.x)
         q0, k0, v = self._heads(self.W_Q(x)), self._heads(self.W_K(x)), self._heads(self.W_V(x))
         q = apply_rotary(q0, self.rot_cos, self.rot_sin)
         k = apply_rotary(k0, self.rot_cos, self.rot_sin)
-        terms, mass, written = self.terms(inp, q, k, q0, k0, v)
-        if written is not None:
-            inp.slot.append(written)
+        mixed = self.mix(inp, q, k, q0, k0, v)
+        if mixed.written is not None:
+            inp.slot.append(mixed.written)
         if listening(self.hook_depth_mass):
-            self.hook_depth_mass(self._by_block(mass, "batch head pos block -> batch pos head block"))
-        if listening(self.hook_parts):
-            parts = self._by_block(terms, "batch head pos block d_head -> batch pos block (head d_head)")
+            self.hook_depth_mass(self._by_block(mixed.mass, "batch head pos block -> batch pos head block"))
+        if listening(self.hook_parts):  # formed apart from z: the probe checks that they add up to it
+            parts = self._by_block(
+                mixed.terms(), "batch head pos block d_head -> batch pos block (head d_head)"
+            )
             self.hook_parts(self.W_O(parts))
-        z = sum(terms.values())
-        return self.W_O(rearrange(z, "batch head pos d_head -> batch pos (head d_head)"))
+        return self.W_O(rearrange(mixed.z, "batch head pos d_head -> batch pos (head d_head)"))
 
-    def terms(self, inp: DepthRead, q, k, q0, k0, v) -> tuple[dict[int, Tensor], dict[int, Tensor], Any]:
-        """({block: its term of the head outputs [batch, head, pos, d_head]}, {block: its depth mass
-        [batch, head, pos]}, what the layer adds to the memory or None).
-        """
+    def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
+        """The head outputs, their terms by block and the depth mass (``Mixed``)."""
         raise NotImplementedError
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """Causal attention of q over (k, v) [batch, head, pos, d_head] (the fused kernel)."""
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def _by_block(self, per_block: dict[int, Tensor], pattern: str) -> Tensor:
         """The per-block tensors stacked on a block axis of every block (NaN where a block is not read)."""

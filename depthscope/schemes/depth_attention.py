@@ -31,23 +31,30 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.schemes import names
-from depthscope.schemes._depth_kv import DepthRead, MemoryAttention, MemoryMixer, depth_hooks, start
+from depthscope.schemes._depth_kv import DepthRead, MemoryAttention, MemoryMixer, Mixed, depth_hooks, start
 from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
 
 
 class DepthValueAttention(MemoryAttention):
     """Self-attention over values mixed across depth by the query's attention over earlier keys."""
 
-    def terms(self, inp: DepthRead, q, k, q0, k0, v):
-        """One term per layer j <= l: P (alpha_j v_j); writes this layer's (k0, v)."""
+    def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
+        """Attention over v' = sum_j alpha_j v_j (j <= l), whose terms are P (alpha_j v_j); writes
+        this layer's (k0, v).
+        """
         keys = torch.stack([m[0] for m in inp.memory] + [k0], -2)  # [batch, head, pos, block, d_head]
         values = [m[1] for m in inp.memory] + [v]
         dtype = torch.promote_types(q0.dtype, torch.float32)
         scores = (keys.to(dtype) @ q0.to(dtype).unsqueeze(-1)).squeeze(-1) * self.scale
         alpha = torch.softmax(scores, -1).to(v.dtype)  # [batch, head, pos, block]
-        p = self.probabilities(q, k)
-        terms = {j: p @ (alpha[..., j, None] * vj) for j, vj in enumerate(values)}
-        return terms, {j: alpha[..., j] for j in range(len(values))}, (k0, v)
+        mixed = sum(alpha[..., j, None] * vj for j, vj in enumerate(values))
+
+        def terms() -> dict[int, Tensor]:
+            p = self.probabilities(q, k)
+            return {j: p @ (alpha[..., j, None] * vj) for j, vj in enumerate(values)}
+
+        z = self.attend(q, k, mixed)
+        return Mixed(z, terms, {j: alpha[..., j] for j in range(len(values))}, (k0, v))
 
 
 @register

@@ -46,7 +46,15 @@ from torch import Tensor, nn
 
 from depthscope.schemes import names
 from depthscope.schemes._common import MLP
-from depthscope.schemes._depth_kv import DepthKV, DepthRead, MemoryAttention, MemoryMixer, depth_hooks, start
+from depthscope.schemes._depth_kv import (
+    DepthKV,
+    DepthRead,
+    MemoryAttention,
+    MemoryMixer,
+    Mixed,
+    depth_hooks,
+    start,
+)
 from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
 
 
@@ -60,12 +68,14 @@ class MoDAOptions:
 class MoDAAttention(MemoryAttention):
     """One softmax over the causal sequence keys and the earlier blocks' depth keys at this position."""
 
-    def terms(self, inp: DepthRead, q, k, q0, k0, v):
-        """The sequence term (block l) and one depth term per earlier block; writes nothing."""
+    def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
+        """The sequence term (block l) and one depth term per earlier block, from one softmax; writes
+        nothing (the MLPs write the depth memory). Without a memory (layer 0): plain attention.
+        """
         l = self.block  # noqa: E741
         if not inp.memory:
-            p = self.probabilities(q, k)
-            return {l: p @ v}, {l: torch.ones_like(p[..., 0])}, None
+            z = self.attend(q, k, v)
+            return Mixed(z, lambda: {l: z}, {l: torch.ones_like(v[..., 0])})
         keys = torch.stack([m[0] for m in inp.memory], -2)  # [batch, head, pos, block, d_head]
         dtype = torch.promote_types(q0.dtype, torch.float32)
         extra = (keys.to(dtype) @ q0.to(dtype).unsqueeze(-1)).squeeze(-1) * self.scale
@@ -76,7 +86,7 @@ class MoDAAttention(MemoryAttention):
         terms.update({j: p_dep[..., j, None] * m[1] for j, m in enumerate(inp.memory)})
         mass = {l: p_seq.sum(-1)}
         mass.update({j: p_dep[..., j] for j in range(len(inp.memory))})
-        return terms, mass, None
+        return Mixed(sum(terms.values()), lambda: terms, mass)
 
 
 def writes_kv(cfg: ModelConfig, site: Site) -> bool:

@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from depthscope.schemes import names
-from depthscope.schemes._depth_kv import DepthRead, MemoryAttention, MemoryMixer, depth_hooks, start
+from depthscope.schemes._depth_kv import DepthRead, MemoryAttention, MemoryMixer, Mixed, depth_hooks, start
 from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
 
 
@@ -63,16 +63,24 @@ class ValueResidualAttention(MemoryAttention):
         if site.block > 0:
             self.lambdas = nn.Parameter(torch.full((2,), 0.5))  # (lambda_1, lambda_2)
 
-    def terms(self, inp: DepthRead, q, k, q0, k0, v):
-        """Layer 0: P V_0, writing V_0; layer l: P (lambda_1 V_l) and P (lambda_2 V_0)."""
-        p = self.probabilities(q, k)
+    def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
+        """Layer 0: attention over V_0, which it writes; layer l: over lambda_1 V_l + lambda_2 V_0,
+        whose terms are P (lambda_1 V_l) and P (lambda_2 V_0).
+        """
         l = self.block  # noqa: E741
+        ones = torch.ones_like(v[..., 0])
         if l == 0:
-            return {0: p @ v}, {0: torch.ones_like(p[..., 0])}, v
+            z = self.attend(q, k, v)
+            return Mixed(z, lambda: {0: z}, {0: ones}, v)
         lam = self.lambdas.to(v.dtype)
         (v0,) = inp.memory
-        ones = torch.ones_like(p[..., 0])
-        return {l: p @ (lam[0] * v), 0: p @ (lam[1] * v0)}, {l: lam[0] * ones, 0: lam[1] * ones}, None
+
+        def terms() -> dict[int, Tensor]:
+            p = self.probabilities(q, k)
+            return {l: p @ (lam[0] * v), 0: p @ (lam[1] * v0)}
+
+        z = self.attend(q, k, lam[0] * v + lam[1] * v0)
+        return Mixed(z, terms, {l: lam[0] * ones, 0: lam[1] * ones})
 
 
 class X0Mixer(Mixer):
