@@ -8,8 +8,9 @@ estimators are ``depthscope.analysis.claims``; this module only gathers their in
 
 Costs: forward FLOPs per token are matrix products as ``torch.utils.flop_counter`` counts them,
 the fused attention kernel counted as its products written out (elementwise mixing is not counted,
-so a scheme whose mixing is elementwise shows its matrix cost only); seconds per training step are measured side by side at the end of the build (``costs.json``),
-since the runs' own times were taken under whatever else the machine ran.
+so a scheme whose mixing is elementwise shows its matrix cost only); seconds per training step are
+measured side by side at the end of the build (``costs.json``), since the runs' own times were
+taken under whatever else the machine ran.
 
 Stream collapse (arXiv 2606.03483) needs the streams themselves, which a trace does not keep: the
 zoo build measures them on each multi-stream run (``stream_summary``) and records the numbers in
