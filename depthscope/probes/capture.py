@@ -634,17 +634,18 @@ class Taps:
 
     def _split(self, j: int, write: Tensor) -> None:
         """Check that the parts of source j's write add up to it (NaN parts: blocks not read) and keep,
-        per part, the token sum of <part, write> beside that of |write|^2, in float64.
+        per part, the token sum of <part, write> beside that of |write|^2 (the dots in the write's
+        dtype, float32 at least, their sums over tokens in float64).
         """
         name, dims, i = self.splits[j]
         parts = self.parts.pop(j, None)
         if parts is None:
             raise TraceError(f"the parts of {self.ad.sources[j].label}'s write did not arrive before it")
-        parts, write = parts.double(), write.double()
-        miss = (parts.nan_to_num(0.0).sum(-2) - write).norm()
-        self.split_error[j] = 0.0 if miss == 0 else float(miss / write.norm())
-        self.acc.native_mean(name, dims, i, (parts * write.unsqueeze(-2)).sum(-1))
-        self.acc.native_mean(f"{name}_total", (), i, write.square().sum(-1))
+        parts = parts.to(write.dtype)  # the products in the write's dtype, the sums in float64
+        miss = (parts.nan_to_num(0.0).sum(-2).double() - write.double()).norm()
+        self.split_error[j] = 0.0 if miss == 0 else float(miss / write.double().norm())
+        self.acc.native_mean(name, dims, i, torch.einsum("bpjd,bpd->bpj", parts, write).double())
+        self.acc.native_mean(f"{name}_total", (), i, write.square().sum(-1).double())
 
     def complete(self) -> bool:
         """Whether this batch has seen every source, consumer and native quantity."""

@@ -157,11 +157,20 @@ class MemoryAttention(Attention):
         if listening(self.hook_depth_mass):
             self.hook_depth_mass(self._by_block(mixed.mass, "batch head pos block -> batch pos head block"))
         if listening(self.hook_parts):  # formed apart from z: the probe checks that they add up to it
-            parts = self._by_block(
-                mixed.terms(), "batch head pos block d_head -> batch pos block (head d_head)"
-            )
-            self.hook_parts(self.W_O(parts))
+            self.hook_parts(self._parts(mixed.terms()))
         return self.W_O(rearrange(mixed.z, "batch head pos d_head -> batch pos (head d_head)"))
+
+    def _parts(self, terms: dict[int, Tensor]) -> Tensor:
+        """W_O of each block's term, [batch, pos, block, d_model], NaN for a block not read (only
+        the terms that exist are projected).
+        """
+        heads = "batch head pos d_head -> batch pos (head d_head)"
+        merged = {j: rearrange(t, heads) for j, t in terms.items()}
+        like = next(iter(merged.values()))
+        out = like.new_full((*like.shape[:2], self.n_blocks, self.W_O.out_features), float("nan"))
+        for j, t in merged.items():
+            out[:, :, j] = self.W_O(t)
+        return out
 
     def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
         """The head outputs, their terms by block and the depth mass (``Mixed``)."""
