@@ -33,6 +33,7 @@ Legend: batch, pos, d_model, head, d_head, block (a block's index: whose memory 
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -130,7 +131,7 @@ class Mixed:
     written: Any = None
 
 
-class MemoryAttention(Attention):
+class MemoryAttention(Attention, abc.ABC):
     """Causal rotary attention whose head outputs are a sum of per-block terms (``terms``).
 
     ``mix`` gives the head outputs, their term of every block read (on demand), its depth mass and
@@ -172,9 +173,9 @@ class MemoryAttention(Attention):
             out[:, :, j] = self.W_O(t)
         return out
 
+    @abc.abstractmethod
     def mix(self, inp: DepthRead, q, k, q0, k0, v) -> Mixed:
         """The head outputs, their terms by block and the depth mass (``Mixed``)."""
-        raise NotImplementedError
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Causal attention of q over (k, v) [batch, head, pos, d_head] (the fused kernel)."""
