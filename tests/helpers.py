@@ -39,6 +39,12 @@ def reconstruct(model: DepthModel, tokens: torch.Tensor) -> dict[str, tuple[torc
     out = {}
     for c in consumers(model.cfg):
         w = cache[c.hook_weights]
+        if w.ndim == 5:  # block weights [batch, pos, frac, source, frac]: fraction by fraction
+            m, n = w.shape[2], w.shape[3]
+            v = srcs[..., :n, :].unflatten(-1, (m, -1))  # [batch, pos, source, frac, d/m]
+            fracs = [sum(w[:, :, f, :, g, None] * v[:, :, :, g] for g in range(m)).sum(2) for f in range(m)]
+            out[c.label] = (cache[c.hook_in], torch.cat(fracs, dim=-1))
+            continue
         n = w.shape[2]
         w = w if w.ndim == 4 else w[..., None]
         out[c.label] = (cache[c.hook_in], (w * srcs[..., :n, :]).sum(-2))

@@ -171,7 +171,8 @@ class Accumulator:
     @torch.no_grad()
     def consumer(self, i: int, h: Tensor, weights=None) -> None:
         """Consumer i now: input h [T, d] and its weights over its n sources: None (all ones), static
-        [n], per token [T, n], per feature [T, n, d], or its ``Terms`` (post-LN).
+        [n], per token [T, n], per feature [T, n, d], block [T, m, n, m] (fractions), or its ``Terms``
+        (post-LN).
         """
         self.folds[kind_of(weights)].consumer(i, h, weights)
 

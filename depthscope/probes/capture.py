@@ -45,7 +45,7 @@ from depthscope.probes.partial import (
 )
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
-from depthscope.probes.terms import Split, Terms
+from depthscope.probes.terms import Split, Terms, block_terms
 from depthscope.probes.workspace import Workspace
 from depthscope.progress import bar
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
@@ -600,7 +600,11 @@ class Taps:
             self.acc.consumer(i, self._flat(h), w)
         elif w is not None:  # weights unrolled in float64, or on another device, meet the sources
             w = self._flat(w.to(V.device, V.dtype))
-            self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)
+            if w.ndim == 4:  # block weights: the read-out's attribution takes their terms
+                if self.probe is not None and spec.kind == READOUT:
+                    self._readout(spec, h, "terms", block_terms(w, V[: spec.n_sources]))
+            else:
+                self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)
             self.acc.consumer(i, self._flat(h), w)
         elif i in self.static:
             self._readout(spec, h, "static", self.static[i])

@@ -44,7 +44,7 @@ from torch import Tensor
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters.base import Adapter, Head
 from depthscope.probes.settings import ABLATE
-from depthscope.probes.terms import Split, whole
+from depthscope.probes.terms import Split, block_terms, whole
 
 TARGETS = ("correct", "top1", "margin")
 
@@ -380,7 +380,10 @@ class Ablation(Sums):
         """
         v = value[rows] if value.shape[0] > 1 else value
         if w is not None:  # (on the weights' device: a device map may put them elsewhere)
-            term = (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v.to(w.device)
+            if w.ndim == 5:  # block weights [batch, pos, m, n, m]: the source's fractions mixed
+                term = block_terms(w[rows][..., j : j + 1, :], v.to(w.device)[None])[0]
+            else:
+                term = (w[rows][..., j, None] if w.ndim == 3 else w[rows][..., j, :]) * v.to(w.device)
         else:  # unit weights, or the consumer's static weight on that source
             term = v * spec.static[j] if spec.static else v
         return term - term.mean((0, 1), keepdim=True) if self.mean else term

@@ -15,6 +15,8 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
   and the per-token Grams G_t = V_t V_t^T (in token chunks) give the dots at the end.
 * ``PerFeature``: weights [T, n, d], or ``Split`` into a static per-feature part b [n, d] and a
   per-token gate g [T, n] (DCA's GRN-v2/v3), in cache-sized token chunks.
+* ``PerBlock``: block weights [T, m, n, m] (Frac-Connections: a term is the source's fractions
+  mixed), the terms formed in token chunks (``probes.terms.block_terms``).
 * ``Carried``: a post-LN consumer's ``Terms``, already in memory: whole-tensor passes, and the
   per-token mixing of every such consumer folded at the batch's end in one set of products.
 """
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from depthscope.probes.moments import Moments
-from depthscope.probes.terms import Split, Terms
+from depthscope.probes.terms import Split, Terms, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
@@ -302,6 +304,34 @@ def split_means(static: tuple[Tensor, Tensor, Tensor], g: Tensor) -> tuple[Tenso
     return mean + g, (magnitude / d).T
 
 
+class PerBlock(Fold):
+    """Block weights w [T, m, n, m] (``probes.terms.block_terms``): in cache-sized token chunks, the
+    terms, their sum (the rebuilt input), the dots with it and the norms; the mixing the trace
+    reports is ``block_mixing`` (the mean weight a fraction keeps in its own place).
+    """
+
+    def consumer(self, i: int, h: Tensor, w: Tensor) -> None:
+        """Fold consumer i: input h [T, d] and its block weights ``w``."""
+        acc = self.acc
+        n, V = acc.n_of(i), acc.V  # noqa: N806
+        T, d = h.shape  # noqa: N806
+        w = w.to(V.dtype)
+        step = max(1, CHUNK_BYTES // (V.element_size() * n * d))
+        dots = torch.zeros(n, dtype=acc.dtype, device=V.device)
+        norms = torch.zeros_like(dots)
+        err = torch.zeros((), dtype=acc.dtype, device=V.device)
+        for a in range(0, T, step):
+            b = min(T, a + step)
+            c = block_terms(w[a:b], V[:n, a:b])  # [n, t, d]
+            r = c.sum(0)
+            dots += acc.total(c.reshape(n, -1) @ r.reshape(-1))
+            norms += acc.total(torch.linalg.vector_norm(c, dim=-1), 1)
+            err = err + acc.sq(r - h[a:b])
+        acc.add_rows(i, dots, norms)  # |rebuilt|^2: the dots' sum, which it equals
+        acc.add_error(i, err, acc.sq(h))
+        acc.moments.add_tokens(i, block_mixing(w), block_mixing(w.abs()))
+
+
 class Carried(Fold):
     """Post-LN consumers: their ``Terms`` directly (h = sum_s c_s to rounding).
 
@@ -361,7 +391,7 @@ class Carried(Fold):
 
 def kind_of(w) -> str:
     """The fold of a consumer's weights: None (unit) or [n] (static): ``gram``; [T, n]: ``token``;
-    [T, n, d] or ``Split``: ``feature``; ``Terms``: ``carried``.
+    [T, n, d] or ``Split``: ``feature``; [T, m, n, m]: ``block``; ``Terms``: ``carried``.
     """
     if isinstance(w, Terms):
         return "carried"
@@ -369,7 +399,7 @@ def kind_of(w) -> str:
         return "feature"
     if w is None or w.ndim == 1:
         return "gram"
-    return "token" if w.ndim == 2 else "feature"
+    return {2: "token", 3: "feature"}.get(w.ndim, "block")
 
 
-FOLDS = {"gram": Gram, "token": PerToken, "feature": PerFeature, "carried": Carried}
+FOLDS = {"gram": Gram, "token": PerToken, "feature": PerFeature, "block": PerBlock, "carried": Carried}

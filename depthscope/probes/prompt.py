@@ -33,7 +33,7 @@ from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes.adapters import Adapter
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.capture import LOW_PRECISION, _adapter, tolerance, unwrap
-from depthscope.probes.terms import whole
+from depthscope.probes.terms import block_mixing, block_terms, whole
 
 
 def _ids(ad: Adapter, text_or_ids: Any, tokenizer: Any) -> tuple[Tensor, list[str]]:
@@ -130,13 +130,16 @@ def _dataset(
             w = torch.tensor(c.static, dtype=torch.float64).expand(pos, n)
         else:
             w = torch.ones(pos, n, dtype=torch.float64)
-        terms = w.permute(1, 0, 2) * v[:n] if w.ndim == 3 else w.T.unsqueeze(-1) * v[:n]  # [n, pos, d]
+        if w.ndim == 4:  # block weights [pos, m, n, m]
+            terms = block_terms(w, v[:n])
+        else:
+            terms = w.permute(1, 0, 2) * v[:n] if w.ndim == 3 else w.T.unsqueeze(-1) * v[:n]  # [n, pos, d]
         rebuilt = terms.sum(0)
         err = (rebuilt - h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-300)
         errors[i] = float(err.max())
         hh = (h * h).sum(-1)  # [pos]
         share[:, i, :n] = ((terms * h).sum(-1) / hh).T.numpy()
-        mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).numpy()
+        mixing[:, i, :n] = (block_mixing(w) if w.ndim == 4 else w.mean(-1) if w.ndim == 3 else w).numpy()
         rms[:, i] = h.pow(2).mean(-1).sqrt().numpy()
     if not np.all(errors <= tol):
         worst = int(np.nanargmax(np.where(np.isnan(errors), np.inf, errors)))

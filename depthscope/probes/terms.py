@@ -7,6 +7,11 @@ one vector per position kept as vectors.
 
 ``Split``: per-feature weights that are a static per-feature part plus a per-token scalar
 (GRN-v2/v3 and DCA, ``probes.adapters.grn``), handed in those two parts.
+
+Block weights (Frac-Connections, arXiv 2503.14125): a plain tensor w [..., frac, source, frac]
+(``block_terms``): the features fall into m equal fractions and source s's term in fraction f of
+the input is sum_g w[f, s, g] times fraction g of the source, so a term is the source's
+fractions mixed, not the source scaled.
 """
 
 from __future__ import annotations
@@ -104,3 +109,23 @@ class Split:
 def whole(w: Tensor | Split) -> Tensor:
     """Weights as one tensor: ``Split`` ones formed whole (for what reads a few tokens, or needs them so)."""
     return w.full() if isinstance(w, Split) else w
+
+
+def block_terms(w: Tensor, values: Tensor) -> Tensor:
+    """The terms of block weights: w [..., m, n, m] (fraction of the input, source, fraction of the
+    source) and the sources ``values`` [n, ..., d] with d = m * (d / m) -> [n, ..., d], term s in
+    fraction f being sum_g w[..., f, s, g] values[s, ..., g-th fraction].
+    """
+    m = w.shape[-1]
+    v = values.unflatten(-1, (m, values.shape[-1] // m))  # [n, ..., m, d/m]
+    return torch.einsum("...fsg,s...gk->s...fk", w.to(v.dtype), v).flatten(-2)
+
+
+def block_mixing(w: Tensor) -> Tensor:
+    """What the trace reports as block weights' mixing: w [..., m, n, m] -> [..., n], the mean over
+    fractions of w[f, s, f], the weight a fraction of the source keeps in its own place. It is the
+    trace of the source's linear map over d (the mean of its diagonal, as per-feature weights
+    report their feature mean), and the scalar weight itself where the blocks are a multiple of the
+    identity.
+    """
+    return w.diagonal(dim1=-3, dim2=-1).mean(-1)

@@ -8,6 +8,7 @@ from depthscope.schemes import attnres  # noqa: F401
 from depthscope.schemes import hc  # noqa: F401
 from depthscope.schemes import mhc  # noqa: F401
 from depthscope.schemes import shc  # noqa: F401
+from depthscope.schemes import frac  # noqa: F401
 from depthscope.schemes import ddl  # noqa: F401
 from depthscope.schemes import shortswa  # noqa: F401
 from depthscope.schemes import muddformer  # noqa: F401

@@ -161,6 +161,7 @@ SEEDS = Collection(
         Entry("depth-attention", "depth-attention", {}),
         Entry("value-residual", "value-residual", {}),
         Entry("value-residual-x0", "value-residual", {"mode": "x0"}),
+        Entry("frac", "frac", {}),
     ),
 )
 

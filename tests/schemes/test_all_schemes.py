@@ -48,7 +48,8 @@ def test_weights_only_on_written_sources(variant):
     labels = [s.label for s in sources(variant)]
     for c in consumers(variant):
         w = cache[c.hook_weights]
-        assert w.shape[:3] == (2, 8, c.site.n_sources), c.label
+        n = w.shape[3] if w.ndim == 5 else w.shape[2]  # block weights: [batch, pos, frac, source, frac]
+        assert (*w.shape[:2], n) == (2, 8, c.site.n_sources), c.label
         assert torch.isfinite(w).all()
         assert labels[: c.site.n_sources][-1] != c.site.label  # never its own output
 

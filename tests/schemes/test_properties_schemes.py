@@ -43,6 +43,9 @@ def random_options(scheme: str, n_layers: int, ctx: int) -> st.SearchStrategy[di
         ),
         "mhc": st.fixed_dictionaries({"streams": st.integers(2, 4), "sinkhorn_iters": st.integers(1, 20)}),
         "shc": st.fixed_dictionaries({"streams": st.integers(2, 4)}),
+        "frac": st.fixed_dictionaries(
+            {"fracs": st.sampled_from([1, 2]), "mode": st.sampled_from(["dynamic", "static"])}
+        ),
         "muddformer": st.fixed_dictionaries({"hidden": st.sampled_from([0, 4, 8])}),
         "value-residual": st.fixed_dictionaries({"mode": st.sampled_from(["value", "x0"])}),
         "depth-attention": st.just({}),
@@ -76,6 +79,8 @@ def configs(draw, label: str) -> tuple[ModelConfig, int]:
     # a third of the draws keep the variant's own options, the rest draw random ones
     own_options = draw(st.integers(0, 2), label="own options") == 0
     options = fit(scheme, own, n_layers, ctx) if own_options else draw(random_options(scheme, n_layers, ctx))
+    if scheme == "frac" and d_model % options.get("fracs", 4):  # the fractions must divide d_model
+        options = {**options, "fracs": 2}
     cfg = ModelConfig(
         scheme=scheme, n_layers=n_layers, d_model=d_model, n_heads=n_heads, ctx=ctx, options=options
     )
