@@ -396,6 +396,34 @@ MUTANTS: list[Mutant] = [
         'first = rms.where(_input_at(trace, "last")).mean("layer")',
         ("tests/analysis/test_norm_growth.py",),
     ),
+    Mutant(
+        "block dots summed over every source instead of per source",
+        "depthscope/probes/folds.py",
+        "dots += (c.reshape(n, -1) @ r.reshape(-1)).to(acc.dtype)",
+        "dots += acc.total(c.reshape(n, -1) @ r.reshape(-1))",
+        ("tests/schemes/test_frac.py", "tests/probes/adapters/test_frac_connections.py"),
+    ),
+    Mutant(
+        "block terms read the source's fractions in place, not mixed",
+        "depthscope/probes/terms.py",
+        'return torch.einsum("...fsg,s...gk->s...fk", w.to(v.dtype), v).flatten(-2)',
+        'return torch.einsum("...fsg,s...fk->s...fk", w.to(v.dtype), v).flatten(-2)',
+        ("tests/schemes/test_frac.py", "tests/probes/adapters/test_frac_connections.py"),
+    ),
+    Mutant(
+        "frac-connection's new source column not transposed",
+        "depthscope/probes/adapters/hyper_connections.py",
+        "column = post.to(coef).permute(0, 1, 4, 3, 2).unsqueeze(-2)",
+        "column = post.to(coef).permute(0, 1, 2, 3, 4).unsqueeze(-2)",
+        ("tests/probes/adapters/test_frac_connections.py",),
+    ),
+    Mutant(
+        "frac scheme's coefficients carried by A instead of its transpose",
+        "depthscope/schemes/frac.py",
+        'coef = torch.einsum("...it,...isg->...tsg", state.res.to(coef.dtype), coef)',
+        'coef = torch.einsum("...ti,...isg->...tsg", state.res.to(coef.dtype), coef)',
+        ("tests/schemes/test_frac.py",),
+    ),
 ]
 
 

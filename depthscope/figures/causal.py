@@ -118,7 +118,7 @@ def read_depth_figure(trace: xr.Dataset):
 
 # --- the papers' own heatmaps ------------------------------------------------------------------
 
-NATIVE = ("dwa_alpha", "hc_res", "attnres_alpha", "comb", "depth_write")
+NATIVE = ("dwa_alpha", "hc_res", "attnres_alpha", "comb", "frac_res", "depth_write")
 KIND_PANELS = {"attn": "pre-attention", "mlp": "pre-MLP", "readout": "read-out"}
 
 
@@ -194,12 +194,14 @@ def plot_entries(alpha: xr.DataArray, ax=None, *, kind: str = "attn"):
 
 
 @styled
-def plot_stream_matrix(matrix: xr.DataArray, ax=None, *, vmax: float | None = None, title: str = ""):
+def plot_stream_matrix(
+    matrix: xr.DataArray, ax=None, *, vmax: float | None = None, title: str = "", unit: str = "stream"
+):
     """One stream-mixing matrix (source stream x target stream), each value written in its cell.
 
     ``matrix``: one consumer's ``hc_res`` or ``comb`` (``trace["hc_res"].sel(layer=...)``), or
     ``analysis.stream_composite`` of them; diverging colours over +-``vmax`` (default
-    max(1, max |value|)).
+    max(1, max |value|)); ``unit`` names what the rows and columns are (Frac-Connections: fractions).
 
     Returns:
         The Axes.
@@ -212,8 +214,8 @@ def plot_stream_matrix(matrix: xr.DataArray, ax=None, *, vmax: float | None = No
         ax.text(c, r, f"{value:.2f}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(m.shape[1]))
     ax.set_yticks(range(m.shape[0]))
-    ax.set_xlabel("target stream")
-    ax.set_ylabel("source stream")
+    ax.set_xlabel(f"target {unit}")
+    ax.set_ylabel(f"source {unit}")
     ax.set_title(title, loc="left")
     return ax
 
@@ -243,6 +245,8 @@ def native_figure(trace: xr.Dataset):
     for name in ("hc_res", "comb"):
         if _drawable(trace, name):
             return _streams_figure(trace[name], label)
+    if _drawable(trace, "frac_res"):
+        return _streams_figure(fraction_matrix(trace["frac_res"]), label, unit="fraction")
     if _drawable(trace, "depth_write"):
         return plot_depth_rows(trace)
     return None
@@ -306,17 +310,36 @@ def _entries_figure(alpha: xr.DataArray, label: str):
     return fig
 
 
-def _streams_figure(res: xr.DataArray, label: str):
+def fraction_matrix(res: xr.DataArray) -> xr.DataArray:
+    """Frac-Connections' ``frac_res`` as a [layer, stream_from, stream_to] matrix over its units: the
+    fractions (depthscope's scheme), or the (fraction, stream) pairs of the package's modules,
+    fraction-major.
+    """
+    if "stream_from" not in res.dims:
+        return res.rename(frac_from="stream_from", frac_to="stream_to")
+    r = res.transpose("layer", "frac_from", "stream_from", "frac_to", "stream_to")
+    n = r.sizes["frac_from"] * r.sizes["stream_from"]
+    values = r.values.reshape(r.sizes["layer"], n, n)
+    return xr.DataArray(
+        values, dims=("layer", "stream_from", "stream_to"), coords={"layer": r["layer"]}, name=res.name
+    )
+
+
+def _streams_figure(res: xr.DataArray, label: str, unit: str = "stream"):
     res = res.dropna("layer", how="all")
     n = res.sizes["layer"]
     composite = stream_composite(res)
-    panels = [(f"H_res at {res['layer'].values[i]}", res.isel(layer=i)) for i in sorted({0, n // 2, n - 1})]
+    what = "A" if res.name == "frac_res" else "H_res"
+    panels = [(f"{what} at {res['layer'].values[i]}", res.isel(layer=i)) for i in sorted({0, n // 2, n - 1})]
     panels.append(("composite over depth", composite))
     vmax = max(1.0, max(float(np.nanmax(np.abs(m.values))) for _, m in panels))
     fig, axes = subplots(1, len(panels), figsize=(3.0 * len(panels) + 1.0, 3.2))
     for ax, (title, m) in zip(axes, panels):
-        plot_stream_matrix(m, ax, vmax=vmax, title=title)
+        plot_stream_matrix(m, ax, vmax=vmax, title=title, unit=unit)
     fig.colorbar(axes[-1].images[0], ax=list(axes), pad=0.02, shrink=0.8)
-    cite = "DeepSeek-V4 comb" if res.name == "comb" else "HC/mHC H_res as mHC's Fig. 8 (arXiv 2512.24880)"
+    cite = {
+        "comb": "DeepSeek-V4 comb",
+        "frac_res": "Frac-Connections' A over fractions (arXiv 2503.14125)",
+    }.get(str(res.name), "HC/mHC H_res as mHC's Fig. 8 (arXiv 2512.24880)")
     fig.suptitle(f"{label}: {cite}; composite max row sum {max_row_sum(composite):.2f}")
     return fig

@@ -496,6 +496,12 @@ GAINS = (
         "modded-nanogpt, nanochat (speedrun code)",
         "kept in the record-setting runs (no isolated number)",
     ),
+    (
+        "frac",
+        "Frac-Connections improve on the standard residual",
+        "Frac-Connections, arXiv 2503.14125",
+        "significantly better than residual connections (up to a 7 B MoE on 3 T tokens)",
+    ),
 )
 
 

@@ -324,7 +324,7 @@ class PerBlock(Fold):
             b = min(T, a + step)
             c = block_terms(w[a:b], V[:n, a:b])  # [n, t, d]
             r = c.sum(0)
-            dots += acc.total(c.reshape(n, -1) @ r.reshape(-1))
+            dots += (c.reshape(n, -1) @ r.reshape(-1)).to(acc.dtype)
             norms += acc.total(torch.linalg.vector_norm(c, dim=-1), 1)
             err = err + acc.sq(r - h[a:b])
         acc.add_rows(i, dots, norms)  # |rebuilt|^2: the dots' sum, which it equals

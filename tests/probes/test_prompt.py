@@ -88,12 +88,20 @@ def per_position(model, ids):
     mixing = np.full((pos, len(cons), len(srcs)), np.nan)
     share = np.full((pos, len(cons), len(srcs)), np.nan)
     for i, c in enumerate(cons):
-        w, h = got[c.hook_weights], got[c.hook_in]  # [pos, n] or [pos, n, d]; [pos, d]
+        w, h = got[c.hook_weights], got[c.hook_in]  # [pos, n], [pos, n, d] or [pos, m, n, m]; [pos, d]
+        block = w.ndim == 4  # Frac-Connections: fraction f of c[l, s] is sum_g w[f, s, g] v_s[g]
         for p in range(pos):
-            for s in range(w.shape[1]):
-                part = w[p, s] * got[srcs[s].hook][p]  # c[l, s] at position p, [d]
+            for s in range(w.shape[2] if block else w.shape[1]):
+                v = got[srcs[s].hook][p]
+                if block:
+                    m = w.shape[1]
+                    fr = v.unflatten(0, (m, -1))
+                    part = torch.cat([sum(w[p, f, s, g] * fr[g] for g in range(m)) for f in range(m)])
+                    mixing[p, i, s] = float(sum(w[p, f, s, f] for f in range(m)) / m)
+                else:
+                    part = w[p, s] * v  # c[l, s] at position p, [d]
+                    mixing[p, i, s] = float(w[p, s].mean())
                 share[p, i, s] = float(part @ h[p] / (h[p] @ h[p]))
-                mixing[p, i, s] = float(w[p, s].mean())
     return mixing, share
 
 

@@ -67,7 +67,22 @@ Choices where the package leaves room:
   ``depth_connection`` for the duration of the capture (instance attributes, removed in the
   ``finally``): the one place that sees them in all three ways the package lets a module be used
   (``branch=``, the returned ``add_residual`` function, ``decorate_branch``);
-* refused, with one line: fractional connections (``num_fracs`` > 1), several input views
+* fractional connections (Frac-Connections, arXiv 2503.14125: ``HyperConnections`` with
+  ``num_fracs`` = F > 1) are read exactly, as the package computes them: the streams and the
+  branch output are cut into F fractions of d_model / F features, unit (f, s) is fraction f of
+  stream s, and
+
+      x_g    = sum_{f, s} alpha[f, s, g, 0] h_{f, s}                          fraction g of the input
+      h'_{g, t} = sum_{f, s} alpha[f, s, g, 1 + t] h_{f, s} + sum_f beta[f, t, g] y_f
+
+  (alpha [frac, stream, frac, 1 + stream] from the norm of each unit, as above but per unit;
+  beta [frac, stream, frac], its own value; y_f fraction f of the branch output: the package mixes
+  output fractions into every place). A term is then a source's fractions mixed, so the weights
+  are the engine's block weights [batch, pos, frac, source, frac] (``probes.terms.block_terms``),
+  unrolled per token by ``FracUnroll``; the native rows are ``frac_pre`` (layer, frac_from,
+  stream_from, frac_to), ``frac_res`` (layer, frac_from, stream_from, frac_to, stream_to) and
+  ``frac_post`` (layer, frac_from, stream_to, frac_to), every module of a network having the same F;
+* refused, with one line: fractional mHC and mHCv2 modules, several input views
   (``num_input_views`` > 1), ``add_branch_out_to_residual=False``, a custom ``depth_residual_fn``,
   a ``residual_transform``, ``channel_first``, a custom or Triton Sinkhorn, the attention-pool
   read-out, inputs that are not token sequences, and networks without a summing ``reduce_stream``
@@ -109,6 +124,11 @@ CTX = 4096  # a module library has no context length: windows are bounded by thi
 PROBE_TOKENS = 4  # length of the probe forward that finds the execution order
 NO_VOCAB = 2**31 - 1  # a network without nn.Embedding: token ids are not checked
 NATIVE = (("hc_pre", ("stream",)), ("hc_res", ("stream_from", "stream_to")), ("hc_post", ("stream",)))
+NATIVE_FRAC = (
+    ("frac_pre", ("frac_from", "stream_from", "frac_to")),
+    ("frac_res", ("frac_from", "stream_from", "frac_to", "stream_to")),
+    ("frac_post", ("frac_from", "stream_to", "frac_to")),
+)
 TITLES = {"hc": "HC", "mhc": "mHC", "mhcv2": "mHCv2"}
 SUM_PATTERNS = ("(bs)...->b...", "...sd->...d")  # reduce_stream of HC / mHC v1, and of mHCv2
 ATTN_WORDS = ("attention", "attn")
@@ -137,6 +157,7 @@ class Plan:
 
     connections: tuple[Connection, ...]
     streams: int
+    fracs: int  # F: the fractions of Frac-Connections (1: none)
     readout: str  # path of the einops Reduce that sums the streams
     readout_module: nn.Module
     stream_embed: nn.Module | None
@@ -189,9 +210,10 @@ def _sinkhorn_options(module: nn.Module) -> tuple[int, bool] | None:
 def _refusal(path: str, m: nn.Module, variant: str) -> str | None:
     """Why the module at ``path`` cannot be read, or None."""
     where = f"{type(m).__name__} at {path or '<root>'}"
-    if m.num_fracs != 1:
+    if m.num_fracs != 1 and variant != "hc":
         return (
-            f"{where} uses fractional connections (num_fracs={m.num_fracs}), which this adapter does not read"
+            f"{where} uses fractional connections (num_fracs={m.num_fracs}), which this adapter reads for "
+            "HyperConnections only"
         )
     if m.num_input_views != 1:
         return f"{where} has {m.num_input_views} input views, which this adapter does not read"
@@ -339,6 +361,11 @@ def plan(model: Any) -> Plan:
             f"hyper-connections modules disagree on the number of streams: {sorted(counts)}"
         )
     streams = counts.pop()
+    fracs = {m.num_fracs for _, m, _ in found}
+    if len(fracs) != 1:
+        raise DepthscopeError(
+            f"hyper-connections modules disagree on the number of fractions: {sorted(fracs)}"
+        )
     readouts = _readouts(model, streams)
     if not readouts:
         pool = any(type(m).__name__ == "AttentionPoolReduceStream" for m in model.modules())
@@ -367,6 +394,7 @@ def plan(model: Any) -> Plan:
             for (path, m, variant), (label, kind) in zip(ordered, labels)
         ),
         streams=streams,
+        fracs=fracs.pop(),
         readout=readouts[readout][0],
         readout_module=readouts[readout][1],
         stream_embed=stream_embed,
@@ -398,6 +426,7 @@ def _config(p: Plan) -> dict[str, Any]:
         per_module.append(entry)
     return {
         "streams": p.streams,
+        "fracs": p.fracs,
         "modules": per_module,
         "readout": p.readout,
         "stream_embed": p.stream_embed is not None,
@@ -415,7 +444,8 @@ def build(model: Any) -> Adapter:
     cons, native = [], []
     for k, c in enumerate(p.connections):
         cons.append(ConsumerSpec(c.label, f"{c.path}:in", c.kind, k + 1, len(srcs), f"{c.path}:weights"))
-        native += [NativeSpec(name, f"{c.path}:{name}", c.label, dims) for name, dims in NATIVE]
+        kept = NATIVE if p.fracs == 1 else NATIVE_FRAC
+        native += [NativeSpec(name, f"{c.path}:{name}", c.label, dims) for name, dims in kept]
         srcs.append(SourceSpec(c.label, f"{c.path}:out", c.kind, k + 1))
     n = len(p.connections)
     cons.append(ConsumerSpec(names.READOUT, "readout:in", names.READOUT, n + 1, len(srcs), "readout:weights"))
@@ -432,7 +462,8 @@ def build(model: Any) -> Adapter:
         attrs={
             "scheme": "hc" if variants == ["hc"] else "mhc" if "hc" not in variants else "hc+mhc",
             "variant": variant,
-            "label": f"hyper-connections {version}: {'+'.join(TITLES[v] for v in variants)}",
+            "label": f"hyper-connections {version}: {'+'.join(TITLES[v] for v in variants)}"
+            + (f" ({p.fracs} fractions)" if p.fracs > 1 else ""),
             "config": json.dumps(_config(p), sort_keys=True),
             "readout": "streams summed",
             "execution_order": p.order,
@@ -489,6 +520,60 @@ def pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     return alpha[..., 0].sigmoid().mean(0), res.mean(0)
 
 
+def frac_pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
+    """Frac-Connections: alpha's read part [batch, pos, frac, stream, frac] and stream part
+    [batch, pos, frac, stream, frac, stream] of ``c`` from its norm's output ``normed`` [batch, pos,
+    frac, stream, d_model / F] (unit (f, s)), in float64. The static alpha's rows are the units
+    f-major, its columns F groups of 1 + streams, as the package lays them out.
+    """
+    m, x = c.module, normed.double()
+    fracs, streams = m.num_fracs, m.num_residual_streams
+    z = x @ m.dynamic_alpha_fn.double()
+    z = torch.tanh(z) if isinstance(m.act, nn.Tanh) else z
+    static = m.static_alpha.double().reshape(fracs, streams, -1)
+    alpha = (z * m.dynamic_alpha_scale.double() + static).unflatten(-1, (fracs, 1 + streams))
+    return alpha[..., 0], alpha[..., 1:]
+
+
+class FracUnroll:
+    """The coefficients C [batch, pos, frac, stream, source, frac] of Frac-Connections: unit (f, s)
+    holds sum_{j, g} C[f, s, j, g] times fraction g of source j. Reads give block weights
+    [batch, pos, frac, source, frac]; a write mixes the units and appends beta, transposed to
+    (target fraction, stream, source fraction), for the new source.
+    """
+
+    def __init__(self, coef: Tensor):
+        self.coef = coef
+
+    @classmethod
+    def start(cls, batch_pos: tuple[int, int], fracs: int, streams: int, embeds: bool, device) -> FracUnroll:
+        """Every stream a copy of the embedding, fraction by fraction; with ``embeds`` a source per
+        stream embedding, in its own stream only.
+        """
+        eye = torch.eye(fracs, dtype=torch.float64)
+        init = eye[:, None, None, :].expand(fracs, streams, 1, fracs)  # [frac, stream, source, frac]
+        if embeds:
+            own = torch.eye(streams, dtype=torch.float64)[None, :, :, None] * eye[:, None, None, :]
+            init = torch.cat([init, own], dim=2)
+        return cls(init.to(device).expand(*batch_pos, *init.shape).clone())
+
+    def read(self, pre: Tensor) -> Tensor:
+        """Block weights of the read ``pre`` [batch, pos, frac, stream, frac (of the input)]."""
+        return torch.einsum("bpisf,bpisjg->bpfjg", pre.to(self.coef), self.coef)
+
+    def write(self, res: Tensor, post: Tensor) -> None:
+        """C <- the units mixed by ``res`` [batch, pos, frac, stream, frac, stream]; then ``post``
+        [batch, pos, frac (of the output), stream, frac] as the new source's column.
+        """
+        coef = torch.einsum("bpisft,bpisjg->bpftjg", res.to(self.coef), self.coef)
+        column = post.to(coef).permute(0, 1, 4, 3, 2).unsqueeze(-2)  # [batch, pos, frac, stream, 1, frac]
+        self.coef = torch.cat([coef, column], dim=-2)
+
+    def readout(self) -> Tensor:
+        """The read-out's block weights: the streams summed, fraction by fraction."""
+        return self.coef.sum(3)
+
+
 # --- capture -------------------------------------------------------------------------------------
 
 
@@ -529,7 +614,12 @@ class _Streams:
         if embed is not None:
             for j in range(s):
                 self.send(f"stream_embed.{j}", vectors[j].expand_as(first))
-        self.unroll = StreamUnroll.start(tuple(first.shape[:2]), s, init, device=first.device)
+        if self.plan.fracs > 1:
+            self.unroll = FracUnroll.start(
+                tuple(first.shape[:2]), self.plan.fracs, s, embed is not None, first.device
+            )
+        else:
+            self.unroll = StreamUnroll.start(tuple(first.shape[:2]), s, init, device=first.device)
         self.next, self.pending, self.read = 0, None, False
 
     def on_norm(self, module, args, out) -> None:
@@ -546,12 +636,18 @@ class _Streams:
             )
         h, _, kwargs = out
         b, pos = h.shape[:2]
-        pre, res = pre_and_res(c, self.normed.reshape(b, pos, self.plan.streams, -1))
-        post = kwargs["beta"].reshape(b, pos, self.plan.streams)
+        if self.plan.fracs > 1:  # the norm's output is already [batch, pos, frac, stream, d_model / F]
+            pre, res = frac_pre_and_res(c, self.normed)
+            post = kwargs["beta"]  # [batch, pos, frac, stream, frac]
+            names_ = ("frac_pre", "frac_res", "frac_post")
+        else:
+            pre, res = pre_and_res(c, self.normed.reshape(b, pos, self.plan.streams, -1))
+            post = kwargs["beta"].reshape(b, pos, self.plan.streams)
+            names_ = ("hc_pre", "hc_res", "hc_post")
         self.normed = None
         self.send(f"{c.path}:weights", self.unroll.read(pre).to(h.dtype))
         self.send(f"{c.path}:in", h)
-        for name, value in (("hc_pre", pre), ("hc_res", res), ("hc_post", post)):
+        for name, value in zip(names_, (pre, res, post)):
             self.send(f"{c.path}:{name}", value)
         self.pending = (k, res, post)
 

@@ -410,9 +410,3 @@ def test_unknown_and_unsupported_models_are_refused():
     assert not adapter.detect(plain)
     with pytest.raises(DepthscopeError, match="no adapter knows it"):
         capture(plain, tokens())
-    init, expand, reduce = hyper_connections.get_init_and_expand_reduce_stream_functions(
-        STREAMS, num_fracs=2, dim=DIM
-    )
-    fractional = nn.Sequential(nn.Embedding(VOCAB, DIM), expand, init(branch=FeedForward()), reduce)
-    with pytest.raises(DepthscopeError, match=r"fractional connections \(num_fracs=2\)"):
-        capture(fractional, tokens())
