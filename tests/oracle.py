@@ -3,7 +3,8 @@
 One forward over every window at once with a callback on each of the adapter's taps keeps every
 source output, consumer input, weight and native quantity in float64; each consumer's terms
 c[l, s] [source, batch, pos, d] are then materialised whole (unit, static, per-token or
-per-feature weights times the sources; post-LN terms as the adapter hands them) and every statistic
+per-feature weights times the sources, block weights fraction by fraction; post-LN terms as the
+adapter hands them) and every statistic
 of ``depthscope.trace.format`` is one einsum or reduction over all tokens at once: no batches, no
 Gram products, no merges, none of the engine's buffers.
 
@@ -65,6 +66,19 @@ def oracle(model, ad, tokens: torch.Tensor, skip: int | None = None) -> dict[str
         n, h, w = c.n_sources, got["h"][i], got["w"].get(i)
         if c.terms:
             C, mix, absmix = w[0][:, :, skip:], w[1][:, :, skip:], w[1][:, :, skip:].abs()  # noqa: N806
+        elif (
+            w is not None and w.ndim == 5
+        ):  # block [b, p, m, n, m]: fraction f of c_s is sum_g w[f, s, g] v_s[g]
+            m = w.shape[-1]
+            wb, vb = (
+                w[:, skip:].permute(3, 0, 1, 2, 4),
+                V[:n].unflatten(-1, (m, -1)),
+            )  # [n, b, p, f, g], [n, b, p, g, k]
+            C = sum(wb[..., g, None] * vb[..., g, None, :] for g in range(m)).flatten(-2)  # noqa: N806
+            diag = wb.diagonal(
+                dim1=-2, dim2=-1
+            )  # the trace's mixing: the mean weight of a fraction in its place
+            mix, absmix = diag.mean(-1), diag.abs().mean(-1)
         elif w is not None and w.ndim == 4:  # per feature [b, p, n, d]
             wf = w[:, skip:].permute(2, 0, 1, 3)
             C, mix, absmix = wf * V[:n], wf.mean(-1), wf.abs().mean(-1)  # noqa: N806
