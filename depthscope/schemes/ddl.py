@@ -46,15 +46,7 @@ from transformer_lens.hook_points import HookPoint
 
 from depthscope.schemes import names
 from depthscope.schemes._common import rms_norm
-from depthscope.schemes.base import (
-    Mixer,
-    ModelConfig,
-    NativeHook,
-    Scheme,
-    Site,
-    register,
-    sublayer_sites,
-)
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
 from depthscope.schemes.standard import SumMixer, SumState
 
 

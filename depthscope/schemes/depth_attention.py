@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from depthscope.schemes import names
 from depthscope.schemes._depth_kv import DepthRead, MemoryAttention, MemoryMixer, Mixed, depth_hooks, start
-from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Site, register
+from depthscope.schemes.standard import Standard
 
 
 class DepthValueAttention(MemoryAttention):
@@ -58,16 +59,14 @@ class DepthValueAttention(MemoryAttention):
 
 
 @register
-class DepthAttention(Scheme):
-    """Depth-Attention (arXiv 2606.05014): values mixed over earlier layers by the query, then attended."""
+class DepthAttention(Standard):
+    """Depth-Attention (arXiv 2606.05014): values mixed over earlier layers by the query, then attended.
+
+    The stream is the standard one (unit weights, static); the depth mixing lives inside attention.
+    """
 
     name = "depth-attention"
     paper = "arXiv 2606.05014: Depth-Attention"
-
-    @classmethod
-    def is_static(cls, options) -> bool:
-        """Always: the stream is the standard one (unit weights); the depth mixing lives inside attention."""
-        return True
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:

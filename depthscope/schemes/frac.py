@@ -66,8 +66,14 @@ from transformer_lens.hook_points import HookPoint
 from depthscope.errors import ConfigError
 from depthscope.schemes import names
 from depthscope.schemes._common import inv_rms, listening
-from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
-from depthscope.schemes.hc import thin_matmul
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register
+from depthscope.schemes.hc import stream_native_hooks, thin_matmul
+
+FRAC_NATIVE = (  # (trace name, the mixer's hook, dims) per sublayer
+    ("frac_pre", "hook_h_pre", ("frac_from", "frac_to")),
+    ("frac_res", "hook_h_res", ("frac_from", "frac_to")),
+    ("frac_post", "hook_h_post", ("frac",)),
+)
 
 
 @dataclass(frozen=True)
@@ -205,13 +211,4 @@ class Frac(Scheme):
     @classmethod
     def native_hooks(cls, cfg: ModelConfig) -> list[NativeHook]:
         """Token means of Gamma, A and beta per sublayer: ``frac_pre``, ``frac_res``, ``frac_post``."""
-        kept = (
-            ("frac_pre", "hook_h_pre", ("frac_from", "frac_to")),
-            ("frac_res", "hook_h_res", ("frac_from", "frac_to")),
-            ("frac_post", "hook_h_post", ("frac",)),
-        )
-        return [
-            NativeHook(name, names.mixer_hook(site.block, site.kind, hook), site.label, dims)
-            for site in sublayer_sites(cfg)
-            for name, hook, dims in kept
-        ]
+        return stream_native_hooks(cfg, FRAC_NATIVE)

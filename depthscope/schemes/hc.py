@@ -59,15 +59,7 @@ from transformer_lens.hook_points import HookPoint
 from depthscope.errors import ConfigError
 from depthscope.schemes import names
 from depthscope.schemes._common import inv_rms, listening
-from depthscope.schemes.base import (
-    Mixer,
-    ModelConfig,
-    NativeHook,
-    Scheme,
-    Site,
-    register,
-    sublayer_sites,
-)
+from depthscope.schemes.base import Mixer, ModelConfig, NativeHook, Scheme, Site, register, sublayer_sites
 
 
 @dataclass(frozen=True)
@@ -236,13 +228,17 @@ class HyperConnection(StreamMixer):
         return self.s_alpha * t[..., : n + 1] + static, self.s_beta * t[..., n + 1] + self.b
 
 
-def stream_native_hooks(cfg: ModelConfig) -> list[NativeHook]:
-    """Token means of the stream matrices kept in a trace: hc_pre, hc_res, hc_post per consumer."""
-    kept = (
-        ("hc_pre", "hook_h_pre", ("stream",)),
-        ("hc_res", "hook_h_res", ("stream_from", "stream_to")),
-        ("hc_post", "hook_h_post", ("stream",)),
-    )
+STREAM_NATIVE = (
+    ("hc_pre", "hook_h_pre", ("stream",)),
+    ("hc_res", "hook_h_res", ("stream_from", "stream_to")),
+    ("hc_post", "hook_h_post", ("stream",)),
+)
+
+
+def stream_native_hooks(cfg: ModelConfig, kept=STREAM_NATIVE) -> list[NativeHook]:
+    """Token means of the connection matrices kept in a trace, per sublayer: ``kept`` rows of (trace
+    name, the mixer's hook, dims); HC's hc_pre, hc_res, hc_post by default.
+    """
     return [
         NativeHook(name, names.mixer_hook(site.block, site.kind, hook), site.label, dims)
         for site in sublayer_sites(cfg)

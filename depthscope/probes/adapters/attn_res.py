@@ -174,9 +174,6 @@ def _attach(model: Any, taps: list[tuple[str, ab.Callback]], size: int, mode: st
     send = ab.router(taps)
     longest = n_entries(len(model.layers) - 1, size)
 
-    def forward_to(key: str):
-        return lambda t: send(key, t)
-
     def weights(i: int):
         op = model.layers[i].attn_res
         label, index = _label(i), entry_of_source(i, size)
@@ -196,15 +193,15 @@ def _attach(model: Any, taps: list[tuple[str, ab.Callback]], size: int, mode: st
 
         return hook
 
-    hooks = [("token_emb:out", forward_to(names.EMBED))]
+    hooks = [("token_emb:out", ab.relay(send, names.EMBED))]
     for i in range(len(model.layers)):
         if mode != "none":
             hooks.append((f"layers.{i}.attn_res:in", weights(i)))
         hooks += [
-            (f"layers.{i}.norm:in", forward_to(f"{_label(i)}.in")),
-            (f"layers.{i}:out", forward_to(_label(i))),
+            (f"layers.{i}.norm:in", ab.relay(send, f"{_label(i)}.in")),
+            (f"layers.{i}:out", ab.relay(send, _label(i))),
         ]
-    hooks.append(("out_norm:in", forward_to("readout.in")))
+    hooks.append(("out_norm:in", ab.relay(send, "readout.in")))
     with ab.module_attach(model, hooks):
         yield
 

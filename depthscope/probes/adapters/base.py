@@ -261,6 +261,25 @@ def router(taps: list[tuple[str, Callback]]) -> Callable[[str, Any], Tensor | No
     return send
 
 
+def output(out: Any) -> Any:
+    """A module's main output: the first element of a tuple (transformers' layers), else itself."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def output_hook(send: Callable[[str, Any], Any], label: str) -> Hook:
+    """A forward hook that sends the module's main output (``output``) as the source ``label``."""
+
+    def hook(module, args, out) -> None:
+        send(label, output(out))
+
+    return hook
+
+
+def relay(send: Callable[[str, Any], Any], key: str) -> Callback:
+    """A callback that hands its value to ``send`` under ``key`` (a module path's tap to a row's key)."""
+    return lambda t: send(key, t)
+
+
 @contextlib.contextmanager
 def forward_hooks(model: Any, hooks: list[tuple[str, Hook]]):
     """Plain forward hooks ``fn(module, args, output)`` on submodules by path; removed in the ``finally``."""

@@ -214,11 +214,7 @@ class AltUpStreams:
 
     def source(self, label: str) -> ab.Hook:
         """A module whose output is the source ``label``."""
-
-        def hook(module, args, out) -> None:
-            self.send(label, out[0] if isinstance(out, tuple) else out)
-
-        return hook
+        return ab.output_hook(self.send, label)
 
 
 @contextlib.contextmanager
@@ -241,20 +237,16 @@ def _attach(
         ]
         for kind, norm in ((names.ATTN, "input_layernorm"), (names.MLP, "pre_feedforward_layernorm")):
             label = names.label(i, kind)
-            inputs.append((f"{layer}.{norm}:in", _relay(send, f"{label}.in")))
+            inputs.append((f"{layer}.{norm}:in", ab.relay(send, f"{label}.in")))
     hooks.append((f"{p}layers.{n_layers - 1}", state.last_layer))
     hooks += [(f"{p}altup_unembed_projections.{k - 1}", state.unembed(k)) for k in range(1, streams)]
-    inputs.append((f"{p}norm:in", _relay(send, f"{names.READOUT}.in")))
+    inputs.append((f"{p}norm:in", ab.relay(send, f"{names.READOUT}.in")))
     first = model.get_submodule(f"{p}layers.0").register_forward_pre_hook(state.start, with_kwargs=True)
     try:
         with ab.forward_hooks(model, hooks), ab.module_attach(model, inputs):
             yield
     finally:
         first.remove()
-
-
-def _relay(send: Callable[[str, Any], Any], key: str) -> ab.Callback:
-    return lambda t: send(key, t)
 
 
 FAMILY = transformers_family(

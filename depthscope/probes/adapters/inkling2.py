@@ -205,13 +205,6 @@ def _mix_hook(send: Callable[[str, Any], Any], read: Read, slots: int) -> ab.Hoo
     return hook
 
 
-def _source_hook(send: Callable[[str, Any], Any], label: str) -> ab.Hook:
-    def hook(module, args, out) -> None:
-        send(label, out[0] if isinstance(out, tuple) else out)
-
-    return hook
-
-
 def _input_taps(p: str, layer_types: list[str]) -> list[tuple[str, str]]:
     """(consumer row, ``path:in``): the input of the norm each consumer's input goes through."""
     out = []
@@ -235,18 +228,14 @@ def _attach(
     slots: int,
 ):
     send = ab.router(taps)
-    hooks: list[tuple[str, ab.Hook]] = [(f"{p}embed_tokens", _source_hook(send, names.EMBED))]
+    hooks: list[tuple[str, ab.Hook]] = [(f"{p}embed_tokens", ab.output_hook(send, names.EMBED))]
     for i in range(len(layer_types)):
         for kind, conv in ((names.ATTN, "post_attention_convolution"), (names.MLP, "post_mlp_convolution")):
-            hooks.append((f"{p}layers.{i}.{conv}", _source_hook(send, names.label(i, kind))))
+            hooks.append((f"{p}layers.{i}.{conv}", ab.output_hook(send, names.label(i, kind))))
     hooks += [(f"{p}{r.mix}", _mix_hook(send, r, slots)) for r in reads]
-    inputs = [(path, _relay(send, f"{row}.in")) for row, path in _input_taps(p, layer_types)]
+    inputs = [(path, ab.relay(send, f"{row}.in")) for row, path in _input_taps(p, layer_types)]
     with ab.forward_hooks(model, hooks), ab.module_attach(model, inputs):
         yield
-
-
-def _relay(send: Callable[[str, Any], Any], key: str) -> ab.Callback:
-    return lambda t: send(key, t)
 
 
 FAMILY = transformers_family(

@@ -165,14 +165,12 @@ class _Streams:
         return hook
 
     def source(self, label: str) -> ab.Hook:
-        def hook(module, args, out) -> None:
-            self.send(label, out[0] if isinstance(out, tuple) else out)
-
-        return hook
+        """A module whose output is the source ``label``."""
+        return ab.output_hook(self.send, label)
 
     def gated_residual(self, label: str) -> ab.Hook:
         def hook(module, args, out) -> None:
-            mixed = out[0] if isinstance(out, tuple) else out
+            mixed = ab.output(out)
             a, gate = read_weights(module, args[0], self.held.pop(f"{label}.up"))
             self.send(f"{label}.w", self.unroll.read(a).to(mixed.dtype))
             self.send(f"{label}.in", mixed)
@@ -252,7 +250,7 @@ def _stream_hooks(model: Any, sums: Any) -> list:
 
     def gated(label: str):
         def hook(module, args, out) -> None:
-            mixed = out[0] if isinstance(out, tuple) else out
+            mixed = ab.output(out)
             a, _ = read_weights(module, args[0], held.pop(label))
             h = args[0].unflatten(-1, a.shape[-2:])
             sums.record(label, h, a, None, mixed)

@@ -171,11 +171,7 @@ class HyperStreams:
 
     def source(self, label: str) -> ab.Hook:
         """A sublayer's output, as the hyper-connection receives it (before ``post``)."""
-
-        def hook(module, args, out) -> None:
-            self.send(label, out[0] if isinstance(out, tuple) else out)
-
-        return hook
+        return ab.output_hook(self.send, label)
 
     def hyper_connection(self, label: str) -> ab.Hook:
         """A sublayer's hyper-connection: its read (weights and collapsed input), then its write."""
