@@ -121,7 +121,7 @@ def test_removing_a_source_everywhere_equals_zeroing_its_output(tokens, mean):
 
 
 @pytest.mark.parametrize(
-    "scheme, options", [("denseformer", {}), ("attnres", {}), ("attnres", {"blocks": 2})]
+    "scheme, options", [("denseformer", {}), ("attnres", {}), ("attnres", {"blocks": 2}), ("frac", {})]
 )
 def test_removing_a_source_from_one_consumer_changes_only_that_input_by_its_term(tokens, scheme, options):
     model = model_of(scheme, options)
@@ -130,7 +130,12 @@ def test_removing_a_source_from_one_consumer_changes_only_that_input_by_its_term
     i = len(cons) - 3  # a late consumer
     j = 2  # a source it reads
     _, clean = model.run_with_cache(tokens)
-    term = clean[cons[i].hook_weights][..., j, None] * clean[srcs[j].hook]
+    w, v = clean[cons[i].hook_weights], clean[srcs[j].hook]
+    if w.ndim == 5:  # Frac-Connections' blocks: fraction f of the term is sum_g w[f, j, g] v[g]
+        m, fr = w.shape[-1], v.unflatten(-1, (w.shape[-1], -1))
+        term = torch.cat([sum(w[..., f, j, g, None] * fr[..., g, :] for g in range(m)) for f in range(m)], -1)
+    else:
+        term = w[..., j, None] * v
     ablation = Ablation(resolve(model), 0, "cells")
     seen = {}
     with torch.no_grad(), ablation.attach(model, [(j, i)], tokens.shape[0]):
