@@ -714,7 +714,7 @@ FAMILY = Family(
     reads=(
         "lucidrains hyper-connections HC / mHC / mHCv2 modules anywhere in a network: each module's norm "
         "output + parameters -> H_pre, H_res (recomputed), H_post (its beta) per token; M by unrolling the "
-        "streams"
+        "streams; HC's Frac-Connections (num_fracs > 1) as block weights over (fraction, stream) units"
     ),
     detect=detect,
     build=build,
