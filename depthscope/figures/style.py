@@ -174,7 +174,7 @@ SCHEME_COLORS = {
     "value-residual": "#12711c",
     "depth-attention": "#006374",
     "moda": "#001c7f",
-    "frac": "#b1400d",
+    "frac": "#592f0d",
 }
 _SKIPPED = ("#ece133",)  # yellow: too pale for lines on white, never handed out as a free colour
 
