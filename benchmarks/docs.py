@@ -151,8 +151,9 @@ def results_spec(_: str) -> str:
     s = rec["settings"]
     lines = [
         f"Generated from [data/capture_spec.json](data/capture_spec.json): {_where(rec)}; {s['layers']} "
-        f"blocks of width {s['d_model']}, windows of {s['ctx']}, batch {s['batch']}, {s['tokens']} tokens, "
-        "forward and capture interleaved chunk by chunk in one process.",
+        f"blocks of width {s['d_model']} (SmolLM2: its own 30 layers of width 576), windows of {s['ctx']}, "
+        f"batch {s['batch']}, {s['tokens']} tokens, forward and capture interleaved chunk by chunk in one "
+        "process.",
         "",
         "| model | read by | weights the fit found | capture / forward time | consumers x sources "
         "| max residual error |",

@@ -96,7 +96,8 @@ def test_the_spec_record_reads_every_model_exactly_and_finds_what_each_mixes_wit
     rec = json.loads((docs.DATA / "capture_spec.json").read_text())
     assert {"cpu", "cores"} <= set(rec["machine"]) and rec["settings"]["d_model"] == 256
     every = {r["model"]: r for r in rec["rows"]}
-    assert set(every) == {"nanogpt", "denseformer", "attnres", "mhc", "mudd", "llama-family", "llama-spec"}
+    llamas = {"llama-family", "llama-spec", "smollm2-family", "smollm2-spec"}  # SmolLM2: a real model
+    assert set(every) == {"nanogpt", "denseformer", "attnres", "mhc", "mudd", *llamas}
     rows = {m: r for m, r in every.items() if "refused" not in r}
     for m, r in every.items():  # a refusal is one for weights the activations do not determine
         assert m in rows or "not determined by the activations" in r["refused"], r
