@@ -63,9 +63,30 @@ def test_bfloat16_static_weights_near_1_are_not_read_as_1():
     found = choose(v, h, tol=3e-2)
     assert found.how == "static" and found.why is None
     assert found.static == pytest.approx(w.tolist(), abs=3e-3)
-    rss_unit, rss_static = fit.rss(v, h, None), fit.rss(v, h, torch.tensor(found.static, dtype=torch.float64))
-    f = ((rss_unit - rss_static) / 5) / (rss_static / (h.numel() - 5))
-    assert f > 1e4  # the evidence docs/reference.md quotes
+    scale = v.double().abs().sum(0)  # the rounding's size at each number, as the test weighs residuals
+    for k in (0, 1):  # plain residuals and weighted ones (the test's own)
+        rss_unit = fit.rss(v, h, None, scale)[k]
+        rss_static = fit.rss(v, h, torch.tensor(found.static, dtype=torch.float64), scale)[k]
+        f = ((rss_unit - rss_static) / 5) / (rss_static / (h.numel() - 5))
+        assert f > 1e4  # the evidence docs/reference.md quotes
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_float32_sum_with_a_few_huge_channels_stays_unit(seed):
+    """SmolLM2's case: two channels 300x the rest in every write, the stream accumulated in float32.
+    Its rounding sits in those channels, and unweighted residuals read it as evidence for static
+    weights (F above the critical value, checked here); weighted by the rounding's size, it is none."""
+    v = sources(26, 64, seed=seed)
+    v[..., :2] *= 300.0
+    h = v[0].clone()
+    for k in range(1, 26):  # rounded at every addition, as the model's own forward
+        h = h + v[k]
+    st = fit.static(v, h, torch.float32)
+    plain_unit, plain_static = fit.rss(v, h, None)[0], fit.rss(v, h, st.w)[0]
+    f = ((plain_unit - plain_static) / 26) / (plain_static / (h.numel() - 26))
+    assert f > fit.F_CRITICAL  # what the unweighted test would have taken for static weights
+    found = choose(v, h)
+    assert (found.how, found.why) == ("unit", None)
 
 
 def test_bfloat16_unit_weights_stay_unit():
