@@ -108,9 +108,12 @@ def test_the_spec_record_reads_every_model_exactly_and_finds_what_each_mixes_wit
     assert set(rows["nanogpt"]["weights"]) == {"unit"}
     assert "static" in rows["denseformer"]["weights"]
     assert all("token" in r["weights"] for m, r in rows.items() if m in ("attnres", "mhc", "mudd"))
-    assert rows["llama-family"]["read_by"] == "family" and set(rows["llama-spec"]["weights"]) == {"unit"}
     shape = lambda r: (r["consumers"], r["sources"])  # noqa: E731
-    assert shape(rows["llama-family"]) == shape(rows["llama-spec"])
+    for llama in ("llama", "smollm2"):  # read by the family, and through the spec as unit weights
+        assert rows[f"{llama}-family"]["read_by"] == "family" and set(rows[f"{llama}-spec"]["weights"]) == {
+            "unit"
+        }
+        assert shape(rows[f"{llama}-family"]) == shape(rows[f"{llama}-spec"])
 
 
 def test_the_readme_finding_over_seeds_is_the_claims_table():
