@@ -424,6 +424,13 @@ MUTANTS: list[Mutant] = [
         'coef = torch.einsum("...ti,...isg->...tsg", state.res.to(coef.dtype), coef)',
         ("tests/schemes/test_frac.py",),
     ),
+    Mutant(
+        "the evidence test's residuals unweighted (rounding taken as the same size everywhere)",
+        "depthscope/probes/adapters/fit.py",
+        "    return plain, plain if scale is None else float(((r / scale) ** 2).sum())",
+        "    return plain, plain",
+        ("tests/probes/adapters/test_fit.py",),
+    ),
 ]
 
 
