@@ -27,6 +27,17 @@ def share_weights(src: DepthModel, dst: DepthModel) -> DepthModel:
     return dst
 
 
+def assert_standard_at_init(model: DepthModel) -> None:
+    """``model``, at its initialisation, computes exactly the standard model that holds its shared
+    weights (embedding, sublayers, final norm, unembedding): the same logits bit for bit."""
+    standard = build(tiny("standard", **{k: getattr(model.cfg, k) for k in TINY}))
+    shared = {k: v for k, v in model.state_dict().items() if k in standard.state_dict()}
+    assert len(shared) == len(standard.state_dict())
+    standard.load_state_dict(shared)
+    tokens = random_tokens(standard.cfg)
+    torch.testing.assert_close(model(tokens), standard(tokens), rtol=0, atol=0)
+
+
 def random_tokens(cfg: ModelConfig, batch: int = 2, pos: int | None = None, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 256, (batch, pos or cfg.ctx), generator=g)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from depthscope.errors import TraceError
 from depthscope.probes.capture import capture
 from depthscope.schemes import consumers, sources
-from tests.helpers import build, perturb, random_tokens, tiny
+from tests.helpers import assert_standard_at_init, build, perturb, random_tokens, tiny
 
 EPS = 1e-6  # the models' RMS epsilon
 CASES = [
@@ -192,14 +192,7 @@ def test_moda_post_norm_renormalises_the_stream_after_every_write():
 
 
 def test_the_x0_variant_starts_as_the_standard_residual():
-    torch.manual_seed(0)
-    x0 = build(tiny("value-residual", {"mode": "x0"}))
-    standard = build(tiny("standard"))
-    shared = {k: v for k, v in x0.state_dict().items() if k in standard.state_dict()}
-    assert len(shared) == len(standard.state_dict())
-    standard.load_state_dict(shared)
-    tokens = random_tokens(standard.cfg)
-    torch.testing.assert_close(x0(tokens), standard(tokens), rtol=0, atol=0)
+    assert_standard_at_init(build(tiny("value-residual", {"mode": "x0"})))
 
 
 @pytest.mark.parametrize(("scheme", "options"), [c for c in CASES if c[1] != {"mode": "x0"}])

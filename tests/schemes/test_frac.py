@@ -10,7 +10,7 @@ import torch
 from depthscope.errors import ConfigError
 from depthscope.probes import capture
 from depthscope.schemes import ModelConfig
-from tests.helpers import build, perturb, random_tokens, tiny
+from tests.helpers import assert_standard_at_init, build, perturb, random_tokens, tiny
 
 
 def rms(x: torch.Tensor) -> torch.Tensor:
@@ -58,14 +58,7 @@ def oracle(model, tokens):
 
 
 def test_at_init_frac_connections_are_the_standard_model_bit_for_bit():
-    torch.manual_seed(0)
-    frac = build(tiny("frac"))
-    standard = build(tiny("standard"))
-    shared = {k: v for k, v in frac.state_dict().items() if k in standard.state_dict()}
-    assert len(shared) == len(standard.state_dict())
-    standard.load_state_dict(shared)
-    tokens = random_tokens(standard.cfg)
-    torch.testing.assert_close(frac(tokens), standard(tokens), rtol=0, atol=0)
+    assert_standard_at_init(build(tiny("frac")))
 
 
 @pytest.mark.parametrize("options", [{}, {"mode": "static"}, {"fracs": 2}])
