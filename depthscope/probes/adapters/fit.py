@@ -80,23 +80,6 @@ class Solved:
     spread: Tensor
 
 
-def _by_cholesky(g: Tensor, b: Tensor) -> tuple[Tensor, Tensor] | None:
-    """(G^-1 b, diag G^-1) of every system by Cholesky, or None where one is not positive definite.
-
-    The common case (independent sources): G = L L^T, so G^-1 b by two triangular solves and
-    [G^-1]_ss as the column sums of (L^-1)^2, a fraction of an eigendecomposition's cost. A system
-    that is nearly singular but still factors gets a huge [G^-1]_ss, which the determination check
-    refuses as the eigendecomposition's cut would; one that does not factor goes to ``_by_eigh``.
-    """
-    chol, info = torch.linalg.cholesky_ex(g)
-    if bool((info != 0).any()):
-        return None
-    u = torch.cholesky_solve(b[..., None], chol)[..., 0]
-    eye = torch.eye(g.shape[-1], dtype=g.dtype, device=g.device).expand_as(g)
-    linv = torch.linalg.solve_triangular(chol, eye, upper=False)
-    return u, (linv * linv).sum(-2)
-
-
 def _by_eigh(g: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """(minimum-norm G^-1 b, diag G^-1) by eigendecomposition, infinite for every source in a
     direction the data do not hold (an eigenvalue below 1e-13 of the largest).
@@ -118,27 +101,25 @@ def solve_gram(
     dtype: torch.dtype,
     limit: float | None = None,
     *,
-    factor: bool = False,
+    inverse: Tensor | None = None,
 ) -> Solved:
     """Least squares of a target on n sources from their Gram matrix ``gram`` [..., n, n] and the
     dots ``rhs`` [..., n] with the target (float64), the target's norm ``y_norm`` [...] and the count
     of ``numbers`` fitted per system; minimum norm where the sources are dependent, each weight
     flagged as determined or not to ``limit`` (default ``LIMIT``; see the module docstring).
 
-    ``factor``: try Cholesky first (``_by_cholesky``; the per-token systems of a capture, thousands
-    per batch); its answer is kept only where every weight of every system is determined, else the
-    eigendecomposition decides, so the verdicts are the eigendecomposition's and the weights equal
-    its own to float64 rounding of well-conditioned systems.
+    ``inverse``: L^-1 of the Cholesky factor of ``gram`` (``Prefix``: a capture's per-token systems,
+    thousands per batch), giving the weights as L^-T L^-1 b and [G^-1]_ss as the column sums of
+    (L^-1)^2 in a few products; that answer is kept only where every weight of every system is
+    determined, else the eigendecomposition decides, so the verdicts are the eigendecomposition's and
+    the weights equal its own to float64 rounding of well-conditioned systems.
     """
     scale = gram.diagonal(dim1=-2, dim2=-1).clamp_min(0).sqrt()  # [..., n]: |v_s|
     live = scale > 0
     s = torch.where(live, scale, torch.ones_like(scale))
-    g = gram / (s[..., :, None] * s[..., None, :])
-    g = torch.where(live[..., :, None] & live[..., None, :], g, torch.zeros_like(g))
-    b = rhs / s
     lim = limit_of(dtype) if limit is None else limit
 
-    def finish(u: Tensor, diag: Tensor) -> Solved:  # diag: [G^-1]_ss of the scaled system
+    def finish(u: Tensor, diag: Tensor) -> Solved:  # u, diag: coefficients and [G^-1]_ss, scaled system
         diag = torch.where(live, diag, torch.full_like(diag, math.inf))
         noise = roundoff(dtype) * u.abs().sum(-1, keepdim=True)  # rounding of the terms' sum
         spread = SIGMAS * noise * (diag / numbers).sqrt()  # of each scaled coefficient
@@ -146,25 +127,108 @@ def solve_gram(
         determined = (spread <= lim * w.abs().clamp_min(1.0) * s) & (spread <= lim * y_norm[..., None])
         return Solved(w, determined & live, spread / s)
 
-    fast = _by_cholesky(g, b) if factor else None
-    if fast is not None:
-        solved = finish(*fast)
+    if inverse is not None:
+        z = torch.einsum("...ij,...j->...i", inverse, rhs)
+        u = torch.einsum("...ij,...i->...j", inverse, z)  # G^-1 b = L^-T L^-1 b
+        solved = finish(u * s, (inverse * inverse).sum(-2) * s * s)
         if bool(solved.determined.all()):
             return solved
-    return finish(*_by_eigh(g, b))
+    g = gram / (s[..., :, None] * s[..., None, :])  # the directions' Gram matrix
+    g = torch.where(live[..., :, None] & live[..., None, :], g, torch.zeros_like(g))
+    return finish(*_by_eigh(g, rhs / s))
 
 
-def tokens(sources: Tensor, target: Tensor, dtype: torch.dtype, gram: Tensor | None = None) -> Solved:
-    """Per-token least squares of ``target`` [..., d] on ``sources`` [n, ..., d], in float64; ``gram``
-    [..., n, n], the sources' per-token Gram matrices where the caller holds them already.
+class Prefix:
+    """The per-token systems of targets over prefixes of one list of sources ``v`` [K, ..., d]
+    (float64, written by the caller, who says which it rewrote): a capture's consumers read the
+    sources written before them, so their per-token Gram matrices are leading corners of one, and so
+    are the Cholesky factors of those.
+
+    The Gram matrix is grown as targets need more sources, the new sources' rows computed in the
+    same pass over the sources as the target's dots, and cut back to the rows before a source that
+    is rewritten; each pair of sources is multiplied once per forward, not once per consumer that
+    reads both. With it grows L^-1 (G = L L^T), a row per new source: l = L^-1 g_j, the pivot
+    p = sqrt(G_jj - |l|^2), the new row (-l^T L^-1 / p, 1 / p): O(n^2) per token and source where a
+    factorisation per consumer costs O(n^3) (``solve_gram`` takes it). From a pivot that is not
+    positive at some token (a zero or dependent source) on, the systems go to the eigendecomposition.
     """
-    a, y = sources.double(), target.double()
-    gram = torch.einsum("n...d,m...d->...nm", a, a) if gram is None else gram.double()
-    rhs = torch.einsum("n...d,...d->...n", a, y)
-    # a term is held to the root-mean-square input, not to its own token's: a share sums over tokens
-    # weighted by |h|^2, so a token whose input is small (terms cancelling) weighs little in it
-    rms = (y * y).sum(-1).mean().sqrt().expand(y.shape[:-1])
-    return solve_gram(gram, rhs, rms, a.shape[-1], dtype, factor=True)
+
+    def __init__(self, v: Tensor):
+        self.v = v
+        k = v.shape[0]
+        self.g = v.new_zeros((*v.shape[1:-1], k, k))
+        self.li = torch.zeros_like(self.g)
+        self.grown = 0  # rows of g up to date
+        self.factored = 0  # rows of li up to date
+
+    @classmethod
+    def of(cls, sources: Tensor, target: Tensor) -> Prefix:
+        """The systems of ``sources`` [n, ..., d] (broadcast to ``target``'s shape), in float64."""
+        return cls(torch.broadcast_to(sources, (sources.shape[0], *target.shape)).double().contiguous())
+
+    def rewritten(self, j: int) -> None:
+        """Source ``j`` was written again: the rows from it on are stale."""
+        self.grown = min(self.grown, j)
+        self.factored = min(self.factored, j)
+
+    def solved(self, n: int, target: Tensor, dtype: torch.dtype) -> Solved:
+        """Per-token least squares of ``target`` [..., d] on the first ``n`` sources."""
+        v, m = self.v, self.grown
+        rows = v.new_empty((max(n - m, 0) + 1, *target.shape))
+        rows[:-1] = v[m:n]  # the new sources' rows of the Gram matrix, and the target's dots,
+        y = rows[-1].copy_(target)  # in one pass over the sources
+        dots = torch.einsum("s...d,t...d->...st", rows, v[:n])  # [..., n - m + 1, n]
+        if m < n:
+            new = dots[..., :-1, :]
+            self.g[..., m:n, :n] = new
+            self.g[..., :m, m:n] = new[..., :m].mT
+            self.grown = n
+        # a term is held to the root-mean-square input, not to its own token's: a share sums over
+        # tokens weighted by |h|^2, so a token whose input is small (terms cancelling) weighs little
+        rms = (y * y).sum(-1).mean().sqrt().expand(y.shape[:-1])
+        gram = self.g[..., :n, :n]
+        return solve_gram(gram, dots[..., -1, :], rms, v.shape[-1], dtype, inverse=self._factor(n))
+
+    def solve(self, n: int, target: Tensor, dtype: torch.dtype) -> tuple[Tensor, str | None]:
+        """Per-token weights [..., n] of ``target`` over the first ``n`` sources for a capture's batch,
+        and None, or the reason they are not determined at some token (in words).
+        """
+        d = self.v.shape[-1]
+        if n >= d:
+            return self.v.new_zeros(()), (
+                f"per-token weights over {n} sources in a width of {d} rebuild any input: not determined"
+            )
+        solved = self.solved(n, target, dtype)
+        bad = ~solved.determined
+        if bool(bad.any()):
+            at = [int(x) for x in torch.nonzero(bad.any(-1))[0]]
+            return (
+                solved.w,
+                f"at token {tuple(at)} its per-token weights are not determined by the activations",
+            )
+        return solved.w, None
+
+    def _factor(self, n: int) -> Tensor | None:
+        """L^-1 of the first ``n`` sources' Gram matrices [..., n, n], or None where a pivot is not
+        positive at some token.
+        """
+        g, li = self.g, self.li
+        for j in range(self.factored, n):
+            corner = li[..., :j, :j]
+            el = torch.einsum("...ij,...j->...i", corner, g[..., j, :j])
+            pivot = g[..., j, j] - (el * el).sum(-1)
+            if not bool((pivot > 0).all()):  # NaN fails too
+                return None
+            p = pivot.sqrt()
+            li[..., j, :j] = -torch.einsum("...i,...ij->...j", el, corner) / p[..., None]
+            li[..., j, j] = 1.0 / p
+            self.factored = j + 1
+        return li[..., :n, :n]
+
+
+def tokens(sources: Tensor, target: Tensor, dtype: torch.dtype) -> Solved:
+    """Per-token least squares of ``target`` [..., d] on ``sources`` [n, ..., d], in float64."""
+    return Prefix.of(sources, target).solved(sources.shape[0], target, dtype)
 
 
 def static(sources: Tensor, target: Tensor, dtype: torch.dtype) -> Solved:
@@ -287,23 +351,3 @@ def _undetermined(how: How, solved: Solved, bad: Tensor, labels: list[str], n: i
         "linearly dependent or nearly so: a state named beside the increments in it, a duplicate or a "
         "zero write?)"
     )
-
-
-def solve(
-    stack: Tensor, target: Tensor, dtype: torch.dtype, gram: Tensor | None = None
-) -> tuple[Tensor, str | None]:
-    """Per-token weights [..., n] of ``target`` [..., d] over ``stack`` [n, ..., d] for a capture's
-    batch (``gram``: the stack's per-token Gram matrices, if held), and None, or the reason they are
-    not determined at some token (in words).
-    """
-    n, d = stack.shape[0], stack.shape[-1]
-    if n >= d:
-        return stack.new_zeros(()), (
-            f"per-token weights over {n} sources in a width of {d} rebuild any input: not determined"
-        )
-    solved = tokens(stack, target, dtype, gram)
-    bad = ~solved.determined
-    if bool(bad.any()):
-        at = [int(x) for x in torch.nonzero(bad.any(-1))[0]]
-        return solved.w, f"at token {tuple(at)} its per-token weights are not determined by the activations"
-    return solved.w, None

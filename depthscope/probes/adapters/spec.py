@@ -572,13 +572,9 @@ def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], re
 class _Hooks:
     """Module hooks of a spec's adapter: each source's output and each consumer's input to the
     engine, in the layout the probe found; for a consumer with per-token weights, its weights solved
-    (``fit.solve``) from float64 copies of the sources of this forward, made as each source is
-    written (an in-place update of a module's output afterwards does not change them).
-
-    The consumers' sources are prefixes of one list, so their per-token Gram matrices are corners
-    of one: it is grown as consumers need more sources (the rows of the new sources only) and cut
-    back to the rows before a source that is written again, so each pair of sources is multiplied
-    once per forward instead of once per consumer that reads both.
+    and checked per token (``fit.Prefix``) from float64 copies of the sources of this forward, made as
+    each source is written (an in-place update of a module's output afterwards does not change them).
+    The consumers' sources are prefixes of one list, so one ``fit.Prefix`` holds every system.
     """
 
     def __init__(self, taps, inputs, per_token, layouts, shape, dtype):
@@ -591,14 +587,14 @@ class _Hooks:
         """The hooks, for the duration of a ``with`` block (the copies of the sources with them)."""
         send = router(callbacks)
         slot = {label: j for j, label in enumerate(list(self.taps)[: self.kept])}
-        held: dict[str, Tensor] = {}
-        grown = [0]  # the sources whose per-token Gram rows are up to date in held["g"]
+        held: dict[str, fit.Prefix] = {}
 
         def source(label: str):
             def hook(t: Tensor) -> Tensor | None:
                 if label in slot:
-                    self._buffer(held, t)[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
-                    self._written(grown, slot[label])
+                    prefix = self._prefix(held, t)
+                    prefix.v[slot[label]] = t  # a copy ([1, pos, d] broadcast over the batch)
+                    prefix.rewritten(slot[label])
                 return send(label, t)
 
             return hook
@@ -606,7 +602,7 @@ class _Hooks:
         def consumer(label: str):
             def hook(h: Tensor) -> Tensor | None:
                 if label in self.per_token:
-                    send(f"{label}.w", self._weights(label, held, grown, h))
+                    send(f"{label}.w", self._weights(label, held["p"], h))
                 return send(f"{label}.in", h)  # an ablation's replacement, if any
 
             return hook
@@ -619,50 +615,25 @@ class _Hooks:
             finally:
                 held.clear()
 
-    def _buffer(self, held: dict[str, Tensor], t: Tensor) -> Tensor:
-        """The copies of this forward's sources the solves need [kept, batch, pos, d], in float64."""
+    def _prefix(self, held: dict[str, fit.Prefix], t: Tensor) -> fit.Prefix:
+        """The systems over this forward's sources, their copies [kept, batch, pos, d] in float64."""
         b, p = self.shape[0]
         want = (self.kept, b, p, t.shape[-1])
         dtype = torch.float32 if t.device.type == "mps" else torch.float64
-        have = held.get("v")
-        if have is None or tuple(have.shape) != want or have.device != t.device:
-            held["v"] = torch.empty(want, dtype=dtype, device=t.device)
-        return held["v"]
+        have = held.get("p")
+        if have is None or tuple(have.v.shape) != want or have.v.device != t.device:
+            held["p"] = have = fit.Prefix(torch.empty(want, dtype=dtype, device=t.device))
+        return have
 
-    def _weights(self, label: str, held: dict[str, Tensor], grown: list[int], h: Tensor) -> Tensor:
+    def _weights(self, label: str, prefix: fit.Prefix, h: Tensor) -> Tensor:
         """Consumer ``label``'s weights in this forward: declared, or solved and checked per token."""
         n, declared = self.per_token[label]
-        kept = held["v"]
         if declared is not None:
-            return declared(kept[:n].to(h.dtype), h)
-        w, why = fit.solve(kept[:n], h, self.dtype, gram=self._gram(held, grown, n))
+            return declared(prefix.v[:n].to(h.dtype), h)
+        w, why = prefix.solve(n, h, self.dtype)
         if why is not None:
             raise DepthscopeError(f"ModelSpec: consumer {label}: {why}")
         return w
-
-    @staticmethod
-    def _written(grown: list[int], j: int) -> None:
-        """Kept source ``j`` was (re)written: the held Gram rows from it on are stale."""
-        grown[0] = min(grown[0], j)
-
-    @staticmethod
-    def _gram(held: dict[str, Tensor], grown: list[int], n: int) -> Tensor:
-        """The per-token Gram matrices [batch, pos, n, n] of the first ``n`` kept sources, computing
-        only the rows not yet up to date.
-        """
-        kept = held["v"]
-        have = held.get("g")
-        want = (*kept.shape[1:3], kept.shape[0], kept.shape[0])
-        if have is None or tuple(have.shape) != want or have.device != kept.device:
-            have = held["g"] = kept.new_empty(want)
-            grown[0] = 0
-        m = grown[0]
-        if m < n:
-            rows = torch.einsum("sbpd,tbpd->bpst", kept[m:n], kept[:n])  # [batch, pos, n - m, n]
-            have[..., m:n, :n] = rows
-            have[..., :m, m:n] = rows[..., :m].mT
-            grown[0] = n
-        return have[..., :n, :n]
 
 
 def with_forward(spec: ModelSpec, forward: Callable[[Tensor], Any] | None) -> ModelSpec:

@@ -107,7 +107,7 @@ def test_per_token_weights_over_as_many_sources_as_the_width_are_refused(n, d):
     g = torch.Generator().manual_seed(2)
     found = choose(v, mix(v, 1 + 0.5 * torch.rand(B, P, n, generator=g)))
     assert found.why is not None and "not determined" in found.why and f"width of {d}" in found.why
-    w, why = fit.solve(v, mix(v, torch.ones(B, P, n)), torch.float32)
+    w, why = fit.Prefix.of(v, v[0]).solve(n, mix(v, torch.ones(B, P, n)), torch.float32)
     assert why is not None and f"{n} sources in a width of {d}" in why
 
 
@@ -159,10 +159,10 @@ def test_solve_refuses_a_batch_with_one_dependent_token():
     """A capture's batch is checked token by token: one token where two sources coincide is enough."""
     v = sources(3, 32)
     v[2, 1, 5] = v[0, 1, 5]
-    w, why = fit.solve(v, mix(v, torch.ones(B, P, 3)), torch.float32)
+    w, why = fit.Prefix.of(v, v[0]).solve(3, mix(v, torch.ones(B, P, 3)), torch.float32)
     assert why is not None and "(1, 5)" in why
     v = sources(3, 32)
-    w, why = fit.solve(v, mix(v, torch.ones(B, P, 3)), torch.float32)
+    w, why = fit.Prefix.of(v, v[0]).solve(3, mix(v, torch.ones(B, P, 3)), torch.float32)
     assert why is None
     torch.testing.assert_close(w, torch.ones(B, P, 3, dtype=torch.float64), atol=1e-5, rtol=0)
 
@@ -186,33 +186,49 @@ def _systems(v: torch.Tensor, h: torch.Tensor):
 
 
 @pytest.mark.parametrize("n, d", [(3, 16), (8, 32), (15, 256)])
-def test_the_cholesky_path_equals_the_eigendecomposition(n, d):
-    """The per-token solve's Cholesky path (``factor=True``) gives the eigendecomposition's weights to
-    float64 rounding and the same verdicts on independent sources; with a duplicated source it hands
-    the systems back, so both refuse the same tokens."""
+def test_the_grown_factor_equals_the_eigendecomposition(n, d):
+    """The per-token solve's grown inverse Cholesky factor (``fit.Prefix``) gives the eigendecomposition's
+    weights to float64 rounding and the same verdicts on independent sources; with a duplicated source
+    a pivot is not positive and the eigendecomposition decides, so both refuse the same tokens."""
     v = sources(n, d, seed=n)
     wt = torch.randn(B, P, n, generator=torch.Generator().manual_seed(d))
-    gram, rhs, rms = _systems(v, mix(v, wt))
-    fast = fit.solve_gram(gram, rhs, rms, d, torch.float32, factor=True)
+    h = mix(v, wt)
+    gram, rhs, rms = _systems(v, h)
+    fast = fit.tokens(v, h, torch.float32)
     slow = fit.solve_gram(gram, rhs, rms, d, torch.float32)
     assert bool(fast.determined.all()) and torch.equal(fast.determined, slow.determined)
     torch.testing.assert_close(fast.w, slow.w, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(fast.spread, slow.spread, rtol=1e-8, atol=0)
     twin = torch.cat([v, v[-1:]])  # the last source named twice: dependent at every token
-    gram, rhs, rms = _systems(twin, mix(v, wt))
-    fast = fit.solve_gram(gram, rhs, rms, d, torch.float32, factor=True)
+    gram, rhs, rms = _systems(twin, h)
+    fast = fit.tokens(twin, h, torch.float32)
     slow = fit.solve_gram(gram, rhs, rms, d, torch.float32)
     assert not bool(fast.determined[..., -2:].any()) and torch.equal(fast.determined, slow.determined)
 
 
-def test_a_held_gram_gives_the_same_weights():
-    """``solve`` given the stack's Gram matrices (as a capture's hooks hold them) answers as without."""
-    v = sources(6, 32, seed=3)
-    wt = torch.randn(B, P, 6, generator=torch.Generator().manual_seed(4))
-    h = mix(v, wt)
-    a = v.double()
-    held = torch.einsum("nbpd,mbpd->bpnm", a, a)
-    w1, why1 = fit.solve(v, h, torch.float32)
-    w2, why2 = fit.solve(v, h, torch.float32, gram=held)
-    assert why1 is None and why2 is None
-    assert torch.equal(w1, w2)
+def test_a_prefix_grown_consumer_by_consumer_answers_as_a_fresh_solve():
+    """A capture's order: sources written, consumers solved over growing prefixes, a source written
+    again (its rows and every later one recomputed), a consumer over fewer sources after one over more;
+    each answer equals a solve from scratch over the same numbers (to float64 rounding: the dots are
+    summed in another order), and the held Gram matrix equals the sources' own at every step."""
+    v = sources(7, 32, seed=3)
+    wt = torch.randn(B, P, 7, generator=torch.Generator().manual_seed(4))
+    prefix = fit.Prefix.of(v, v[0])
+
+    def check(n: int) -> None:
+        h = mix(v[:n], wt[..., :n])
+        w, why = prefix.solve(n, h, torch.float32)
+        assert why is None
+        fresh = fit.tokens(v[:n], h, torch.float32).w
+        torch.testing.assert_close(w, fresh, rtol=1e-12, atol=1e-12)
+        a = v[:n].double()
+        torch.testing.assert_close(
+            prefix.g[..., :n, :n], torch.einsum("nbpd,mbpd->bpnm", a, a), rtol=1e-14, atol=0
+        )
+
+    for n in (2, 5, 5, 3, 7):  # grown in steps, asked again, then for fewer
+        check(n)
+    v[4] = sources(1, 32, seed=9)[0]  # source 4 written again
+    prefix.v[4] = v[4]
+    prefix.rewritten(4)
+    check(6)

@@ -224,22 +224,3 @@ def test_per_feature_weights_are_refused_unless_given():
     wrong = per_feature_spec(model, weights={"block": lambda i, s, h: torch.ones(s.shape[0], D)})
     with pytest.raises(DepthscopeError, match="do not rebuild its input"):
         build_spec(model, wrong)
-
-
-def test_the_held_per_token_gram_is_every_pair_of_the_sources_as_they_are_now():
-    """The hooks grow one per-token Gram matrix as consumers need more sources and cut it back to the
-    rows before a source written again: at every step it equals the full product of the sources."""
-    from depthscope.probes.adapters.spec import _Hooks
-
-    g = torch.Generator().manual_seed(0)
-    held = {"v": torch.randn(6, 2, 5, 8, generator=g, dtype=torch.float64)}
-    grown = [0]
-
-    def full(n: int) -> torch.Tensor:
-        return torch.einsum("sbpd,tbpd->bpst", held["v"][:n], held["v"][:n])
-
-    for n in (2, 2, 5, 6):  # grown in steps, then asked again
-        torch.testing.assert_close(_Hooks._gram(held, grown, n), full(n), rtol=0, atol=1e-12)
-    held["v"][3] = torch.randn(2, 5, 8, generator=g, dtype=torch.float64)  # source 3 written again
-    _Hooks._written(grown, 3)
-    torch.testing.assert_close(_Hooks._gram(held, grown, 6), full(6), rtol=0, atol=1e-12)
