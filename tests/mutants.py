@@ -445,6 +445,16 @@ MUTANTS: list[Mutant] = [
         "    return plain, plain",
         ("tests/probes/adapters/test_fit.py",),
     ),
+    Mutant(
+        "the deep-cross-attention package's MLP without the weight 1 on its block's attention",
+        "depthscope/probes/adapters/deep_cross_attention.py",
+        "static = torch.cat([q.static, q.static.new_ones(1, q.static.shape[1])])",
+        "static = torch.cat([q.static, q.static.new_zeros(1, q.static.shape[1])])",
+        (
+            "tests/probes/adapters/test_deep_cross_attention.py",
+            "tests/probes/test_oracle.py::test_every_family_equals_the_oracle",
+        ),
+    ),
 ]
 
 

@@ -22,8 +22,10 @@ does). A source whose block is not selected (dropped by ``select_layers``) has w
 consumer, not NaN: it was written before, the GRN just does not read it. Consumers, in order:
 ``{i}.attn.q``, ``{i}.attn.k``, ``{i}.attn.v`` (the inputs of the attention's ``to_q``/``to_k``/
 ``to_v``), ``{i}.mlp`` (the input of ``pre_ff_norm``: the q weights plus 1 on ``{i}.attn``), and
-``readout`` (the final GRN's output). Every weight is per feature, [batch, pos, source, d_model];
-``mixing`` is its mean over features.
+``readout`` (the final GRN's output). Every weight is per feature, [batch, pos, source, d_model],
+handed to the engine in its two parts (``probes.terms.Split``: the static bias and the per-token
+gate, never formed whole; the q view and its block's MLP share them); ``mixing`` is its mean over
+features.
 
 Native quantities (entry = the position in the selected stack, 0..y-1; padded with NaN up to the
 longest stack):
@@ -60,6 +62,7 @@ from torch import Tensor
 from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.family import package_family
+from depthscope.probes.terms import Split
 from depthscope.schemes import names
 
 NAME = "deep-cross-attention"
@@ -200,17 +203,18 @@ def static_native(model: Any, layers: list[str]) -> dict[str, tuple[tuple[str, .
     }
 
 
-def per_source(coef: Tensor, entries: list[int | None]) -> Tensor:
-    """Per-entry coefficients [batch, pos, entry, d_model] -> per-source weights [batch, pos, source,
-    d_model], 0 for a source whose entry was not selected.
+def per_source(static: Tensor, gate: Tensor, entries: list[int | None]) -> tuple[Tensor, Tensor]:
+    """Per-entry parts, static [entry, d_model] and gate [batch, pos, entry], -> per-source parts
+    [source, d_model] and [batch, pos, source], 0 for a source whose entry was not selected.
     """
-    padded = torch.cat([coef, torch.zeros_like(coef[:, :, :1])], dim=2)  # the last entry: 0
-    index = [coef.shape[2] if e is None else e for e in entries]
-    return padded[:, :, index]
+    index = torch.tensor([static.shape[0] if e is None else e for e in entries], device=static.device)
+    static = torch.cat([static, static.new_zeros(1, static.shape[1])]).index_select(0, index)
+    gate = torch.cat([gate, gate.new_zeros(*gate.shape[:-1], 1)], -1).index_select(-1, index)
+    return static, gate
 
 
 class _State:
-    """Routes values to the engine's callbacks; keeps the q view's weights for the block's MLP."""
+    """Routes values to the engine's callbacks."""
 
     def __init__(self, taps: list[tuple[str, ab.Callback]], n_entries: int):
         self.send = ab.router(taps)
@@ -219,19 +223,21 @@ class _State:
     def gate(self, key: str, dynamic: Tensor) -> None:
         """The native dynamic part [batch, pos, entry], padded with NaN to the longest stack."""
         pad = self.n_entries - dynamic.shape[-1]
-        self.send(key, torch.nn.functional.pad(dynamic, (0, pad), value=math.nan))
+        self.send(key, torch.nn.functional.pad(dynamic.double(), (0, pad), value=math.nan))
 
     def grn(
-        self, aggregate: Tensor, bias: Tensor, entries: list[int | None], labels: list[str]
-    ) -> list[Tensor]:
+        self, aggregate: Tensor, bias: Tensor, entries: list[int | None], labels: list[str], base: str | None
+    ) -> list[Split]:
         """Weights of every output of one GRN from ``to_aggregate``'s output [o, entry, batch, pos]
-        and ``bias`` [o, entry, d_model]; sent under ``{label}.w`` and ``{label}.gate``.
+        and ``bias`` [o, entry, d_model], as ``Split`` weights (the engine never forms them whole),
+        sent under ``{label}.w``; the dynamic part under ``{label}.gate``. The first output's weights
+        carry ``base`` (the block's MLP extends them).
         """
-        dynamic = aggregate.double().permute(0, 2, 3, 1)  # [o, batch, pos, entry]
+        dynamic = aggregate.permute(0, 2, 3, 1)  # [o, batch, pos, entry]
         out = []
         for o, label in enumerate(labels):
-            coef = dynamic[o].unsqueeze(-1) + bias[o].detach().double()  # [batch, pos, entry, d_model]
-            w = per_source(coef, entries).to(aggregate.dtype)
+            static, gate = per_source(bias[o].detach().to(dynamic.dtype), dynamic[o], entries)
+            w = Split(static, gate, base if o == 0 else None)
             self.send(f"{label}.w", w)
             self.gate(f"{label}.gate", dynamic[o])
             out.append(w)
@@ -252,14 +258,16 @@ def _attach(model: Any, taps: list[tuple[str, ab.Callback]], k: int):
         labels = [_label(i, names.ATTN, v) for v in VIEWS]
 
         def hook(aggregate: Tensor) -> None:
-            q = state.grn(aggregate, grn.bias, entries, labels)[0]
-            own = torch.ones_like(q[:, :, :1])  # the MLP also reads this block's attention output
-            state.send(f"{names.label(i, names.MLP)}.w", torch.cat([q, own], dim=2))
+            q = state.grn(aggregate, grn.bias, entries, labels, base=labels[0])[0]
+            # the MLP reads the q view's input plus this block's attention output (weight 1)
+            static = torch.cat([q.static, q.static.new_ones(1, q.static.shape[1])])
+            gate = torch.cat([q.gate, q.gate.new_zeros(*q.gate.shape[:-1], 1)], -1)
+            state.send(f"{names.label(i, names.MLP)}.w", Split(static, gate, q.base, extra=1))
 
         return hook
 
     def readout_weights(aggregate: Tensor) -> None:
-        state.grn(aggregate, model.final_grn.bias, source_entries(depth, k), [names.READOUT])
+        state.grn(aggregate, model.final_grn.bias, source_entries(depth, k), [names.READOUT], None)
 
     hooks = [("token_emb:out", forward_to(names.EMBED))]
     for i in range(depth):
