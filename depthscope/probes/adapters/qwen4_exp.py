@@ -172,7 +172,7 @@ class _Streams:
         def hook(module, args, out) -> None:
             mixed = ab.output(out)
             a, gate = read_weights(module, args[0], self.held.pop(f"{label}.up"))
-            self.send(f"{label}.w", self.unroll.read(a).to(mixed.dtype))
+            self.send(f"{label}.w", self.unroll.read(a, mixed.dtype))
             self.send(f"{label}.in", mixed)
             self.send(f"{label}.read_gate", gate.mean(-1))
             self.send(f"{label}.read_scale", a.mean(-1) * self.n)

@@ -58,15 +58,20 @@ class StreamUnroll:
         """Sources written so far (the coefficients' last dimension)."""
         return self.coef.shape[-1]
 
-    def read(self, pre: Tensor) -> Tensor:
+    def read(self, pre: Tensor, dtype: torch.dtype | None = None) -> Tensor:
         """Delta-basis weights of a read with stream weights ``pre`` [batch, pos, stream] (scalar
         per stream: -> [batch, pos, source]) or [batch, pos, stream, d_model] (per channel:
-        -> [batch, pos, source, d_model]).
+        -> [batch, pos, source, d_model]), in ``dtype`` (default the coefficients'). Per-channel
+        weights are formed in ``dtype`` itself, one product per token (C^T A, contiguous): in the
+        model's float32 they are d_model times the coefficients' size, and a float64 copy of them
+        cost more than the capture's fold of them (each weight is then a sum over the streams
+        rounded in float32, a few units of its last place, where the float64 one is rounded once).
         """
-        pre = pre.to(self.coef.device, self.coef.dtype)
         if pre.ndim == self.coef.ndim - 1:
-            return torch.einsum("bps,bpsn->bpn", pre, self.coef)
-        return torch.einsum("bpsd,bpsn->bpnd", pre, self.coef)
+            w = torch.einsum("bps,bpsn->bpn", pre.to(self.coef.device, self.coef.dtype), self.coef)
+            return w if dtype is None else w.to(dtype)
+        dtype = dtype or self.coef.dtype
+        return torch.matmul(self.coef.to(dtype).transpose(-1, -2), pre.to(self.coef.device, dtype))
 
     def write(self, res: Tensor | None, post: Tensor) -> None:
         """A sublayer's write: C <- res^T C (``res`` [batch, pos, stream, stream], source x target;
