@@ -117,8 +117,9 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "inspect: each position's weights over the sources reversed",
         "depthscope/probes/prompt.py",
-        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).numpy()",
-        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).flip(0).numpy()",
+        "mixing[:, i, :n] = (block_mixing(w) if w.ndim == 4 else w.mean(-1) if w.ndim == 3 else w).numpy()",
+        "mixing[:, i, :n] = (block_mixing(w) if w.ndim == 4 else w.mean(-1) if w.ndim == 3 else w)"
+        ".flip(0).numpy()",
         (
             "tests/probes/test_prompt.py::test_each_position_is_the_weights_and_shares_hooked_at_that_position",
         ),
@@ -126,8 +127,9 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "inspect: the weights of the position before",
         "depthscope/probes/prompt.py",
-        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).numpy()",
-        "mixing[:, i, :n] = (w.mean(-1) if w.ndim == 3 else w).roll(1, 0).numpy()",
+        "mixing[:, i, :n] = (block_mixing(w) if w.ndim == 4 else w.mean(-1) if w.ndim == 3 else w).numpy()",
+        "mixing[:, i, :n] = (block_mixing(w) if w.ndim == 4 else w.mean(-1) if w.ndim == 3 else w)"
+        ".roll(1, 0).numpy()",
         (
             "tests/probes/test_prompt.py::test_each_position_is_the_weights_and_shares_hooked_at_that_position",
         ),

@@ -503,18 +503,20 @@ def sinkhorn(logits: Tensor, iters: int, log_domain: bool, raw_without_iters: bo
 
 def pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     """H_pre [batch, pos, stream] and H_res [batch, pos, stream, stream] of ``c`` from its norm's
-    output ``normed`` [batch, pos, stream, d_model], in float64.
+    output ``normed`` [batch, pos, stream, d_model], in float64 from the projection onto the
+    dynamic alpha as the model computes it (in its dtype: a float64 copy of the normed streams
+    cost more than the rest of the read).
     """
-    m, x = c.module, normed.double()
-    fn, static = m.dynamic_alpha_fn.double(), m.static_alpha.double()  # [(proposal,) d, 1 + s], [s, 1 + s]
+    m, x = c.module, normed
+    fn, static = m.dynamic_alpha_fn.to(x.dtype), m.static_alpha.double()  # [(proposal,) d, 1 + s], [s, 1 + s]
     if c.variant == "hc":
-        z = x @ fn
+        z = (x @ fn).double()
         z = torch.tanh(z) if isinstance(m.act, nn.Tanh) else z
         alpha = z * m.dynamic_alpha_scale.double() + static
         return alpha[..., 0], alpha[..., 1:]
     streams = static.shape[0]
     scale = torch.cat([m.pre_branch_scale.double(), m.residual_scale.double().expand(streams)])
-    alpha = torch.einsum("bpsd,kde->kbpse", x, fn) * scale + static  # per proposal k
+    alpha = torch.einsum("bpsd,kde->kbpse", x, fn).double() * scale + static  # per proposal k
     iters, log_domain = _sinkhorn_options(m)
     res = sinkhorn(alpha[..., 1:], iters, log_domain, raw_without_iters=c.variant == "mhcv2")
     return alpha[..., 0].sigmoid().mean(0), res.mean(0)
@@ -524,11 +526,12 @@ def frac_pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     """Frac-Connections: alpha's read part [batch, pos, frac, stream, frac] and stream part
     [batch, pos, frac, stream, frac, stream] of ``c`` from its norm's output ``normed`` [batch, pos,
     frac, stream, d_model / F] (unit (f, s)), in float64. The static alpha's rows are the units
-    f-major, its columns F groups of 1 + streams, as the package lays them out.
+    f-major, its columns F groups of 1 + streams, as the package lays them out. The projection is
+    computed in the model's dtype, as in ``pre_and_res``.
     """
-    m, x = c.module, normed.double()
+    m, x = c.module, normed
     fracs, streams = m.num_fracs, m.num_residual_streams
-    z = x @ m.dynamic_alpha_fn.double()
+    z = (x @ m.dynamic_alpha_fn.to(x.dtype)).double()
     z = torch.tanh(z) if isinstance(m.act, nn.Tanh) else z
     static = m.static_alpha.double().reshape(fracs, streams, -1)
     alpha = (z * m.dynamic_alpha_scale.double() + static).unflatten(-1, (fracs, 1 + streams))
