@@ -238,15 +238,17 @@ def results_claim_costs(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def results_families(_: str) -> str:
-    """results.md's table of the capture cost per model family (``benchmarks/capture_families.py``)."""
-    rec = record("capture_families")
+def results_families(_: str, name: str = "capture_families") -> str:
+    """results.md's table of the capture cost per model family (``benchmarks/capture_families.py``),
+    from the record ``name``.
+    """
+    rec = record(name)
     s = rec["settings"]
     rows = rec["rows"]
     done = [r for r in rows if "failed" not in r]
     within = [r for r in done if r["time_ratio"] <= 1.3]
     lines = [
-        f"Generated from [data/capture_families.json](data/capture_families.json): {_where(rec)}; random "
+        f"Generated from [data/{name}.json](data/{name}.json): {_where(rec)}; random "
         f"models of {s['layers']} blocks, width {s['d_model']}, vocabulary {s['vocab']}, windows of "
         f"{s['ctx']}, {s['tokens']} tokens, batch {s['batch']}; forward and capture interleaved in "
         f"{s['chunk']}-token chunks. {len(within)} of {len(done)} families within 1.3x.",
@@ -263,6 +265,11 @@ def results_families(_: str) -> str:
             f"{r['max_residual_error']:.1e} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def results_families_64(_: str) -> str:
+    """The same table at width 64 (``capture_families.py --json docs/data/capture_families_d64.json``)."""
+    return results_families(_, "capture_families_d64")
 
 
 def readme_findings(_: str) -> str:
@@ -308,6 +315,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,
     "results-families": results_families,
+    "results-families-64": results_families_64,
     "readme-seeds": readme_seeds,
     "readme-cost": readme_cost,
     "results-overhead": results_overhead,

@@ -40,6 +40,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-overhead"),
         ("results.md", "results-spec"),
         ("results.md", "results-families"),
+        ("results.md", "results-families-64"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -150,15 +151,17 @@ def test_the_readme_cost_rows_are_the_real_models_medians(model, paths):
     assert f"| **{ratio:.2f}**" in row
 
 
-def test_the_family_record_reads_every_family_exactly():
+@pytest.mark.parametrize("name, width", [("capture_families", 256), ("capture_families_d64", 64)])
+def test_the_family_record_reads_every_family_exactly(name, width):
     """Every family of ``tests/families.py`` has its row: captured exactly (residual at float32
-    rounding, the ratio its raw timings' ratio), or the reason it was not."""
+    rounding, the ratio its raw timings' ratio), or the reason it was not; at the width the page says."""
     import sys
 
     sys.path.insert(0, str(docs.ROOT))
     from tests.families import FAMILIES
 
-    rec = json.loads((docs.DATA / "capture_families.json").read_text())
+    rec = json.loads((docs.DATA / f"{name}.json").read_text())
+    assert rec["settings"]["d_model"] == width
     assert [r["family"] for r in rec["rows"]] == [name for name, *_ in FAMILIES]
     done = [r for r in rec["rows"] if "failed" not in r]
     assert len(done) >= len(FAMILIES) - 1, [r for r in rec["rows"] if "failed" in r]
