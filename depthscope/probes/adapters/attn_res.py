@@ -158,15 +158,17 @@ def build(model: Any) -> ab.Adapter:
 
 
 def entry_weights(entries: Tensor, query: Tensor, eps: float) -> Tensor:
-    """softmax_n(query . RMSNorm(v_n)) in float64: [entry, batch, pos, d_model] -> [batch, pos, entry].
+    """softmax_n(query . RMSNorm(v_n)): [entry, batch, pos, d_model] -> [batch, pos, entry], float64.
 
     As query . v_n / rms(v_n): one product with the query and one norm per entry, never the
-    normalised keys themselves (a copy of every entry).
+    normalised keys themselves (a copy of every entry). The product and the norm are reduced in the
+    entries' dtype, as the model reduces them, and the rest is float64: a float64 copy of every
+    entry cost more than the rest of the capture's work on this consumer.
     """
-    v = entries.double()
-    mean_sq = torch.linalg.vector_norm(v, dim=-1).square() / v.shape[-1]
-    logits = (v @ query.detach().double()) * torch.rsqrt(mean_sq + eps)  # [entry, batch, pos]
-    return logits.permute(1, 2, 0).softmax(-1)
+    d = entries.shape[-1]
+    mean_sq = torch.linalg.vector_norm(entries, dim=-1).double().square() / d
+    logits = (entries @ query.detach().to(entries.dtype)).double() * torch.rsqrt(mean_sq + eps)
+    return logits.permute(1, 2, 0).softmax(-1)  # [entry, batch, pos] -> [batch, pos, entry]
 
 
 @contextlib.contextmanager
