@@ -457,6 +457,13 @@ MUTANTS: list[Mutant] = [
             "tests/probes/test_oracle.py::test_every_family_equals_the_oracle",
         ),
     ),
+    Mutant(
+        "the held static weights of a model kept after its parameters changed in place",
+        "depthscope/probes/adapters/schemes.py",
+        "return tuple((id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors)",
+        "return tuple((id(t), t.data_ptr(), t.dtype, t.device) for t in tensors)",
+        ("tests/probes/adapters/test_schemes_static.py",),
+    ),
 ]
 
 

@@ -10,6 +10,8 @@ parametrisation; native per-token quantities are the scheme's ``native_hooks``, 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -32,11 +34,29 @@ def detect(model: Any) -> bool:
     return isinstance(model, DepthModel)
 
 
+# the last static weights read of each model, with the state of its tensors they were read from
+_STATIC: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _state(model: DepthModel) -> tuple:
+    """Which tensors ``model`` holds and their contents' versions: any change of a parameter or buffer
+    (an optimiser step or ``load_state_dict`` in place, new data, another dtype or device) changes it.
+    """
+    tensors = itertools.chain(model.parameters(), model.buffers())
+    return tuple((id(t), t._version, t.data_ptr(), t.dtype, t.device) for t in tensors)
+
+
 def static_weights(model: DepthModel) -> dict[str, tuple[float, ...]]:
     """Each consumer's weights of a static scheme (``Scheme.is_static``: the same for every token),
     read from one forward of two tokens; scalar weights only (per-feature ones stay per token).
-    The engine's rebuild check on every batch holds them to being the same for every token.
+    The engine's rebuild check on every batch holds them to being the same for every token. Read
+    again only when a tensor of the model changed (``_state``): a capture of many small chunks
+    would otherwise pay a forward for each.
     """
+    state = _state(model)
+    held = _STATIC.get(model)
+    if held is not None and held[0] == state:
+        return dict(held[1])
     got: dict[str, tuple[float, ...]] = {}
 
     def keep(label: str):
@@ -54,6 +74,7 @@ def static_weights(model: DepthModel) -> dict[str, tuple[float, ...]]:
             model(torch.zeros(1, 2, dtype=torch.long, device=next(model.parameters()).device))
     finally:
         model.train(was)
+    _STATIC[model] = (state, dict(got))
     return got
 
 
