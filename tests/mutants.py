@@ -464,6 +464,13 @@ MUTANTS: list[Mutant] = [
         "return tuple((id(t), t.data_ptr(), t.dtype, t.device) for t in tensors)",
         ("tests/probes/adapters/test_schemes_static.py",),
     ),
+    Mutant(
+        "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
+        "depthscope/probes/terms.py",
+        "start = r * self.window + self.skip + o",
+        "start = r * self.window + o",
+        ("tests/probes/test_oracle.py::test_whole_per_feature_weights_equal_the_oracle",),
+    ),
 ]
 
 

@@ -45,7 +45,7 @@ from depthscope.probes.partial import (
 )
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
-from depthscope.probes.terms import Split, Terms, block_terms
+from depthscope.probes.terms import Split, Terms, Windows, block_terms
 from depthscope.probes.workspace import Workspace
 from depthscope.progress import bar
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
@@ -569,6 +569,8 @@ class Taps:
                 self.acc.positions(i, t)
             if key == "w" and isinstance(t, (Terms, Split)):  # its own cut, without a copy
                 got[key] = t.cut(self.skip)
+            elif key == "w" and self.skip and isinstance(t, Tensor) and t.ndim == 4:  # whole per feature
+                got[key] = Windows.of(t, self.skip)  # cut chunk by chunk in the fold, without a copy
             else:
                 got[key] = self._cut(t)
             if key == "h" and self.probe is not None and self.probe.lens_on:
@@ -593,8 +595,9 @@ class Taps:
             if self.probe is not None and spec.kind == READOUT:
                 self._readout(spec, h, "terms", terms.full().flatten(1, 2))
             self.acc.consumer(i, self._flat(h), terms)
-        elif isinstance(w, Split):  # per-feature weights in two parts: never formed whole
-            w = w.to(V.device, V.dtype).flat()
+        elif isinstance(w, (Split, Windows)):  # per-feature weights never flattened whole
+            w = w.to(V.device, V.dtype)
+            w = w.flat() if isinstance(w, Split) else w
             if self.probe is not None and spec.kind == READOUT:
                 self._readout(spec, h, "feature", w.full())
             self.acc.consumer(i, self._flat(h), w)

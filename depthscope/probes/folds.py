@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from depthscope.probes.moments import Moments
-from depthscope.probes.terms import Split, Terms, block_mixing, block_terms
+from depthscope.probes.terms import Split, Terms, Windows, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
@@ -178,7 +178,8 @@ class PerToken(Fold):
 
 
 class PerFeature(Fold):
-    """Per-feature weights, whole [T, n, d] or ``Split`` (b [n, d] + g [T, n]), folded in token chunks
+    """Per-feature weights, whole [T, n, d] (or ``Windows``: uncut, each chunk inside one window) or
+    ``Split`` (b [n, d] + g [T, n]), folded in token chunks
     (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
     into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
     dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuild
@@ -233,19 +234,22 @@ class PerFeature(Fold):
             static = w.static.to(V.dtype).unsqueeze(1)  # [n, 1, d]
             gate = w.gate.to(V.dtype).T.unsqueeze(-1)  # [n, T, 1]
             formed = ws.buffer("feature weights", size, V)
+        elif isinstance(w, Windows):
+            w = w.to(V.device, V.dtype)
         else:
             w = w.to(V.dtype)
         if also is not None:  # the extension: rebuilt2 = rebuilt + its unit sources; dots with both
             m = acc.n_of(also[0])
             rebuilt2 = ws.buffer("feature rebuilt (extension)", (T, d), V)
         dots, norms, means, dots2 = [], [], [], []  # per chunk: [n], [n, t], [2, n, t] (whole weights)
-        for a in range(0, T, step):
-            b = min(T, a + step)
+        windows = isinstance(w, Windows)  # whole weights with each window's first positions cut
+        spans = w.spans(step) if windows else [(a, min(T, a + step)) for a in range(0, T, step)]
+        for a, b in spans:
             shape = (n, b - a, d)
             if split:
                 chunk = torch.add(static, gate[:, a:b], out=formed[: n * (b - a) * d].view(shape))
             else:
-                chunk = w[a:b].transpose(0, 1)
+                chunk = (w.rows(a, b) if windows else w[a:b]).transpose(0, 1)
                 means.append(torch.stack([chunk.sum(-1), chunk.abs().sum(-1)]))
             c = torch.mul(V[:n, a:b], chunk, out=terms[: n * (b - a) * d].view(shape))  # V first: its layout
             r = torch.sum(c, 0, out=rebuilt[a:b])
@@ -391,11 +395,11 @@ class Carried(Fold):
 
 def kind_of(w) -> str:
     """The fold of a consumer's weights: None (unit) or [n] (static): ``gram``; [T, n]: ``token``;
-    [T, n, d] or ``Split``: ``feature``; [T, m, n, m]: ``block``; ``Terms``: ``carried``.
+    [T, n, d], ``Windows`` or ``Split``: ``feature``; [T, m, n, m]: ``block``; ``Terms``: ``carried``.
     """
     if isinstance(w, Terms):
         return "carried"
-    if isinstance(w, Split):
+    if isinstance(w, (Split, Windows)):
         return "feature"
     if w is None or w.ndim == 1:
         return "gram"

@@ -106,6 +106,56 @@ class Split:
         return self.static + self.gate.unsqueeze(-1)
 
 
+@dataclass(frozen=True)
+class Windows:
+    """Whole per-feature weights [batch, pos, n, d_model] with the first ``skip`` positions of every
+    window cut, kept uncut and flattened (``flat`` [batch * window, n, d_model], a view of the
+    adapter's tensor): a token chunk inside one window is then a view too (``rows``), where the cut
+    flattened to tokens [T, n, d_model] is a copy of weights d_model times a per-token weight's size.
+    """
+
+    flat: Tensor
+    window: int  # positions per window, uncut
+    skip: int
+
+    @classmethod
+    def of(cls, w: Tensor, skip: int) -> Windows:
+        """``w`` [batch, pos, n, d_model] with its first ``skip`` positions of each window to be cut."""
+        return cls(w.flatten(0, 1), w.shape[1], skip)
+
+    @property
+    def kept(self) -> int:
+        """Tokens kept per window."""
+        return self.window - self.skip
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Windows:
+        """On ``device`` in ``dtype``."""
+        return replace(self, flat=self.flat.to(device, dtype))
+
+    def spans(self, step: int) -> list[tuple[int, int]]:
+        """Token ranges (a, b) of at most ``step`` tokens covering every kept token in order, none
+        crossing a window's end (so each is one ``rows`` view).
+        """
+        kept, windows = self.kept, self.flat.shape[0] // self.window
+        return [
+            (r * kept + a, r * kept + min(kept, a + step))
+            for r in range(windows)
+            for a in range(0, kept, step)
+        ]
+
+    def rows(self, a: int, b: int) -> Tensor:
+        """The weights of kept tokens a..b [b - a, n, d_model] (inside one window: ``spans``)."""
+        r, o = divmod(a, self.kept)
+        if b - a > self.kept - o:
+            raise ValueError(f"tokens {a}..{b} cross the end of window {r}")
+        start = r * self.window + self.skip + o
+        return self.flat[start : start + (b - a)]
+
+    def full(self) -> Tensor:
+        """The kept tokens' weights whole [T, n, d_model] (a copy: the read-out's attribution, tests)."""
+        return self.flat.unflatten(0, (-1, self.window))[:, self.skip :].flatten(0, 1)
+
+
 def whole(w: Tensor | Split) -> Tensor:
     """Weights as one tensor: ``Split`` ones formed whole (for what reads a few tokens, or needs them so)."""
     return w.full() if isinstance(w, Split) else w
