@@ -41,6 +41,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-spec"),
         ("results.md", "results-families"),
         ("results.md", "results-families-64"),
+        ("results.md", "results-zoo-pattern"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -180,6 +181,12 @@ def test_the_findings_record_and_the_readme_sentence():
     rows = {r["name"]: r for r in rec["rows"] if r["table"] == "zoo"}
     assert list(rows) == [m["name"] for m in zoo.read_manifest()]
     assert rows["standard"]["pattern_sublayers"] == pytest.approx(1.0, abs=1e-9)
+    for name, m in zip(rows, zoo.read_manifest()):  # the table's other columns, from the same run
+        r = rows[name]
+        assert r["val_loss"] == m["val_loss"]
+        assert 0 < r["readout_embed_share"] < 1 and r["embed_index"] > 0 and r["rank_ratio"] > 0
+        if m["scheme"] in ("standard", "ddl"):  # unit weights: every kind's pattern is 1 by construction
+            assert r["pattern_attn"] == pytest.approx(1.0, abs=1e-9) == r["pattern_mlp"]
     top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
     smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
