@@ -293,6 +293,27 @@ def results_zoo_pattern(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_trajectories(_: str) -> str:
+    """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "trajectory"]
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; the bundled "
+        "trajectory traces (8192 tokens of the validation split per step, seed 0).",
+        "",
+        "| run | step | train bytes | pattern: all | attn | MLP | read-out | read-out share of the embedding "
+        "| val. loss |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['run']} | {r['step']} | {r['train_tokens'] / 1e6:.1f} M | {r['pattern_sublayers']:.2f} | "
+            f"{r['pattern_attn']:.2f} | {r['pattern_mlp']:.2f} | {r['pattern_readout']:.2f} | "
+            f"{r['readout_embed_share']:.3f} | {r['val_loss']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def readme_findings(_: str) -> str:
     """The README's finding on the zoo's pattern and SmolLM2's dilution (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -336,6 +357,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,
     "results-zoo-pattern": results_zoo_pattern,
+    "results-trajectories": results_trajectories,
     "results-families": results_families,
     "results-families-64": results_families_64,
     "readme-seeds": readme_seeds,

