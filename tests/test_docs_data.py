@@ -42,6 +42,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-families"),
         ("results.md", "results-families-64"),
         ("results.md", "results-zoo-pattern"),
+        ("results.md", "results-trajectories"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -187,6 +188,15 @@ def test_the_findings_record_and_the_readme_sentence():
         assert 0 < r["readout_embed_share"] < 1 and r["embed_index"] > 0 and r["rank_ratio"] > 0
         if m["scheme"] in ("standard", "ddl"):  # unit weights: every kind's pattern is 1 by construction
             assert r["pattern_attn"] == pytest.approx(1.0, abs=1e-9) == r["pattern_mlp"]
+    steps = [r for r in rec["rows"] if r["table"] == "trajectory"]  # every bundled trajectory, every step
+    assert sorted({r["run"] for r in steps}) == sorted(p.stem for p in zoo.trajectories())
+    for run in {r["run"] for r in steps}:
+        mine = [r for r in steps if r["run"] == run]
+        assert [r["step"] for r in mine] == sorted(r["step"] for r in mine) and len(mine) >= 2
+        last = mine[-1]  # the run's last step is the zoo model's checkpoint, captured by another run
+        if run in rows:  # (float32 sums in another order: the same to about 1e-7)
+            assert last["pattern_sublayers"] == pytest.approx(rows[run]["pattern_sublayers"], rel=1e-5)
+            assert last["val_loss"] == pytest.approx(rows[run]["val_loss"], rel=1e-6)
     top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
     smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
