@@ -314,6 +314,40 @@ def results_trajectories(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_depth(_: str) -> str:
+    """results.md's versus-depth table (``benchmarks/findings.py``: ``analysis.depth.depth_table``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "depth"]
+    f = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    uniform = {r["n_layers"]: r["uniform"] for r in rows}
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
+        + ", ".join(f"uniform read-out share {u:.3f} at {n} blocks" for n, u in sorted(uniform.items()))
+        + ".",
+        "",
+        "| scheme | blocks | step | val. loss | gain over standard | pattern: all | attn | MLP | read-out "
+        "| embed. at read-out | 0.mlp at read-out | q / k / v read depth | r*/d |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lag = "-" if r["lag_q"] is None else " / ".join(f(r[f"lag_{v}"], ".2f") for v in "qkv")
+        gain = "-" if r["group"] == "standard" else f(r["loss_gain"], ".3f")
+        cells = [
+            r["group"],
+            str(r["n_layers"]),
+            f(r["step"], ".0f"),
+            f(r["val_loss"], ".3f"),
+            gain,
+            *(f(r[f"pattern_{k}"], ".2f") for k in ("sublayers", "attn", "mlp", "readout")),
+            f(r["readout_embed"], ".3f"),
+            f(r["readout_mlp0"], ".3f"),
+            lag,
+            f(r["rank_ratio"], ".1f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def readme_findings(_: str) -> str:
     """The README's finding on the zoo's pattern and SmolLM2's dilution (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -358,6 +392,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "readme-findings": readme_findings,
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
+    "results-depth": results_depth,
     "results-families": results_families,
     "results-families-64": results_families_64,
     "readme-seeds": readme_seeds,

