@@ -43,6 +43,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-families-64"),
         ("results.md", "results-zoo-pattern"),
         ("results.md", "results-trajectories"),
+        ("results.md", "results-depth"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -197,6 +198,12 @@ def test_the_findings_record_and_the_readme_sentence():
         if run in rows:  # (float32 sums in another order: the same to about 1e-7)
             assert last["pattern_sublayers"] == pytest.approx(rows[run]["pattern_sublayers"], rel=1e-5)
             assert last["val_loss"] == pytest.approx(rows[run]["val_loss"], rel=1e-6)
+    depth = [r for r in rec["rows"] if r["table"] == "depth"]  # gains against the standard at its depth
+    standard = {r["n_layers"]: r["val_loss"] for r in depth if r["group"] == "standard"}
+    assert sorted(standard) == [8, 16] and len(depth) >= 2 * 6
+    for r in depth:
+        assert r["loss_gain"] == pytest.approx(standard[r["n_layers"]] - r["val_loss"], abs=1e-12)
+        assert r["uniform"] == pytest.approx(1 / (2 * r["n_layers"] + 1), rel=1e-12)
     top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
     smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
