@@ -293,6 +293,22 @@ def results_zoo_pattern(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_weight_effect(_: str) -> str:
+    """results.md's table of how well shares and weights predict ablation effects (``findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "zoo"]
+    cells = [r["ablated_cells"] for r in rows]
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; cell ablations on the "
+        f"first {rows[0]['ablated_tokens']} tokens, {min(cells)}-{max(cells)} cells per model.",
+        "",
+        "| zoo model | rho(share, effect) | rho(weight, effect) |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {r['name']} | {r['rho_share']:.2f} | {r['rho_weight']:.2f} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -392,6 +408,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "readme-findings": readme_findings,
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
+    "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
     "results-families": results_families,
     "results-families-64": results_families_64,

@@ -6,8 +6,10 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
    the embedding and the last two sources over a uniform row's, as a mean over the sublayer inputs,
    the attention and the MLP inputs and at the read-out (``analysis.dilution.summary``), the
    embedding's dilution index over the sublayer inputs, the read-out's share of the embedding, r*/d
-   (``analysis.rank.collective_rank``, numerical rank at 0.99 of the energy) and the validation loss
-   of the manifest: the zoo's table in ``docs/results.md``.
+   (``analysis.rank.collective_rank``, numerical rank at 0.99 of the energy), the validation loss
+   of the manifest, and, from the same capture's cell ablations (the report's ``--ablate cells`` on
+   its first 512 tokens), Spearman's rho of each cell's ablation effect with its share and with its
+   weight (``analysis.causal.weight_effect_correlation``): the zoo's tables in ``docs/results.md``.
 2. Every bundled trajectory trace (``depthscope zoo list``), step by step: pattern scores by kind,
    the read-out's share of the embedding and the validation loss.
 3. The versus-depth table of those trajectories and the deep zoo's (``analysis.depth.depth_table``).
@@ -33,16 +35,20 @@ from record import write as record_write  # noqa: E402
 
 def zoo_rows(args) -> list[dict]:
     from depthscope import zoo
+    from depthscope.analysis.causal import weight_effect_correlation
     from depthscope.analysis.dilution import summary
     from depthscope.analysis.rank import collective_rank
+    from depthscope.pipelines.report_settings import ReportSettings
     from depthscope.probes import capture
     from depthscope.probes.load import load_model
 
+    settings = ReportSettings().for_model(own=True).replace(n_tokens=args.tokens, seed=0)  # make demo's
     rows = []
     for entry in zoo.read_manifest():
         model = load_model(zoo.ZOO_DIR / entry["file"])
-        trace = capture(model, None, n_tokens=args.tokens, seed=0, rank=True, progress=False)
+        trace = capture(model, None, settings, progress=False)
         s = summary(trace, 2)
+        rho = weight_effect_correlation(trace)
         score = s["pattern_score"]
         row = {
             "name": entry["name"],
@@ -55,6 +61,10 @@ def zoo_rows(args) -> list[dict]:
             "embed_index": float(s["embed_index"].sel(group="sublayers")),
             "readout_embed_share": float(s["embed_share"].sel(group="readout")),
             "rank_ratio": float(collective_rank(trace)["collective_rank_ratio"].sel(rank_kind="numerical")),
+            "rho_share": float(rho["rho_share"]),
+            "rho_weight": float(rho["rho_weight"]),
+            "ablated_cells": int(rho["cells"]),
+            "ablated_tokens": int(trace.attrs["ablation_tokens"]),
         }
         rows.append(row)
         print(
