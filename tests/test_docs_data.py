@@ -44,6 +44,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-zoo-pattern"),
         ("results.md", "results-trajectories"),
         ("results.md", "results-depth"),
+        ("results.md", "results-weight-effect"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -187,6 +188,7 @@ def test_the_findings_record_and_the_readme_sentence():
         r = rows[name]
         assert r["val_loss"] == m["val_loss"]
         assert 0 < r["readout_embed_share"] < 1 and r["embed_index"] > 0 and r["rank_ratio"] > 0
+        assert -1 <= r["rho_share"] <= 1 and -1 <= r["rho_weight"] <= 1 and r["ablated_cells"] >= 153
         if m["scheme"] in ("standard", "ddl"):  # unit weights: every kind's pattern is 1 by construction
             assert r["pattern_attn"] == pytest.approx(1.0, abs=1e-9) == r["pattern_mlp"]
     steps = [r for r in rec["rows"] if r["table"] == "trajectory"]  # every bundled trajectory, every step
