@@ -45,6 +45,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-trajectories"),
         ("results.md", "results-depth"),
         ("results.md", "results-weight-effect"),
+        ("results.md", "results-thresholds"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -206,6 +207,13 @@ def test_the_findings_record_and_the_readme_sentence():
     for r in depth:
         assert r["loss_gain"] == pytest.approx(standard[r["n_layers"]] - r["val_loss"], abs=1e-12)
         assert r["uniform"] == pytest.approx(1 / (2 * r["n_layers"] + 1), rel=1e-12)
+    from depthscope.analysis.theory import derived_bound
+
+    for r in (r for r in rec["rows"] if r["table"] == "threshold"):  # the closed form, recomputed here
+        assert r["derived_bound"] == pytest.approx(
+            float(derived_bound(r["kappa"], r["variant"], d=r["d"])), rel=1e-12
+        )
+        assert 0 <= r["exact"] < 1
     top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
     smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
