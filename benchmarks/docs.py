@@ -345,8 +345,8 @@ def results_identity(_: str) -> str:
     sweep = [r for r in rows if r["kind"] == "sweep"]
     last = curves[0]["steps"]
     lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; `depthscope rank identity`'s "
-        "defaults. Population MSE:",
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
+        "`depthscope rank identity`'s defaults. Population MSE:",
         "",
         f"| | step 10 | step 100 | step {last} | steps to the other's final error |",
         "|---|---|---|---|---|",

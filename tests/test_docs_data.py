@@ -46,6 +46,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-depth"),
         ("results.md", "results-weight-effect"),
         ("results.md", "results-thresholds"),
+        ("results.md", "results-identity"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
