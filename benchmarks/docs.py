@@ -377,6 +377,26 @@ def results_identity(_: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def results_dca_views(_: str) -> str:
+    """results.md's table of the zoo DCA's q, k and v read depths (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    rows = [r for r in rec["rows"] if r["table"] == "dca_views"]
+    cell = {(r["block"], r["view"]): r for r in rows}
+    blocks = sorted({r["block"] for r in rows})
+    lines = [
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; the zoo's DCA as "
+        "`make demo` captures it.",
+        "",
+        "| block | mean lag: q | k | v | weight on the embedding: q | k | v |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for b in blocks:
+        lag = " | ".join(f"{cell[b, v]['mean_lag']:.2f}" for v in "qkv")
+        emb = " | ".join(f"{cell[b, v]['embed_mass']:.3f}" for v in "qkv")
+        lines.append(f"| {b} | {lag} | {emb} |")
+    return "\n".join(lines) + "\n"
+
+
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -478,6 +498,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
     "results-identity": results_identity,
+    "results-dca-views": results_dca_views,
     "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
     "results-families": results_families,

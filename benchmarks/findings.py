@@ -69,10 +69,31 @@ def zoo_rows(args) -> list[dict]:
             "ablated_tokens": int(trace.attrs["ablation_tokens"]),
         }
         rows.append(row)
+        if entry["name"] == "dca":  # its q, k and v inputs' read depths (the report's read-depth-dca figure)
+            rows += dca_views(trace)
         print(
             f"| {row['name']} | {row['pattern_sublayers']:.2f} | {row['pattern_readout']:.2f} |", flush=True
         )
     return rows
+
+
+def dca_views(trace) -> list[dict]:
+    """Per block and view (q, k, v): the mass-weighted mean lag and the weight on the embedding
+    (``analysis.causal.views``)."""
+    from depthscope.analysis.causal import views
+
+    v = views(trace)
+    return [
+        {
+            "table": "dca_views",
+            "block": int(b),
+            "view": str(x),
+            "mean_lag": float(v["mean_lag"].sel(block=b, view=x)),
+            "embed_mass": float(v["embed_mass"].sel(block=b, view=x)),
+        }
+        for b in v["block"].values
+        for x in v["view"].values
+    ]
 
 
 def trajectory_rows() -> list[dict]:
@@ -239,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--layer", type=int, default=3, help="the SmolLM2 layer whose writes are followed")
     ap.add_argument("--json", default=None, help="the record (default docs/data/findings.json)")
     args = ap.parse_args(argv)
-    rows = [{"table": "zoo", **r} for r in zoo_rows(args)]
+    rows = [r if "table" in r else {"table": "zoo", **r} for r in zoo_rows(args)]
     rows += [{"table": "trajectory", **r} for r in trajectory_rows()]
     rows += [{"table": "depth", **r} for r in depth_rows()]
     rows += [{"table": "threshold", **r} for r in threshold_rows()]
