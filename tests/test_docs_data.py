@@ -47,6 +47,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-weight-effect"),
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
+        ("results.md", "results-dca-views"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -215,6 +216,11 @@ def test_the_findings_record_and_the_readme_sentence():
             float(derived_bound(r["kappa"], r["variant"], d=r["d"])), rel=1e-12
         )
         assert 0 <= r["exact"] < 1
+    views = [r for r in rec["rows"] if r["table"] == "dca_views"]  # block 0 reads only the embedding
+    assert {r["view"] for r in views} == {"q", "k", "v"} and len(views) == 3 * len(
+        {r["block"] for r in views}
+    )
+    assert all(r["mean_lag"] == 1 and r["embed_mass"] == 1 for r in views if r["block"] == 0)
     top = sorted(rows.values(), key=lambda r: -r["pattern_sublayers"])[:2]
     smol = next(r for r in rec["rows"] if r["table"] == "smollm2")
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
