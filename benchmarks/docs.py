@@ -272,65 +272,69 @@ def results_families_64(_: str) -> str:
     return results_families(_, "capture_families_d64")
 
 
+def _findings(table: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The findings record and its rows of ``table`` (``benchmarks/findings.py``)."""
+    rec = record("findings")
+    return rec, [r for r in rec["rows"] if r["table"] == table]
+
+
+def _table(rec: dict[str, Any], what: str, header: list[str], rows: list[list[str]]) -> list[str]:
+    """A generated table's lines: where its numbers come from (``rec``, ``what``), then the table."""
+    name = rec["benchmark"]
+    return [
+        f"Generated from [data/{name}.json](data/{name}.json): {_where(rec)}; {what}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(r) + " |" for r in rows),
+    ]
+
+
+def _f(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+PATTERN = ("sublayers", "attn", "mlp", "readout")
+PATTERN_HEADER = ["pattern: all", "attn", "MLP", "read-out"]
+
+
 def results_zoo_pattern(_: str) -> str:
     """results.md's table of the pattern on every bundled zoo model (``benchmarks/findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "zoo"]
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
-        f"{rec['settings']['tokens']} tokens of the validation split per model, seed 0.",
-        "",
-        "| zoo model | val. loss | pattern: all | attn | MLP | read-out | embed. dilution index "
-        "| read-out share of the embedding | r*/d |",
-        "|---|---|---|---|---|---|---|---|---|",
+    rec, rows = _findings("zoo")
+    header = ["zoo model", "val. loss", *PATTERN_HEADER, "embed. dilution index"]
+    header += ["read-out share of the embedding", "r*/d"]
+    cells = [
+        [r["name"], f"{r['val_loss']:.3f}", *(f"{r[f'pattern_{k}']:.2f}" for k in PATTERN)]
+        + [f"{r['embed_index']:.2f}", f"{r['readout_embed_share']:.3f}", f"{r['rank_ratio']:.2f}"]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['name']} | {r['val_loss']:.3f} | {r['pattern_sublayers']:.2f} | {r['pattern_attn']:.2f} | "
-            f"{r['pattern_mlp']:.2f} | {r['pattern_readout']:.2f} | {r['embed_index']:.2f} | "
-            f"{r['readout_embed_share']:.3f} | {r['rank_ratio']:.2f} |"
-        )
-    return "\n".join(lines) + "\n"
+    what = f"{rec['settings']['tokens']} tokens of the validation split per model, seed 0."
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
 def results_weight_effect(_: str) -> str:
     """results.md's table of how well shares and weights predict ablation effects (``findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "zoo"]
-    cells = [r["ablated_cells"] for r in rows]
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; cell ablations on the "
-        f"first {rows[0]['ablated_tokens']} tokens, {min(cells)}-{max(cells)} cells per model.",
-        "",
-        "| zoo model | rho(share, effect) | rho(weight, effect) |",
-        "|---|---|---|",
-    ]
-    lines += [f"| {r['name']} | {r['rho_share']:.2f} | {r['rho_weight']:.2f} |" for r in rows]
-    return "\n".join(lines) + "\n"
+    rec, rows = _findings("zoo")
+    n = [r["ablated_cells"] for r in rows]
+    what = (
+        f"cell ablations on the first {rows[0]['ablated_tokens']} tokens, {min(n)}-{max(n)} cells per model."
+    )
+    header = ["zoo model", "rho(share, effect)", "rho(weight, effect)"]
+    cells = [[r["name"], f"{r['rho_share']:.2f}", f"{r['rho_weight']:.2f}"] for r in rows]
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
 def results_thresholds(_: str) -> str:
     """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "threshold"]
+    rec, rows = _findings("threshold")
     kappas = list(dict.fromkeys(r["kappa"] for r in rows))
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; d = {rows[0]['d']}.",
-        "",
-        "| kappa | " + " | ".join(f"{k:g}" for k in kappas) + " |",
-        "|---|" + "---|" * len(kappas),
-    ]
+    cells = []
     for v in ("v1", "v2"):
         mine = {r["kappa"]: r for r in rows if r["variant"] == v}
-        lines.append(
-            f"| GRN-{v}, exact risks | " + " | ".join(f"{mine[k]['exact']:.2f}" for k in kappas) + " |"
-        )
-        lines.append(
-            f"| GRN-{v}, derived bound | "
-            + " | ".join(f"{mine[k]['derived_bound']:.3f}" for k in kappas)
-            + " |"
-        )
-    return "\n".join(lines) + "\n"
+        cells.append([f"GRN-{v}, exact risks", *(f"{mine[k]['exact']:.2f}" for k in kappas)])
+        cells.append([f"GRN-{v}, derived bound", *(f"{mine[k]['derived_bound']:.3f}" for k in kappas)])
+    header = ["kappa", *(f"{k:g}" for k in kappas)]
+    return "\n".join(_table(rec, f"d = {rows[0]['d']}.", header, cells)) + "\n"
 
 
 _TASKS = {"identity": "(a) identity", "random": "(b) random map"}
@@ -339,26 +343,21 @@ _MODELS = {"resnet": "ResNet", "grn_v1": "GRN-v1"}
 
 def results_identity(_: str) -> str:
     """results.md's tables of DCA's identity experiment and its width sweep (``findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "identity"]
+    rec, rows = _findings("identity")
     curves = [r for r in rows if r["kind"] == "curve"]
     sweep = [r for r in rows if r["kind"] == "sweep"]
     last = curves[0]["steps"]
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
-        "`depthscope rank identity`'s defaults. Population MSE:",
-        "",
-        f"| | step 10 | step 100 | step {last} | steps to the other's final error |",
-        "|---|---|---|---|---|",
+    header = ["", "step 10", "step 100", f"step {last}", "steps to the other's final error"]
+    cells = [
+        [f"{_TASKS[r['task']]}, {_MODELS[r['model']]}"]
+        + [f"{r[k]:.3g}" for k in ("mse_10", "mse_100", "mse_final")]
+        + ["never" if r["steps_to_other_final"] is None else str(r["steps_to_other_final"])]
+        for r in curves
     ]
-    for r in curves:
-        reach = "never" if r["steps_to_other_final"] is None else str(r["steps_to_other_final"])
-        lines.append(
-            f"| {_TASKS[r['task']]}, {_MODELS[r['model']]} | {r['mse_10']:.3g} | {r['mse_100']:.3g} | "
-            f"{r['mse_final']:.3g} | {reach} |"
-        )
+    lines = _table(rec, "`depthscope rank identity`'s defaults. Population MSE:", header, cells)
     ds = list(dict.fromkeys(r["d"] for r in sweep))
     r_star = sweep[0]["r_star"]
+    final = {(r["task"], r["model"], r["d"]): r["mse_final"] for r in sweep}
     lines += [
         "",
         f"Width sweep at the same r* = {r_star} (final MSE after {last} steps):",
@@ -368,88 +367,67 @@ def results_identity(_: str) -> str:
     ]
     for task in _TASKS:
         for model in _MODELS:
-            got = {r["d"]: r["mse_final"] for r in sweep if r["task"] == task and r["model"] == model}
-            lines.append(
-                f"| {_TASKS[task].split()[0]} {_MODELS[model]} | "
-                + " | ".join(f"{got[d]:.3g}" for d in ds)
-                + " |"
-            )
+            row = [
+                f"{_TASKS[task].split()[0]} {_MODELS[model]}",
+                *(f"{final[task, model, d]:.3g}" for d in ds),
+            ]
+            lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
 def results_dca_views(_: str) -> str:
     """results.md's table of the zoo DCA's q, k and v read depths (``benchmarks/findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "dca_views"]
+    rec, rows = _findings("dca_views")
     cell = {(r["block"], r["view"]): r for r in rows}
-    blocks = sorted({r["block"] for r in rows})
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; the zoo's DCA as "
-        "`make demo` captures it.",
-        "",
-        "| block | mean lag: q | k | v | weight on the embedding: q | k | v |",
-        "|---|---|---|---|---|---|---|",
+    header = ["block", "mean lag: q", "k", "v", "weight on the embedding: q", "k", "v"]
+    cells = [
+        [
+            str(b),
+            *(f"{cell[b, v]['mean_lag']:.2f}" for v in "qkv"),
+            *(f"{cell[b, v]['embed_mass']:.3f}" for v in "qkv"),
+        ]
+        for b in sorted({r["block"] for r in rows})
     ]
-    for b in blocks:
-        lag = " | ".join(f"{cell[b, v]['mean_lag']:.2f}" for v in "qkv")
-        emb = " | ".join(f"{cell[b, v]['embed_mass']:.3f}" for v in "qkv")
-        lines.append(f"| {b} | {lag} | {emb} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(_table(rec, "the zoo's DCA as `make demo` captures it.", header, cells)) + "\n"
 
 
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "trajectory"]
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; the bundled "
-        "trajectory traces (8192 tokens of the validation split per step, seed 0).",
-        "",
-        "| run | step | train bytes | pattern: all | attn | MLP | read-out | read-out share of the embedding "
-        "| val. loss |",
-        "|---|---|---|---|---|---|---|---|---|",
+    rec, rows = _findings("trajectory")
+    header = ["run", "step", "train bytes", *PATTERN_HEADER, "read-out share of the embedding", "val. loss"]
+    cells = [
+        [
+            r["run"],
+            str(r["step"]),
+            f"{r['train_tokens'] / 1e6:.1f} M",
+            *(f"{r[f'pattern_{k}']:.2f}" for k in PATTERN),
+        ]
+        + [f"{r['readout_embed_share']:.3f}", f"{r['val_loss']:.3f}"]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['run']} | {r['step']} | {r['train_tokens'] / 1e6:.1f} M | {r['pattern_sublayers']:.2f} | "
-            f"{r['pattern_attn']:.2f} | {r['pattern_mlp']:.2f} | {r['pattern_readout']:.2f} | "
-            f"{r['readout_embed_share']:.3f} | {r['val_loss']:.3f} |"
-        )
-    return "\n".join(lines) + "\n"
+    what = "the bundled trajectory traces (8192 tokens of the validation split per step, seed 0)."
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
 def results_depth(_: str) -> str:
     """results.md's versus-depth table (``benchmarks/findings.py``: ``analysis.depth.depth_table``)."""
-    rec = record("findings")
-    rows = [r for r in rec["rows"] if r["table"] == "depth"]
-    f = lambda x, spec: "-" if x is None else format(x, spec)  # noqa: E731
+    rec, rows = _findings("depth")
     uniform = {r["n_layers"]: r["uniform"] for r in rows}
-    lines = [
-        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; "
-        + ", ".join(f"uniform read-out share {u:.3f} at {n} blocks" for n, u in sorted(uniform.items()))
-        + ".",
-        "",
-        "| scheme | blocks | step | val. loss | gain over standard | pattern: all | attn | MLP | read-out "
-        "| embed. at read-out | 0.mlp at read-out | q / k / v read depth | r*/d |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    what = (
+        ", ".join(f"uniform read-out share {u:.3f} at {n} blocks" for n, u in sorted(uniform.items())) + "."
+    )
+    header = ["scheme", "blocks", "step", "val. loss", "gain over standard", *PATTERN_HEADER]
+    header += ["embed. at read-out", "0.mlp at read-out", "q / k / v read depth", "r*/d"]
+    cells = []
     for r in rows:
-        lag = "-" if r["lag_q"] is None else " / ".join(f(r[f"lag_{v}"], ".2f") for v in "qkv")
-        gain = "-" if r["group"] == "standard" else f(r["loss_gain"], ".3f")
-        cells = [
-            r["group"],
-            str(r["n_layers"]),
-            f(r["step"], ".0f"),
-            f(r["val_loss"], ".3f"),
-            gain,
-            *(f(r[f"pattern_{k}"], ".2f") for k in ("sublayers", "attn", "mlp", "readout")),
-            f(r["readout_embed"], ".3f"),
-            f(r["readout_mlp0"], ".3f"),
-            lag,
-            f(r["rank_ratio"], ".1f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        lag = "-" if r["lag_q"] is None else " / ".join(_f(r[f"lag_{v}"], ".2f") for v in "qkv")
+        gain = "-" if r["group"] == "standard" else _f(r["loss_gain"], ".3f")
+        cells.append(
+            [r["group"], str(r["n_layers"]), _f(r["step"], ".0f"), _f(r["val_loss"], ".3f"), gain]
+            + [_f(r[f"pattern_{k}"], ".2f") for k in PATTERN]
+            + [_f(r["readout_embed"], ".3f"), _f(r["readout_mlp0"], ".3f"), lag, _f(r["rank_ratio"], ".1f")]
+        )
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
 def readme_findings(_: str) -> str:
