@@ -391,6 +391,20 @@ def results_dca_views(_: str) -> str:
     return "\n".join(_table(rec, "the zoo's DCA as `make demo` captures it.", header, cells)) + "\n"
 
 
+def results_smollm2(_: str) -> str:
+    """results.md's lines on SmolLM2's read-out (``benchmarks/findings.py``)."""
+    rec, (r,) = _findings("smollm2")
+    top = ", ".join(f"{src} {v:.1%}" for src, v in r["largest"])
+    return (
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}; {r['model']}, "
+        f"{r['tokens']} tokens, largest residual error {r['max_residual_error']:.1e}.\n\n"
+        f"* Layer {r['layer']}'s write is {r['share']:.2%} of the read-out, against "
+        f"{r['uniform']:.1%} for a uniform mix: {r['below_uniform']:.0f}x below it; "
+        f"{r['below_1_over_t']} of the {r['writes']} sublayer writes sit below 1/T there.\n"
+        f"* The read-out's largest shares: {top}; the embedding's {r['embed_share']:.2%}.\n"
+    )
+
+
 def results_trajectories(_: str) -> str:
     """results.md's table of the bundled trajectories, step by step (``benchmarks/findings.py``)."""
     rec, rows = _findings("trajectory")
@@ -477,6 +491,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-thresholds": results_thresholds,
     "results-identity": results_identity,
     "results-dca-views": results_dca_views,
+    "results-smollm2": results_smollm2,
     "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
     "results-families": results_families,

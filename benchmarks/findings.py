@@ -227,6 +227,12 @@ def identity_rows() -> list[dict]:
     return rows
 
 
+def largest(share, k: int) -> list[tuple[str, float]]:
+    """The ``k`` largest entries of a share over sources, largest first."""
+    order = sorted(zip(map(str, share["source"].values), map(float, share.values)), key=lambda x: -x[1])
+    return order[:k]
+
+
 def smollm2_row(args) -> dict:
     from depthscope.analysis.dilution import sources_at
     from depthscope.probes import capture
@@ -247,6 +253,11 @@ def smollm2_row(args) -> dict:
         "uniform": len(writes) / n,
         "below_uniform": (len(writes) / n) / share,
         "max_residual_error": float(trace["residual_error"].max()),
+        # the read-out's largest shares, the embedding's, and how many sublayer writes sit below 1/T
+        "largest": [[str(src), float(v)] for src, v in largest(at["share"], 5)],
+        "embed_share": float(at["share"].sel(source="embed")),
+        "below_1_over_t": int((at["share"].drop_sel(source="embed") < 1 / n).sum()),
+        "writes": n - 1,
     }
     print(f"SmolLM2 layer {args.layer}: {share:.4%} of the read-out, uniform {len(writes)}/{n}", flush=True)
     return row
