@@ -48,6 +48,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
         ("results.md", "results-dca-views"),
+        ("results.md", "results-smollm2"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -226,6 +227,12 @@ def test_the_findings_record_and_the_readme_sentence():
     assert smol["max_residual_error"] <= 1e-4 and 0 < smol["share"] < smol["uniform"]
     assert smol["uniform"] == pytest.approx(2 / smol["sources"], rel=1e-12)
     assert smol["below_uniform"] == pytest.approx(smol["uniform"] / smol["share"], rel=1e-12)
+    shares = [v for _, v in smol["largest"]]
+    assert (
+        shares == sorted(shares, reverse=True)
+        and sum(shares) < 1
+        and 0 <= smol["below_1_over_t"] <= smol["writes"]
+    )
     readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
     line = next(m.group(3) for m in docs.BLOCK.finditer(readme) if m.group(2) == "readme-findings")
     assert f"On the zoo {top[0]['name']} and {top[1]['name']} " in line
