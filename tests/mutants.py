@@ -465,6 +465,15 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_schemes_static.py",),
     ),
     Mutant(
+        "the structural check rebuilds every consumer's input unweighted (a plan's static scales unchecked)",
+        "depthscope/probes/adapters/structure.py",
+        "w = c.static or (1.0,) * c.n_sources",
+        "w = (1.0,) * c.n_sources",
+        (
+            "tests/probes/adapters/test_huggingface_layouts.py::test_check_refuses_a_plan_whose_static_scale_is_not_the_models",
+        ),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",

@@ -34,9 +34,7 @@ import torch
 from depthscope.probes.adapters import post_ln
 from depthscope.probes.adapters.base import (
     Adapter,
-    ConsumerSpec,
     Head,
-    SourceSpec,
     config_value,
     config_values,
     head_of,
@@ -57,7 +55,7 @@ from depthscope.probes.adapters.structure import (
     error,
     tap_value,
 )
-from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
+from depthscope.trace.labels import ATTN, EMBED, MLP, SSM, Kind
 
 NAME = "huggingface"
 Scale = Callable[[Any], float]  # a static scale from the (text) config
@@ -339,7 +337,7 @@ def _step(
 
 
 def plan_of(model: Any, probe: Probe) -> Plan:
-    """The model's plan: its ``LAYOUTS`` row, else discovered; checked on the probe."""
+    """The model's plan: its ``LAYOUTS`` row, else discovered (``structure.check`` checks it)."""
     model_type = getattr(model.config, "model_type", "")
     layout = LAYOUTS.get(model_type)
     if layout is not None:
@@ -348,7 +346,6 @@ def plan_of(model: Any, probe: Probe) -> Plan:
         embedding = input_embedding(model)
         path = next((p for p, m in model.named_modules() if m is embedding), None) if embedding else None
         plan = discover(model, probe, path)
-    check(plan, probe)
     return plan
 
 
@@ -366,6 +363,7 @@ def build(model: Any) -> Adapter:
         probe = None
         probe = Probe(model, vocab)
         plan = plan_of(model, probe)
+        sources, consumers = check(plan, probe)
     except Refused as err:
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
         also = ""
@@ -384,7 +382,6 @@ def build(model: Any) -> Adapter:
         raise Refused(
             f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}{spec}"
         ) from None
-    sources, consumers = specs(plan, probe)
     name = model_name(model)
     keep = (
         "model_type",
@@ -420,64 +417,6 @@ def build(model: Any) -> Adapter:
         head=verified_head(model, plan, probe),
         hint=f"; this {model_type} model ({plan.origin}) is not a plain sum of its writes here",
     )
-
-
-def specs(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
-    """Sources and consumers of a plan, in execution order, with the static weights its scales imply.
-
-    A step's writes are ordered as they ran; each distinct read of a stream is one consumer,
-    labelled by the first write it feeds and placed where that stream is read (before the step's
-    writes); a layer writing two of one kind labels the second by its module's name
-    (``3.mlp.shared_mlp``). A step that scales the stream scales every earlier source's weight
-    after its reads.
-    """
-    sources = [SourceSpec(e.label, e.tap, EMBED, 0) for e in plan.embeds]
-    weights = [e.scale for e in plan.embeds]
-    consumers = []
-    depth = 0
-    for i, steps in zip(plan.index(), plan.steps):
-        used: set[str] = set()
-        ordered = [
-            sorted(st.subs, key=lambda sub: probe.once(sub.write.rpartition(":")[0]).index) for st in steps
-        ]
-        writes = []  # per step: (sublayer, label, depth) of its writes
-        for st in ordered:
-            writes.append([(sub, _label(i, sub, used), depth + 1 + k) for k, sub in enumerate(st)])
-            depth += len(st)
-        reads: list[list[tuple]] = [[] for _ in steps]  # per step: the writes fed by a read of its stream
-        for k, step in enumerate(writes):
-            for w in step:
-                reads[k - w[0].back].append(w)
-        for k, step in enumerate(steps):
-            seen: set[str] = set()
-            for sub, lab, d in reads[k]:
-                if sub.read not in seen:
-                    seen.add(sub.read)
-                    consumers.append(
-                        ConsumerSpec(
-                            lab, f"{sub.read}:in", sub.kind, d, len(sources), static=_static(weights)
-                        )
-                    )
-            weights = [step.keep * w for w in weights]
-            for sub, lab, d in writes[k]:
-                sources.append(SourceSpec(lab, sub.write, sub.kind, d))
-                weights.append(sub.scale)
-    n = len(sources)
-    consumers.append(ConsumerSpec(READOUT, plan.readout, READOUT, depth + 1, n, static=_static(weights)))
-    return sources, consumers
-
-
-def _label(i: int, sub: Sublayer, used: set[str]) -> str:
-    lab = f"{i}.ple" if sub.kind == EMBED else label(i, sub.kind)  # a per-layer embedding (gemma4)
-    if lab in used:
-        lab = f"{lab}.{sub.write.rpartition(':')[0].rsplit('.', 1)[-1]}"
-    used.add(lab)
-    return lab
-
-
-def _static(weights: list[float]) -> tuple[float, ...] | None:
-    """Static weights over the sources so far, or None when every one is 1 (the fast unit path)."""
-    return None if all(w == 1.0 for w in weights) else tuple(weights)
 
 
 def _context(cfg: Any) -> int:

@@ -634,7 +634,7 @@ def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
     embedding = input_embedding(model)
     word = next((p for p, m in modules.items() if m is embedding), None) if embedding is not None else None
     called = [c for c in before if isinstance(c.module, torch.nn.Embedding) and probe.count.get(c.path) == 1]
-    values = _outputs(model, probe, [c.path for c in called])  # [batch or 1, pos, width], 2-D ones too
+    values = _outputs(probe, called)  # [batch or 1, pos, width], 2-D ones too
     embeds = [
         c for c in called if values.get(c.path) is not None and values[c.path].shape[-1] == target.shape[-1]
     ]
@@ -657,29 +657,15 @@ def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
     return labels, [e.path for e in embeds], tuple(float(c) for c in scales), ln, padded, proj
 
 
-def _outputs(model: Any, probe: Any, paths: list[str]) -> dict[str, Tensor | None]:
-    """The outputs of modules on the probe's tokens, as [batch or 1, pos, width] (an output of
-    shape [pos, width], shared over the batch, gets a leading 1; the probe keeps only 3-D values).
+def _outputs(probe: Any, calls: list) -> dict[str, Tensor]:
+    """The recorded outputs of ``calls`` as [batch or 1, pos, width]: one of shape [pos, width],
+    shared over the batch, gets a leading 1; other shapes are left out.
     """
-    from depthscope.probes.adapters.base import evaluating, input_device
-
-    got: dict[str, Tensor | None] = {}
-
-    def keep(path: str):
-        def hook(module, args, out):
-            t = out[0] if isinstance(out, tuple) else out
-            if isinstance(t, Tensor) and t.is_floating_point() and t.ndim in (2, 3):
-                got.setdefault(path, (t.unsqueeze(0) if t.ndim == 2 else t).detach().to("cpu", copy=True))
-
-        return hook
-
-    handles = [model.get_submodule(p).register_forward_hook(keep(p)) for p in paths]
-    try:
-        with evaluating(model), torch.no_grad():
-            model(probe.tokens.to(input_device(model)))
-    finally:
-        for h in handles:
-            h.remove()
+    got = {}
+    for c in calls:
+        t = c.raw_out
+        if isinstance(t, Tensor) and t.ndim in (2, 3):
+            got[c.path] = t.unsqueeze(0) if t.ndim == 2 else t
     return got
 
 

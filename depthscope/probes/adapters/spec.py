@@ -64,17 +64,21 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     Head,
     SourceSpec,
-    evaluating,
     head_of,
-    input_device,
-    input_slot,
     module_attach,
     router,
     stream_layout,
     to_stream,
 )
 from depthscope.probes.adapters.hf import byte_encoder
-from depthscope.probes.adapters.structure import FLOAT_TOLERANCE, PROBE_SHAPE, PROBE_TOLERANCE
+from depthscope.probes.adapters.structure import (
+    FLOAT_TOLERANCE,
+    PROBE_SHAPE,
+    PROBE_TOLERANCE,
+    Probe,
+    Refused,
+    verify,
+)
 from depthscope.trace.labels import BLOCK, EMBED, READOUT, SUBLAYER_KINDS, Kind
 
 NAME = "spec"  # the adapter's family attr (this module is no family: it defines no FAMILY)
@@ -202,91 +206,39 @@ def first_line(err: BaseException) -> str:
     return (str(err).splitlines() or [""])[0][:160]
 
 
-class _Record:
-    """One probe forward with the named modules' first inputs and outputs recorded in call order,
-    each as its stream view [batch or 1, pos, d] (float64 copies: an in-place update after a module
-    returned does not change what it wrote), its layout and its dtype.
+def _probe(model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[..., Any]) -> Probe:
+    """One probe forward with the named modules' calls recorded (``structure.Probe``), on ids of a
+    model's shorter context where it has one; each named module must run once.
     """
-
-    def __init__(
-        self, model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[[Any, Tensor], Any]
-    ):
-        g = torch.Generator().manual_seed(0)
-        self.shape = (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx))  # a model of a shorter context: its own
-        self.tokens = torch.randint(min(5, vocab - 1), vocab, self.shape, generator=g)
-        self.start: dict[str, int] = {}  # when each module's call started, and ended
-        self.end: dict[str, int] = {}
-        self.count: dict[str, int] = {}
-        self.raw: dict[tuple[str, str], Any] = {}  # (path, "in" | "out") -> the tensor, copied
-        self.clock = 0
-        handles = []
-        try:
-            for path in paths:
-                module = model.get_submodule(path)
-                handles.append(module.register_forward_pre_hook(self._pre(path), with_kwargs=True))
-                handles.append(module.register_forward_hook(self._post(path)))
-            with evaluating(model), torch.no_grad():
-                forward(model, self.tokens.to(input_device(model)))
-        except DepthscopeError:
-            raise
-        except Exception as err:  # the model's own code failed on a plain batch of ids
-            raise DepthscopeError(
-                f"ModelSpec: the probe forward on token ids of shape {list(self.shape)} failed "
-                f"({type(err).__name__}: {first_line(err)})"
-            ) from None
-        finally:
-            for h in handles:
-                h.remove()
-        ran = [(path, self.count.get(path, 0)) for path in paths]
-        path, n = next(((p, n) for p, n in ran if n != 1), (None, 1))
-        if path is not None:
-            raise DepthscopeError(
-                f"ModelSpec: {path} {'does not run' if n == 0 else f'runs {n} times'} in one forward; "
-                "name modules that run once each"
-            )
-
-    def _pre(self, path: str):
-        def hook(module, args, kwargs):
-            self.count[path] = self.count.get(path, 0) + 1
-            self.start.setdefault(path, self.clock)
-            self.clock += 1
-            self.raw.setdefault((path, "in"), _copy(input_slot(args, kwargs)[1]))
-
-        return hook
-
-    def _post(self, path: str):
-        def hook(module, args, out):
-            self.end.setdefault(path, self.clock)
-            self.clock += 1
-            self.raw.setdefault(
-                (path, "out"), _copy(out[0] if isinstance(out, (tuple, list)) and out else out)
-            )
-
-        return hook
-
-    def value(self, path: str, where: str) -> tuple[Tensor, str, torch.dtype]:
-        """A module's recorded input or output as [batch or 1, pos, d] float64, its layout and dtype."""
-        raw = self.raw.get((path, where))
-        what = "input" if where == "in" else "output"
-        if not isinstance(raw, tuple):
-            got = "nothing" if raw is None else f"a {raw}"
-            raise DepthscopeError(f"ModelSpec: {path}'s {what} is {got}, not a floating-point tensor")
-        t, dtype = raw
-        layout = stream_layout(tuple(t.shape), *self.shape)
-        if layout is None:
-            b, p = self.shape
-            raise DepthscopeError(
-                f"ModelSpec: {path}'s {what} has shape {list(t.shape)} in a forward on ids [{b}, {p}]: not "
-                f"the stream [batch, pos, d_model] (nor [pos, d], [batch*pos, d] or [pos, batch, d])"
-            )
-        return to_stream(t, layout, self.shape), layout, dtype
+    try:
+        probe = Probe(model, vocab, forward, (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx)), paths)
+    except Refused as err:
+        raise DepthscopeError(f"ModelSpec: {err}") from None
+    path, n = next(((p, probe.count.get(p, 0)) for p in paths if probe.count.get(p, 0) != 1), (None, 1))
+    if path is not None:
+        raise DepthscopeError(
+            f"ModelSpec: {path} {'does not run' if n == 0 else f'runs {n} times'} in one forward; "
+            "name modules that run once each"
+        )
+    return probe
 
 
-def _copy(t: Any) -> Any:
-    """(a float64 copy, its dtype) of a floating-point tensor; else a short name of what it is."""
-    if isinstance(t, Tensor) and t.is_floating_point():
-        return t.detach().to("cpu", torch.float64, copy=True), t.dtype
-    return None if t is None else type(t).__name__
+def _value(probe: Probe, path: str, where: str) -> tuple[Tensor, str, torch.dtype]:
+    """A module's recorded input or output as [batch or 1, pos, d] float64, its layout and dtype."""
+    call = probe.first[path]
+    raw = call.raw_in if where == "in" else call.raw_out
+    what = "input" if where == "in" else "output"
+    if not isinstance(raw, Tensor):
+        got = "nothing" if raw is None else f"a {raw}"
+        raise DepthscopeError(f"ModelSpec: {path}'s {what} is {got}, not a floating-point tensor")
+    layout = stream_layout(tuple(raw.shape), *probe.shape)
+    if layout is None:
+        b, p = probe.shape
+        raise DepthscopeError(
+            f"ModelSpec: {path}'s {what} has shape {list(raw.shape)} in a forward on ids [{b}, {p}]: not "
+            f"the stream [batch, pos, d_model] (nor [pos, d], [batch*pos, d] or [pos, batch, d])"
+        )
+    return to_stream(raw, layout, probe.shape).double(), layout, raw.dtype
 
 
 # --- weights from activations ---------------------------------------------------------------------
@@ -444,34 +396,31 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
-    record = _Record(model, paths, vocab, ctx, forward)
-    writes.sort(key=lambda s: record.end[s.path])  # a source exists once its module has returned
-    reads.sort(key=lambda s: (s.key == READOUT, record.start[s.path]))
+    probe = _probe(model, paths, vocab, ctx, forward)
+    start, end = {p: probe.first[p].index for p in paths}, {p: probe.first[p].end for p in paths}
+    writes.sort(key=lambda s: end[s.path])  # a source exists once its module has returned
+    reads.sort(key=lambda s: (s.key == READOUT, start[s.path]))
 
     sources = _sources(embeds, writes)
-    recorded = [record.value(site.path, "out") for _, site in sources]
+    recorded = [_value(probe, site.path, "out") for _, site in sources]
     values = [v for v, _, _ in recorded]
     dtype = recorded[0][2]
-    _check_widths([site.path for _, site in sources], values, reads, record)
+    _check_widths([site.path for _, site in sources], values, reads, probe)
     tol = PROBE_TOLERANCE.get(dtype, FLOAT_TOLERANCE)
     layouts = {f"{site.path}:out": layout for (_, site), (_, layout, _) in zip(sources, recorded)}
 
-    consumers, per_token, labels, found_as, inputs = [], {}, set(), {}, {}
+    consumers, per_token, labels, found_as, inputs, targets = [], {}, set(), {}, {}, {}
     for r in reads:
         label = READOUT if r.key == READOUT else (f"{r.index}.{r.key}" if r.index is not None else r.key)
         if label in labels:
             raise DepthscopeError(f"ModelSpec: two reads are both {label}; name one module per layer and key")
         labels.add(label)
-        before = [
-            j
-            for j, (_, s) in enumerate(sources)
-            if j < len(embeds) or record.end[s.path] < record.start[r.path]
-        ]
+        before = [j for j, (_, s) in enumerate(sources) if j < len(embeds) or end[s.path] < start[r.path]]
         n = len(before)
         if before != list(range(n)):
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
-        h, layout, _ = record.value(r.path, "in")
-        layouts[f"{r.path}:in"] = layout
+        h, layout, _ = _value(probe, r.path, "in")
+        layouts[f"{r.path}:in"], targets[label] = layout, (r.path, h)
         given = spec.weights.get(r.key)
         if given is not None:
             found = _declared(label, r, given, values[:n], h, tol)
@@ -486,6 +435,10 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         inputs[label] = f"{r.path}:in"
         if weights is not None:
             per_token[label] = (n, _declared_fn(given, r.index) if given is not None else None)
+    try:  # the check every reading passes (the weights found rebuild each input; so it never fails)
+        verify(consumers, values, targets, tol)
+    except Refused as err:
+        raise DepthscopeError(f"ModelSpec: consumer {err}") from None
     readout = next((r for r in reads if r.key == READOUT), None)
     attrs = {
         "scheme": spec.scheme,
@@ -555,11 +508,11 @@ def _not_views(reads: list[_Site], writes: list[_Site]) -> str:
     return ""
 
 
-def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], record: _Record) -> None:
+def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], probe: Probe) -> None:
     """Every source and every read of one width, the first embedding's: else refused, naming one."""
     width = values[0].shape[-1]
     named = list(zip(paths, values, ["writes"] * len(paths)))
-    named += [(r.path, record.value(r.path, "in")[0], "reads") for r in reads]
+    named += [(r.path, _value(probe, r.path, "in")[0], "reads") for r in reads]
     for path, v, what in named:
         if v.shape[-1] != width:
             whose = "output is added to" if what == "writes" else "input is"

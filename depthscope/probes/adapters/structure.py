@@ -1,19 +1,20 @@
 """How a decoder's layers write to its residual stream, found and checked on one probe forward.
 
+The ``Probe`` is the one probe forward behind every way a model is read (layouts, discovery,
+post-LN discovery, a ModelSpec and its suggestion): random token ids [2, 8], every call of the
+modules it watches recorded with its first input and output.
+
 A ``Plan`` says, in module paths, what the Hugging Face adapter reads: the embedding sources and
 their static scales; for every layer the steps of its stream (the modules whose input is the
 stream at that point, then the writes added to it together, each with its static scale); and the
 module that reads the final stream (the read-out). A plan comes from a row of the layouts table
-(``huggingface.LAYOUTS``) or from ``discover``; either way ``check`` replays it on a ``Probe`` (one
-forward on a couple of random token ids, every stream-shaped input and output recorded) and
-refuses, in one line naming the check that failed, a model that is not the sum of its writes:
-
-* the layers: each layer's input is the previous layer's output;
-* the embedding: the first layer's input is the (scaled) sum of the embedding sources;
-* per layer, per step: every read sees the stream as rebuilt so far, and the layer's output is
-  its input plus its writes times their scales (a step may also scale the stream it adds to:
-  gemma4's ``layer_scalar``; then every earlier source's static weight is scaled with it);
-* the read-out reads the last layer's output; every tap runs once per forward.
+(``huggingface.LAYOUTS``) or from ``discover``; either way ``check`` checks that the layers run and
+each reads the previous one's output, turns the plan into sources and consumers with static weights
+(``specs``: a step may also scale the stream it adds to, gemma4's ``layer_scalar``, and then every
+earlier source's static weight is scaled with it) and hands them to ``verify``, the check every
+reading passes, a ModelSpec's too: each consumer's input on the probe is the sum of the sources
+before it with its weights. A model that is not the sum of its writes is refused in one line naming
+the first consumer that is not; a tap that runs more than once per forward is refused too.
 
 The engine's rebuild check on every batch of a capture stays the final guard. Legend: batch, pos,
 d_model; a value is a recorded tensor [batch, pos, d_model] ([1, pos, d_model] for a position
@@ -33,8 +34,15 @@ from torch import Tensor
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters import fit as weights
-from depthscope.probes.adapters.base import evaluating, first_input, input_device, token_view
-from depthscope.trace.labels import ATTN, EMBED, MLP, SSM, Kind
+from depthscope.probes.adapters.base import (
+    ConsumerSpec,
+    SourceSpec,
+    evaluating,
+    input_device,
+    input_slot,
+    token_view,
+)
+from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
 
 # relative tolerance of a rebuilt value on the probe: float32 sums of a few terms are good to
 # about 1e-7; half precision rounds every addition (the engine allows 1e-2 and 5e-2 there)
@@ -103,38 +111,52 @@ class Refused(DepthscopeError):
 
 @dataclass(eq=False)  # compared by identity: a call is one event
 class Call:
-    """One call of a module in the probe forward: its position in call order (when it started),
-    the first input and the output as tensors [batch or 1, pos, ...] (None when not such a tensor),
-    and the module itself.
+    """One call of a module in the probe forward: when it started and returned (ticks of one clock
+    over every recorded call's start and return), the module, what it was given and returned, and
+    those seen as the stream [batch or 1, pos, ...] (``input``, ``output``: None when not such a
+    tensor). ``raw_in``/``raw_out`` are CPU copies of a floating-point first input and output
+    (first element of a tuple), else a short name of what they were (None: nothing).
     """
 
     index: int
     path: str
     module: Any
-    input: Tensor | None
+    raw_in: Any
+    on_ids: bool  # its first input is the probe's token ids (an embedding called on them)
+    input: Tensor | None = None
+    raw_out: Any = None
     output: Tensor | None = None
+    end: int = -1
 
 
 class Probe:
-    """One forward of ``model`` on random token ids with every module's call recorded.
+    """One forward of ``model`` on random token ids [batch, pos] (``shape``) with every call of the
+    modules at ``paths`` (default: every module) recorded: the one probe behind discovery, layouts,
+    post-LN discovery, ModelSpec and its suggestions.
 
-    ``calls`` in the order they started; ``count[path]`` how often each module ran; ``logits``
-    the model's output logits.
+    ``calls`` in the order they started; ``count[path]`` how often each module ran; ``first[path]``
+    its first call; ``logits`` the model's output logits. Refused, in one line, if the model's own
+    code fails on the ids.
     """
 
-    def __init__(self, model: Any, vocab: int, forward=None):
+    def __init__(
+        self, model: Any, vocab: int, forward=None, shape: tuple[int, int] = PROBE_SHAPE, paths=None
+    ):
         g = torch.Generator().manual_seed(0)
-        self.tokens = torch.randint(min(5, vocab - 1), vocab, PROBE_SHAPE, generator=g)
+        self.shape = shape
+        self.tokens = torch.randint(min(5, vocab - 1), vocab, shape, generator=g)
         self.calls: list[Call] = []
         self.count: dict[str, int] = {}
         self.first: dict[str, Call] = {}
         self.modules = {path for path, _ in model.named_modules()}
-        running: dict[int, list[Call]] = {}  # calls started and not finished, per module (recursion)
+        self.clock = 0
+        named = model.named_modules() if paths is None else ((p, model.get_submodule(p)) for p in paths)
+        running: dict[str, list[Call]] = {}  # calls started and not finished, per module (recursion)
         handles = []
         try:
-            for path, module in model.named_modules():
+            for path, module in named:
                 handles.append(module.register_forward_pre_hook(self._pre(path, running), with_kwargs=True))
-                handles.append(module.register_forward_hook(self._post(running)))
+                handles.append(module.register_forward_hook(self._post(path, running)))
             with evaluating(model), torch.no_grad():
                 out = (forward or (lambda m, t: m(t)))(model, self.tokens.to(input_device(model)))
         except DepthscopeError:
@@ -147,30 +169,38 @@ class Probe:
         self.logits = out if isinstance(out, Tensor) else getattr(out, "logits", None)
         self.dtype = next((c.output.dtype for c in self.calls if c.output is not None), torch.float32)
 
-    @staticmethod
-    def _stream(t: Any) -> Tensor | None:
-        """What a tap would see of a value (``base.token_view``), if it is [batch or 1, pos, ...]."""
-        if isinstance(t, (tuple, list)) and t:  # a layer returning [hidden, ...] (GPT-1) as (hidden, ...)
-            t = t[0]
-        t = token_view(t, PROBE_SHAPE)
-        if not isinstance(t, Tensor) or t.ndim != 3 or not t.is_floating_point():
+    def _stream(self, t: Any) -> Tensor | None:
+        """What a tap would see of a copied value (``base.token_view``), if it is [batch or 1, pos, ...]."""
+        t = token_view(t, self.shape)
+        if not isinstance(t, Tensor) or t.ndim != 3:
             return None
-        b, p = PROBE_SHAPE
-        return t.detach().to("cpu", copy=True) if t.shape[1] == p and t.shape[0] in (1, b) else None
+        b, p = self.shape
+        return t if t.shape[1] == p and t.shape[0] in (1, b) else None
+
+    def _tick(self) -> int:
+        self.clock += 1
+        return self.clock - 1
 
     def _pre(self, path: str, running: dict):
         def hook(module, args, kwargs):
-            call = Call(len(self.calls), path, module, self._stream(first_input(args, kwargs)))
+            x = input_slot(args, kwargs)[1]
+            on_ids = isinstance(x, Tensor) and x.shape == self.shape and torch.equal(x.cpu(), self.tokens)
+            raw = _copy(x)
+            first = x[0] if isinstance(x, (tuple, list)) and x else x  # GPT-1's blocks pass (hidden, ...)
+            seen = self._stream(raw if first is x else _copy(first))
+            call = Call(self._tick(), path, module, raw, on_ids, seen)
             self.calls.append(call)
             self.count[path] = self.count.get(path, 0) + 1
             self.first.setdefault(path, call)
-            running.setdefault(id(module), []).append(call)
+            running.setdefault(path, []).append(call)
 
         return hook
 
-    def _post(self, running: dict):
+    def _post(self, path: str, running: dict):
         def hook(module, args, out):
-            running[id(module)].pop().output = self._stream(out)
+            call = running[path].pop()
+            call.raw_out = _copy(out[0] if isinstance(out, (tuple, list)) and out else out)
+            call.output, call.end = self._stream(call.raw_out), self._tick()
 
         return hook
 
@@ -243,6 +273,15 @@ def fit(
     return ((1.0,) if not keep else ()) + scales if error(t, rebuilt) <= tol else None
 
 
+def _copy(t: Any) -> Any:
+    """A CPU copy of a floating-point tensor (a later in-place update does not change it); else a
+    short name of what it is (None: nothing).
+    """
+    if isinstance(t, Tensor) and t.is_floating_point():
+        return t.detach().to("cpu", copy=True)
+    return None if t is None else type(t).__name__
+
+
 def _encloses(outer: str, path: str) -> bool:
     """Whether module ``outer`` is ``path`` or holds it (``""`` is the model itself)."""
     return outer == "" or path == outer or path.startswith(outer + ".")
@@ -255,44 +294,100 @@ def _line(err: Exception) -> str:
 # --- check: a plan against the probe -----------------------------------------------------------
 
 
-def check(plan: Plan, probe: Probe) -> None:
-    """Replay ``plan`` on the probe's recorded values; Refused naming the first check that fails."""
-    tol = probe.tolerance()
+def check(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
+    """The sources and consumers ``plan`` reads (``specs``), each consumer checked on the probe
+    (``verify``); Refused naming the first that is not the sum it is read as.
+    """
     ran = layer_calls(probe, plan.layers)
     if tuple(k for k, _ in ran) != plan.index():
         raise Refused(f"the layers that run are {[k for k, _ in ran]}, not {list(plan.index())}")
-    layers = [call for _, call in ran]
-    x0 = layers[0].input
-    embeds = [tap_value(probe, e.tap) for e in plan.embeds]
-    rebuilt = sum(e.scale * v.double() for e, v in zip(plan.embeds, embeds))
-    if error(x0, rebuilt) > tol:
-        raise Refused(
-            f"the first layer's input is not the sum of {', '.join(e.tap for e in plan.embeds)} "
-            f"(relative error {error(x0, rebuilt):.2g})"
-        )
-    for (i, call), steps in zip(ran, plan.steps):
-        stream = call.input.double()
-        states = []  # the stream each step reads
-        for step in steps:
-            states.append(stream)
-            for sub in step.subs:
-                read = probe.once(sub.read).input
-                if sub.back >= len(states) or read is None or error(read, states[-1 - sub.back]) > tol:
-                    raise Refused(
-                        f"layer {i}: {sub.read} does not read the stream (its input is not the "
-                        "layer's input plus the writes before it)"
-                    )
-            stream = step.keep * stream + sum(
-                sub.scale * tap_value(probe, sub.write).double() for sub in step.subs
-            )
-        if error(call.output, stream) > tol:
-            writes = ", ".join(s.write.rsplit(":", 1)[0].rsplit(".", 1)[-1] for st in steps for s in st.subs)
+    sources, consumers = specs(plan, probe)
+    values = [tap_value(probe, s.tap).double() for s in sources]
+    targets = {c.label: (c.tap.rpartition(":")[0], tap_value(probe, c.tap)) for c in consumers}
+    verify(consumers, values, targets, probe.tolerance())
+    return sources, consumers
+
+
+def verify(
+    consumers: list[ConsumerSpec], values: list[Tensor], targets: dict[str, tuple[str, Tensor]], tol: float
+) -> None:
+    """The check every reading passes on its probe forward, however it was found (a layouts row,
+    discovery, a ModelSpec): each consumer with unit or static weights reads the sum of the sources
+    before it (``values``, in order) with those weights, within ``tol`` of its input (``targets``:
+    label -> (module path, value)); Refused naming the first that does not (NaN fails). Per-token
+    weights are checked where they are solved.
+    """
+    for c in consumers:
+        if c.weights is not None:
+            continue
+        w = c.static or (1.0,) * c.n_sources
+        rebuilt = sum(x * v for x, v in zip(w, values[: c.n_sources]))
+        path, target = targets[c.label]
+        err = error(target, rebuilt)
+        if not err <= tol:
+            weighted = "with its static weights" if c.static is not None else "unweighted"
             raise Refused(
-                f"layer {i} writes to the stream something other than its children's outputs: its output is "
-                f"not its input plus {writes or 'nothing'} (relative error {error(call.output, stream):.2g})"
+                f"{c.label} ({path}) does not read the stream: its input is not the sum of the {c.n_sources} "
+                f"sources before it, {weighted} (relative error {err:.2g})"
             )
-    if error(tap_value(probe, plan.readout), layers[-1].output) > tol:
-        raise Refused(f"{plan.readout} does not see the last layer's output")
+
+
+def specs(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
+    """Sources and consumers of a plan, in execution order, with the static weights its scales imply.
+
+    A step's writes are ordered as they ran; each distinct read of a stream is one consumer,
+    labelled by the first write it feeds and placed where that stream is read (before the step's
+    writes); a layer writing two of one kind labels the second by its module's name
+    (``3.mlp.shared_mlp``). A step that scales the stream scales every earlier source's weight
+    after its reads.
+    """
+    sources = [SourceSpec(e.label, e.tap, EMBED, 0) for e in plan.embeds]
+    weights = [e.scale for e in plan.embeds]
+    consumers = []
+    depth = 0
+    for i, steps in zip(plan.index(), plan.steps):
+        used: set[str] = set()
+        ordered = [
+            sorted(st.subs, key=lambda sub: probe.once(sub.write.rpartition(":")[0]).index) for st in steps
+        ]
+        writes = []  # per step: (sublayer, label, depth) of its writes
+        for st in ordered:
+            writes.append([(sub, _label(i, sub, used), depth + 1 + k) for k, sub in enumerate(st)])
+            depth += len(st)
+        reads: list[list[tuple]] = [[] for _ in steps]  # per step: the writes fed by a read of its stream
+        for k, step in enumerate(writes):
+            for w in step:
+                reads[k - w[0].back].append(w)
+        for k, step in enumerate(steps):
+            seen: set[str] = set()
+            for sub, lab, d in reads[k]:
+                if sub.read not in seen:
+                    seen.add(sub.read)
+                    consumers.append(
+                        ConsumerSpec(
+                            lab, f"{sub.read}:in", sub.kind, d, len(sources), static=_static(weights)
+                        )
+                    )
+            weights = [step.keep * w for w in weights]
+            for sub, lab, d in writes[k]:
+                sources.append(SourceSpec(lab, sub.write, sub.kind, d))
+                weights.append(sub.scale)
+    n = len(sources)
+    consumers.append(ConsumerSpec(READOUT, plan.readout, READOUT, depth + 1, n, static=_static(weights)))
+    return sources, consumers
+
+
+def _label(i: int, sub: Sublayer, used: set[str]) -> str:
+    lab = f"{i}.ple" if sub.kind == EMBED else label(i, sub.kind)  # a per-layer embedding (gemma4)
+    if lab in used:
+        lab = f"{lab}.{sub.write.rpartition(':')[0].rsplit('.', 1)[-1]}"
+    used.add(lab)
+    return lab
+
+
+def _static(weights: list[float]) -> tuple[float, ...] | None:
+    """Static weights over the sources so far, or None when every one is 1 (the fast unit path)."""
+    return None if all(w == 1.0 for w in weights) else tuple(weights)
 
 
 def tap_value(probe: Probe, tap: str) -> Tensor:

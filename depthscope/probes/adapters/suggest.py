@@ -31,9 +31,8 @@ from typing import Any
 import torch
 
 from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.spec import ModelSpec, build_spec, first_line
-from depthscope.probes.adapters.structure import PROBE_SHAPE, path_word
+from depthscope.probes.adapters.structure import Probe, path_word
 from depthscope.trace.labels import READOUT
 
 VIEWS = ("q", "k", "v")
@@ -109,36 +108,16 @@ def _is_norm(module: Any) -> bool:
 
 
 def _calls(model: Any, forward: Any, vocab: int) -> tuple[list[str], str | None, str | None]:
-    """The paths of the modules a probe forward calls, in call order, the embedding called on the
-    token ids, and why the forward failed (None: it ran).
+    """The paths of the modules a probe forward (``structure.Probe``) calls, in call order, the
+    embedding called on the token ids, and why the forward failed (None: it ran).
     """
-    ids = torch.randint(0, vocab, PROBE_SHAPE, generator=torch.Generator().manual_seed(0))
-    order: list[str] = []
-    token: list[str] = []
-    handles = []
-
-    def pre(path: str, module: Any):
-        def hook(m, args, kwargs):
-            order.append(path)
-            first = args[0] if args else next(iter(kwargs.values()), None)
-            if isinstance(module, torch.nn.Embedding) and isinstance(first, torch.Tensor):
-                if first.shape == ids.shape and torch.equal(first.cpu(), ids):
-                    token.append(path)
-
-        return hook
-
     try:
-        for path, module in model.named_modules():
-            if path:
-                handles.append(module.register_forward_pre_hook(pre(path, module), with_kwargs=True))
-        with evaluating(model), torch.no_grad():
-            (forward or (lambda m, t: m(t)))(model, ids.to(input_device(model)))
-    except Exception as err:  # noqa: BLE001 - a model that needs more than ids: the tree alone
-        return [], None, f"{type(err).__name__}: {first_line(err)}"
-    finally:
-        for h in handles:
-            h.remove()
-    return order, (token[0] if token else None), None
+        probe = Probe(model, vocab, forward)
+    except DepthscopeError as err:  # a model that needs more than ids: the tree alone
+        return [], None, first_line(err)
+    order = [c.path for c in probe.calls if c.path]
+    token = next((c.path for c in probe.calls if c.on_ids and isinstance(c.module, torch.nn.Embedding)), None)
+    return order, token, None
 
 
 def _blocks(model: Any) -> tuple[str, Any] | None:
@@ -235,7 +214,7 @@ def _guess(model: Any, forward: Any) -> Suggestion:
     order, token, failed = _calls(model, forward, vocab) if vocab >= 2 else ([], None, "no token embedding")
     notes = [f"blocks: {len(layers)} x {type(layers[0]).__name__} at {root!r}"]
     if failed:
-        notes.append(f"the probe forward failed ({failed}): the children are taken in registration order")
+        notes.append(f"{failed}: the children are taken in registration order")
     if order:  # the embeddings called, in call order, the one that reads the ids first
         embeddings = sorted((p for p in embeddings if p in order), key=lambda p: (p != token, order.index(p)))
     blocks = [_walk(_units(layer, f"{root}.{i}", order)) for i, layer in enumerate(layers)]

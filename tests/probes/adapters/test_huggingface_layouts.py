@@ -224,7 +224,7 @@ def test_a_model_whose_forward_differs_from_its_layout_is_refused_in_one_line(tm
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     # the MLP's norm is where the rebuilt stream first differs from what the model computes
     assert (
-        "(the llama layout): layer 0: model.layers.0.post_attention_layernorm does not read the stream" in err
+        "(the llama layout): 0.mlp (model.layers.0.post_attention_layernorm) does not read the stream" in err
     )
     assert not out.exists() and not list(tmp_path.glob(".t.nc*"))
 
@@ -264,7 +264,29 @@ def test_check_names_a_read_that_does_not_see_the_stream():
     first = plan.steps[0][0].subs[0]
     moved = replace(first, read=first.write.rpartition(":")[0])  # the attention's own (normed) input
     broken = replace(plan, steps=((Step((moved,)), *plan.steps[0][1:]), *plan.steps[1:]))
-    with pytest.raises(Refused, match="layer 0: model.layers.0.self_attn does not read the stream"):
+    with pytest.raises(Refused, match=r"0.attn \(model.layers.0.self_attn\) does not read the stream"):
+        check(broken, probe)
+
+
+@pytest.mark.parametrize("where", ["embedding", "write"])
+def test_check_refuses_a_plan_whose_static_scale_is_not_the_models(where):
+    """granite scales its embedding by 5 and every write by 0.3: the check of the plan (the one every
+    reading passes, ``structure.verify``) rebuilds each consumer's input with the plan's static
+    weights, so a plan that drops one scale is refused at the first consumer that reads it, and the
+    true plan's weights rebuild every input."""
+    model = tiny_model("granite", residual_multiplier=0.3, embedding_multiplier=5.0)
+    probe = Probe(model, model.config.vocab_size)
+    plan = layout_plan(model, LAYOUTS["granite"], "granite")
+    sources, consumers = check(plan, probe)
+    assert consumers[0].static == (5.0,) and consumers[1].static == pytest.approx((5.0, 0.3))
+    if where == "embedding":
+        broken = replace(plan, embeds=(replace(plan.embeds[0], scale=1.0),))
+        first, how = "0.attn", "unweighted"  # the embedding alone, at 1
+    else:
+        sub = replace(plan.steps[0][0].subs[0], scale=1.0)
+        broken = replace(plan, steps=((Step((sub,)), *plan.steps[0][1:]), *plan.steps[1:]))
+        first, how = "0.mlp", "with its static weights"  # (5, 1): the embedding's scale kept
+    with pytest.raises(Refused, match=rf"^{first} \(.*\) does not read the stream: .* {how}"):
         check(broken, probe)
 
 
