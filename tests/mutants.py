@@ -474,6 +474,13 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        "a plan's spec names a read or write by its layer pattern though the pattern names more modules",
+        "depthscope/probes/adapters/huggingface.py",
+        "if rx and {p for p in named if rx.match(p)} == set(paths.values()):",
+        "if rx:",
+        ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads",),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",

@@ -21,8 +21,15 @@ from typing import Any
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, installed_version
-from depthscope.probes.adapters.hf import model_type
-from depthscope.probes.adapters.registry import Family, claimed, families, register_family, unregister_family
+from depthscope.probes.adapters.registry import (
+    Family,
+    claimed,
+    detect_safely,
+    detecting,
+    families,
+    register_family,
+    unregister_family,
+)
 
 
 def __getattr__(name: str) -> Any:
@@ -54,26 +61,6 @@ def _built(family: Family, model: Any) -> Adapter:
     return ad
 
 
-def _detects(family: Family, model: Any) -> bool:
-    """Whether ``family`` reads ``model``: its detect, and for the generic reader no other claim."""
-    if family.generic and claimed(model_type(model)) is not None:
-        return False
-    return _detect(family, model)
-
-
-def detecting(model: Any) -> Family | None:
-    """The first registered family that reads ``model``, or None."""
-    return next((f for f in families().values() if _detects(f, model)), None)
-
-
-def _detect(family: Family, model: Any) -> bool:
-    """``family.detect(model)``; False where it raises (a detector that fails on a foreign model)."""
-    try:
-        return bool(family.detect(model))
-    except Exception:  # noqa: BLE001 - it cannot tell, so it does not read the model
-        return False
-
-
 def resolve(
     model: Any, adapter: str | Adapter | None = None, ctx: int | None = None, forward: Any = None
 ) -> Adapter:
@@ -87,7 +74,7 @@ def resolve(
     if adapter is not None:
         if adapter not in known:
             raise DepthscopeError(f"unknown adapter {adapter!r}; known: {', '.join(known)}")
-        if not _detect(known[adapter], model):
+        if not detect_safely(known[adapter], model):
             what = f"this {type(model).__name__}"
             raise DepthscopeError(
                 f"the {adapter} family does not read {what}: it reads {known[adapter].reads}"

@@ -221,11 +221,6 @@ def input_slot(args: tuple, kwargs: dict) -> tuple[int | str | None, Any]:
     return (key, kwargs[key]) if key is not None else (None, None)
 
 
-def first_input(args: tuple, kwargs: dict) -> Any:
-    """What a ``"path:in"`` tap sees of a call (``input_slot``'s value; None if it has none)."""
-    return input_slot(args, kwargs)[1]
-
-
 def _input_hook(fn: Callback, view):
     see, back = view
 

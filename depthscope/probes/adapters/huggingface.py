@@ -25,12 +25,14 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters import post_ln
 from depthscope.probes.adapters.base import (
     Adapter,
@@ -42,7 +44,7 @@ from depthscope.probes.adapters.base import (
 )
 from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.hf import input_embedding, model_name, pretrained, text_encoder
-from depthscope.probes.adapters.spec import SPEC_COMMAND
+from depthscope.probes.adapters.spec import SPEC_COMMAND, ModelSpec, build_spec
 from depthscope.probes.adapters.structure import (
     Embed,
     Plan,
@@ -55,7 +57,7 @@ from depthscope.probes.adapters.structure import (
     error,
     tap_value,
 )
-from depthscope.trace.labels import ATTN, EMBED, MLP, SSM, Kind
+from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind
 
 NAME = "huggingface"
 Scale = Callable[[Any], float]  # a static scale from the (text) config
@@ -349,16 +351,91 @@ def plan_of(model: Any, probe: Probe) -> Plan:
     return plan
 
 
+def _vocab(model: Any) -> int:
+    vocab = int(
+        getattr(input_embedding(model), "num_embeddings", None)
+        or config_value(text_config(model), "vocab_size")
+        or 0
+    )
+    if vocab < 1:
+        raise Refused(
+            f"cannot read this {getattr(model.config, 'model_type', '')} model: neither its embedding nor "
+            "its config gives a vocabulary"
+        )
+    return vocab
+
+
+def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
+    """The ModelSpec naming the modules this family reads of ``model`` (its checked plan, in the
+    model's own paths, ``*`` for the layer index where one pattern names exactly the plan's modules),
+    and how the plan was found; (None, why) where the plan is refused or a spec cannot name it (a
+    source or read-out that is a module's input or output other than a spec's kind, a read of an
+    earlier stream, a per-layer embedding). Its weights are then found from the activations
+    (``build_spec``), where this family takes them from the plan.
+    """
+    try:
+        probe = Probe(model, _vocab(model))
+        plan = plan_of(model, probe)
+        sources, consumers = check(plan, probe)
+    except Refused as err:
+        return None, str(err)
+    if any(sub.back for steps in plan.steps for st in steps for sub in st.subs):
+        return None, "a sublayer reads an earlier state of the stream than its own step's"
+    bad = [s.label for s in sources if not s.tap.endswith(":out") or s.label.endswith(".ple")]
+    bad += [c.label for c in consumers if not c.tap.endswith(":in")]
+    if bad:
+        return (
+            None,
+            f"{bad[0]} is a module's input as a source, an output as a read, or a per-layer embedding",
+        )
+    named = {p for p, _ in model.named_modules()}
+
+    def patterns(paths: dict[int, str]) -> list[str]:
+        rests = {p.removeprefix(f"{plan.layers}.{i}.") for i, p in paths.items()}
+        star = f"{plan.layers}.*.{rests.pop()}" if len(rests) == 1 else None
+        rx = star and re.compile("^" + re.escape(star).replace(r"\*", r"\d+") + "$")
+        if rx and {p for p in named if rx.match(p)} == set(paths.values()):
+            return [star]
+        return list(paths.values())
+
+    def by_key(rows) -> dict[str, list[str]]:
+        keyed: dict[str, dict[int, str]] = {}
+        for lab, tap in rows:
+            i, _, key = lab.partition(".")
+            keyed.setdefault(key, {})[int(i)] = tap.rpartition(":")[0]
+        return {k: patterns(v) for k, v in keyed.items()}
+
+    embeds = [s.tap.rpartition(":")[0] for s in sources if s.kind == EMBED]
+    writes = by_key((s.label, s.tap) for s in sources if s.kind != EMBED)
+    reads = by_key((c.label, c.tap) for c in consumers if c.label != READOUT)
+    reads[READOUT] = [consumers[-1].tap.rpartition(":")[0]]
+    spec = ModelSpec(embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model))
+    return spec, plan.origin
+
+
+def reading_gap(model: Any, spec: ModelSpec) -> str:
+    """The first way ``model`` read through ``spec`` differs from this family's reading of it (a
+    source's or consumer's label, kind, depth or count of sources), "" where it does not.
+    """
+    try:
+        family, through = build(model), build_spec(model, spec)
+    except DepthscopeError as err:
+        return f"refused: {err}"
+    rows = [
+        [(s.label, s.kind, s.depth) for s in ad.sources]
+        + [(c.label, c.kind, c.depth, c.n_sources) for c in ad.consumers]
+        for ad in (family, through)
+    ]
+    pairs = [*zip(*rows), ((len(rows[0]),), (len(rows[1]),))]
+    show = " ".join  # label, kind, depth (and a consumer's count of sources)
+    return next((f"{show(map(str, g))} where it has {show(map(str, f))}" for f, g in pairs if f != g), "")
+
+
 def build(model: Any) -> Adapter:
     """The adapter of a decoder from its checked plan: static weights where writes are scaled."""
     cfg = text_config(model)
     model_type = str(getattr(model.config, "model_type", ""))
-    embedding = input_embedding(model)
-    vocab = int(getattr(embedding, "num_embeddings", None) or config_value(cfg, "vocab_size") or 0)
-    if vocab < 1:
-        raise Refused(
-            f"cannot read this {model_type} model: neither its embedding nor its config gives a vocabulary"
-        )
+    vocab = _vocab(model)
     try:
         probe = None
         probe = Probe(model, vocab)

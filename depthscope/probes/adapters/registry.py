@@ -28,6 +28,7 @@ from typing import Any
 
 from depthscope.errors import DepthscopeError
 from depthscope.probes.adapters.family import Family
+from depthscope.probes.adapters.hf import model_type
 
 GROUP = "depthscope.families"  # the entry-point group another package registers its families in
 
@@ -124,3 +125,23 @@ def families() -> dict[str, Family]:
 def claimed(model_type: Any) -> str | None:
     """The family whose ``model_types`` names this ``config.model_type``, or None."""
     return next((f.name for f in families().values() if model_type in f.model_types), None)
+
+
+def _detects(family: Family, model: Any) -> bool:
+    """Whether ``family`` reads ``model``: its detect, and for the generic reader no other claim."""
+    if family.generic and claimed(model_type(model)) is not None:
+        return False
+    return detect_safely(family, model)
+
+
+def detecting(model: Any) -> Family | None:
+    """The first registered family that reads ``model``, or None."""
+    return next((f for f in families().values() if _detects(f, model)), None)
+
+
+def detect_safely(family: Family, model: Any) -> bool:
+    """``family.detect(model)``; False where it raises (a detector that fails on a foreign model)."""
+    try:
+        return bool(family.detect(model))
+    except Exception:  # noqa: BLE001 - it cannot tell, so it does not read the model
+        return False

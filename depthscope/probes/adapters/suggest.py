@@ -194,7 +194,29 @@ def suggest_spec(model: Any, forward: Any = None, *, check: bool = True) -> Sugg
     checked on a probe forward (``check``) with a note of what ``build_spec`` makes of it.
     ``forward(model, ids)`` runs the model where it needs more than ``model(ids)``.
     """
-    found = _guess(model, forward)
+    from depthscope.probes.adapters import huggingface
+    from depthscope.probes.adapters.registry import detecting
+
+    family = detecting(model) if forward is None else None
+    if family is not None and family.name == huggingface.NAME:  # what the capture reads, as a spec
+        spec, how = huggingface.plan_spec(model)
+        if spec is not None:
+            gap = huggingface.reading_gap(model, spec) if check else ""
+            note = (
+                f"the {family.name} family reads this model ({how}): this spec names the modules it reads; "
+            )
+            note += "with --spec their weights are found from the activations, and it reads "
+            note += gap or "the same sources and consumers (label, kind, depth, count of sources)"
+            found = Suggestion(spec, (note,), type(model).__name__)
+            return verify(model, found) if check else found
+        guess = _guess(model, forward)
+        found = Suggestion(
+            guess.spec,
+            (f"a guess: the {family.name} family's plan is no spec ({how})", *guess.notes),
+            guess.model,
+        )
+    else:
+        found = _guess(model, forward)
     return verify(model, found) if check else found
 
 

@@ -1,0 +1,91 @@
+"""A transformers model's checked plan written as a ModelSpec (``huggingface.plan_spec``, what
+``depthscope spec MODEL`` prints for a model the huggingface family reads): read through the spec,
+with its weights found from the activations, it is the family's reading (sources, consumers, their
+depths and counts), and the two captures agree on every share and weight. Two computations of the
+weights: the family's from the layouts table and config (granite's multipliers), the spec's from
+the probe's activations (``fit.choose``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from depthscope.cli import main
+from depthscope.probes import capture
+from depthscope.probes.adapters import resolve
+from depthscope.probes.adapters.huggingface import plan_spec
+from depthscope.probes.adapters.spec import build_spec
+from tests.architectures import tiny_model
+
+# (type, overrides, how the family finds its plan): sequential, scaled writes and embedding,
+# parallel through one norm, three writes in one step, hybrid layers read by different keys, discovery
+CASES = [
+    ("llama", {}, "layout llama"),
+    ("granite", {"residual_multiplier": 0.3, "embedding_multiplier": 5.0}, "layout granite"),
+    ("phi", {}, "layout phi"),
+    ("falcon_h1", {}, "layout falcon_h1"),
+    ("jamba", {}, "layout jamba"),
+    ("arcee", {}, "discovered"),
+]
+
+
+def rows(ad):
+    return (
+        [(s.label, s.kind, s.depth) for s in ad.sources],
+        [(c.label, c.kind, c.depth, c.n_sources) for c in ad.consumers],
+    )
+
+
+@pytest.mark.parametrize("model_type, overrides, how", CASES, ids=[c[0] for c in CASES])
+def test_the_plans_spec_reads_what_the_family_reads(model_type, overrides, how):
+    model = tiny_model(model_type, **overrides)
+    spec, origin = plan_spec(model)
+    assert origin == how and spec is not None
+    family, through = resolve(model), build_spec(model, spec)
+    assert rows(through) == rows(family)
+    for a, b in zip(family.consumers, through.consumers):  # static weights: config against evidence
+        want = np.asarray(a.static if a.static is not None else (1.0,) * a.n_sources)
+        got = np.asarray(b.static if b.static is not None else (1.0,) * b.n_sources)
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=a.label)
+    ids = torch.randint(5, 100, (4, 16), generator=torch.Generator().manual_seed(3))
+    kw = {"skip_positions": 0, "progress": False}
+    by_family, by_spec = capture(model, ids, **kw), capture(model, ids, spec=spec, **kw)
+    for var in ("contribution_share", "mixing", "source_rms"):
+        np.testing.assert_allclose(by_spec[var].values, by_family[var].values, rtol=1e-5, atol=1e-7)
+    assert float(by_spec["residual_error"].max()) < 1e-5
+
+
+def test_granites_scales_are_found_by_the_evidence_not_assumed():
+    """The spec names no scale: its static weights come from the activations, and are granite's."""
+    model = tiny_model("granite", residual_multiplier=0.3, embedding_multiplier=5.0)
+    spec, _ = plan_spec(model)
+    readout = build_spec(model, spec).consumers[-1]
+    np.testing.assert_allclose(readout.static, (5.0,) + (0.3,) * 8, rtol=1e-6)
+
+
+def test_a_plan_a_spec_cannot_name_is_said():
+    """gemma4's per-layer embeddings are sources inside the layers: no spec kind names them."""
+    spec, why = plan_spec(tiny_model("gemma4_text"))
+    assert spec is None and "0.ple" in why
+
+
+def test_depthscope_spec_prints_the_plan_of_a_transformers_model(tmp_path, capsys):
+    """The printed file names the modules the family reads and, captured with --spec, reads them."""
+    tiny_model("llama").save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    assert main(["spec", str(tmp_path / "m")]) == 0
+    text = capsys.readouterr().out
+    assert "the huggingface family reads this model (layout llama)" in text
+    assert '"attn": "model.layers.*.self_attn"' in text and '"readout": "model.norm"' in text
+    assert "checked on a probe forward: read, 9 sources, 9 consumers (unit weights x 9)" in text
+    assert "it reads the same sources and consumers" in text
+
+
+def test_where_the_specs_reading_differs_the_printed_file_says_how(tmp_path, capsys):
+    """gpt_neox's MLP norm runs after the attention has written (a parallel residual): a spec counts
+    that write among the MLP's sources, with weight 0, where the family does not."""
+    tiny_model("gpt_neox").save_pretrained(tmp_path / "m")
+    capsys.readouterr()
+    assert main(["spec", str(tmp_path / "m")]) == 0
+    assert "it reads 0.mlp mlp 2 2 where it has 0.mlp mlp 2 1" in capsys.readouterr().out
