@@ -324,6 +324,46 @@ def results_weight_effect(_: str) -> str:
     return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
+def results_rank_sweep(_: str) -> str:
+    """results.md's table of r* against width (``benchmarks/rank_sweep.py``) and the zoo's r*/d."""
+    rec = record("rank_sweep")
+    rows, widths = rec["rows"], rec["settings"]["widths"]
+    cell = {(r["scheme"], r["width"]): r for r in rows}
+    schemes = list(dict.fromkeys(r["scheme"] for r in rows))
+    cells = [
+        [
+            f"{s}: r* (r*/d)",
+            *(
+                f"{cell[s, w]['r_star_numerical']:.0f} ({cell[s, w]['r_star_numerical'] / w:.2f})"
+                for w in widths
+            ),
+        ]
+        for s in schemes
+    ]
+    cells.append(
+        [" / ".join(schemes) + " validation loss (nats/byte)"]
+        + [" / ".join(f"{cell[s, w]['val_loss']:.3f}" for s in schemes) for w in widths]
+    )
+    st = rec["settings"]
+    what = (
+        f"{st['n_layers']} blocks, {st['steps']} steps, seed {st['seed']}; numerical rank at {st['energy']} "
+        f"of the energy over {st['tokens']} tokens."
+    )
+    _, zoo = _findings("zoo")
+    ratios = [r["rank_ratio"] for r in zoo]
+    return (
+        "\n".join(
+            [
+                *_table(rec, what, ["width d", *map(str, widths)], cells),
+                "",
+                f"The zoo's 8-block models ([data/findings.json](data/findings.json)) sit at r*/d = "
+                f"{min(ratios):.1f}-{max(ratios):.1f}.",
+            ]
+        )
+        + "\n"
+    )
+
+
 def results_thresholds(_: str) -> str:
     """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
     rec, rows = _findings("threshold")
@@ -402,6 +442,27 @@ def results_smollm2(_: str) -> str:
         f"{r['uniform']:.1%} for a uniform mix: {r['below_uniform']:.0f}x below it; "
         f"{r['below_1_over_t']} of the {r['writes']} sublayer writes sit below 1/T there.\n"
         f"* The read-out's largest shares: {top}; the embedding's {r['embed_share']:.2%}.\n"
+        + _smollm2_more(r)
+    )
+
+
+def _smollm2_more(r: dict[str, Any]) -> str:
+    """The lines on SmolLM2's pattern, rank, one write's retention and its attention sink."""
+    ratios = [x for _, x in r["retention"]]
+    near, rest = ratios[:20], ratios[20:-1]  # the next 20 sublayer inputs, the later ones, the read-out
+    mlp, sink, counted, skipped = f"{r['layer']}.mlp", r["sink_layer"], r["sink_counted"], r["sink_skipped"]
+    return (
+        f"* Pattern score {r['pattern_sublayers']:.2f} over the sublayer inputs and "
+        f"{r['pattern_readout']:.2f} at the read-out (all weights are 1); collective rank "
+        f"r*/d = {r['rank_ratio']:.1f} (numerical, 0.99 of the energy; entropy "
+        f"{r['rank_ratio_entropy']:.1f}).\n"
+        f"* {mlp} in units of the uniform share of each consumer after it: {min(near):.2f}-{max(near):.2f}x "
+        f"over the next {len(near)} sublayer inputs, {min(rest):.2f}-{max(rest):.2f}x over the {len(rest)} "
+        f"after them, {ratios[-1]:.2f}x at the read-out.\n"
+        f"* The attention sink: position 0 holds {r['sink_position0']:.1%} of the squared norm of layer "
+        f"{sink}'s input (with position 0 counted), most of it written by {r['sink_writer']}: counting "
+        f"position 0 (`--skip-positions 0`), {r['sink_writer']} is {counted[0]:.1%} of layer {sink}'s "
+        f"input and {counted[1]:.1%} of the read-out; skipping it, {skipped[0]:.2%} and {skipped[1]:.3%}.\n"
     )
 
 
@@ -489,6 +550,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
+    "results-rank-sweep": results_rank_sweep,
     "results-identity": results_identity,
     "results-dca-views": results_dca_views,
     "results-smollm2": results_smollm2,

