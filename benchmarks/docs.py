@@ -364,6 +364,37 @@ def results_rank_sweep(_: str) -> str:
     )
 
 
+def results_train_throughput(_: str) -> str:
+    """results.md's table of training tokens/s against the standard (``benchmarks/train_throughput.py``)."""
+    rec = record("train_throughput")
+    st, rows = rec["settings"], rec["rows"]
+    widths = st["widths"]
+    cell = {(r["variant"], r["d_model"]): r for r in rows}
+    variants = list(dict.fromkeys(r["variant"] for r in rows))
+
+    def ratio(v: str, d: int) -> str:
+        r = cell[v, d]
+        text = f"{r['vs_standard']:.2f}"
+        return f"**{text}**" if r["target"] is not None and r["vs_standard"] < r["target"] else text
+
+    cells = [
+        [
+            v,
+            *(ratio(v, d) for d in widths),
+            "-" if cell[v, widths[0]]["target"] is None else f">= {cell[v, widths[0]]['target']}",
+        ]
+        for v in variants
+    ]
+    what = (
+        f"forward + backward + AdamW, {st['layers']} blocks, ctx {st['ctx']}, batch {st['batch']}, "
+        f"{st['threads']} thread, median of {st['rounds']} interleaved rounds; tokens/s relative to "
+        "`standard` (bold: below its target)."
+    )
+    return (
+        "\n".join(_table(rec, what, ["variant", *(f"d_model {d}" for d in widths), "target"], cells)) + "\n"
+    )
+
+
 def results_thresholds(_: str) -> str:
     """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
     rec, rows = _findings("threshold")
@@ -551,6 +582,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
     "results-rank-sweep": results_rank_sweep,
+    "results-train-throughput": results_train_throughput,
     "results-identity": results_identity,
     "results-dca-views": results_dca_views,
     "results-smollm2": results_smollm2,
