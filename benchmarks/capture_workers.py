@@ -9,7 +9,11 @@ alternate run by run (1, N, 1, N ...) so that machine load hits both alike, and 
 own would gain. The traces are compared too: the largest relative difference over every variable
 (the model's float32 arithmetic depends on the thread count, so it is not 0).
 
-    .venv/bin/python benchmarks/capture_workers.py [--model PATH] [--tokens 65536] [--workers 2]
+The record (every run's seconds, per case) goes to ``docs/data/capture_workers.json``
+(``benchmarks/record.py``); ``make docs`` renders the table in ``docs/results.md`` from it. The
+default cases: SmolLM2-135M on 8192 tokens in windows of 256, the zoo's AttnRes on 65,536.
+
+    .venv/bin/python benchmarks/capture_workers.py [--case MODEL TOKENS 'OPTIONS' ...] [--workers 2]
 """
 
 from __future__ import annotations
@@ -25,6 +29,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402
+
+ZOO = Path(__file__).resolve().parents[1] / "depthscope" / "zoo"
+CASES = [("smollm2", 8192, "--ctx 256"), (str(ZOO / "attnres.safetensors"), 65536, "")]
 
 
 def run(model: str, out: Path, tokens: int, workers: int, extra: list[str], threads: int = 0) -> float:
@@ -51,39 +61,42 @@ def max_relative_difference(a: Path, b: Path) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default=str(Path(__file__).parents[1] / "depthscope/zoo/attnres.safetensors"))
-    p.add_argument("--tokens", type=int, default=65536)
+    p.add_argument("--case", nargs=3, action="append", metavar=("MODEL", "TOKENS", "OPTIONS"))
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--extra", default="", help="more capture options, e.g. '--ctx 256 --rank'")
+    p.add_argument("--json", default=None, help="the record (default docs/data/capture_workers.json)")
     args = p.parse_args()
-    extra = args.extra.split()
+    cases = [(m, int(t), o) for m, t, o in args.case] if args.case else CASES
+    rows = [measure(model, tokens, extra.split(), args) for model, tokens, extra in cases]
+    settings = {"workers": args.workers, "repeats": args.repeats, "cases": [list(c) for c in cases]}
+    print(f"wrote {record_write('capture_workers', settings, rows, Path(args.json) if args.json else None)}")
+
+
+def measure(model: str, tokens: int, extra: list[str], args) -> dict:
+    """One case: 1 process, 1 process held to cores // workers threads, and the workers, alternated."""
     share = max(1, (os.cpu_count() or 1) // args.workers)
-    settings = {"1": (1, 0), f"1x{share}thread": (1, share), str(args.workers): (args.workers, 0)}
+    settings = {"one": (1, 0), "one_held": (1, share), "workers": (args.workers, 0)}
     times: dict[str, list[float]] = {k: [] for k in settings}
     with tempfile.TemporaryDirectory() as d:
-        outs = {k: Path(d) / f"w{k}.nc" for k in settings}
+        outs = {k: Path(d) / f"{k}.nc" for k in settings}
         for _ in range(args.repeats):
             for k, (n, threads) in settings.items():
-                times[k].append(run(args.model, outs[k], args.tokens, n, extra, threads))
-        diff = max_relative_difference(outs["1"], outs[str(args.workers)])
+                times[k].append(run(model, outs[k], tokens, n, extra, threads))
+        diff = max_relative_difference(outs["one"], outs["workers"])
     med = {k: statistics.median(v) for k, v in times.items()}
-    many = med[str(args.workers)]
-    print(
-        json.dumps(
-            {
-                "model": Path(args.model).name,
-                "tokens": args.tokens,
-                "cores": os.cpu_count(),
-                **{f"seconds_{k}": round(v, 2) for k, v in med.items()},
-                "speedup_vs_1_process": round(med["1"] / many, 2),
-                f"speedup_vs_1_process_{share}_thread": round(med[f"1x{share}thread"] / many, 2),
-                "max_relative_difference": diff,
-                "runs": {k: [round(t, 2) for t in v] for k, v in times.items()},
-            },
-            indent=1,
-        )
-    )
+    row = {
+        "model": Path(model).stem,
+        "tokens": tokens,
+        "options": " ".join(extra),
+        "held_threads": share,
+        **{f"seconds_{k}": v for k, v in med.items()},
+        "speedup_vs_one": med["one"] / med["workers"],
+        "speedup_vs_one_held": med["one_held"] / med["workers"],
+        "max_relative_difference": diff,
+        "runs": times,
+    }
+    print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+    return row
 
 
 if __name__ == "__main__":

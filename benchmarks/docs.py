@@ -395,6 +395,28 @@ def results_train_throughput(_: str) -> str:
     )
 
 
+def results_workers(_: str) -> str:
+    """results.md's table of data-parallel capture against one process (``benchmarks/capture_workers.py``)."""
+    rec = record("capture_workers")
+    n, runs = rec["settings"]["workers"], rec["settings"]["repeats"]
+    header = ["model", "tokens", "1 process", "1 process, held", f"`--workers {n}`"]
+    header += ["speed-up vs 1 process / vs held", "largest relative difference"]
+    cells = [
+        [
+            r["model"] + (f" ({r['options']})" if r["options"] else ""),
+            f"{r['tokens']:,}",
+            f"{r['seconds_one']:.1f} s",
+            f"{r['seconds_one_held']:.1f} s ({r['held_threads']} thread)",
+            f"{r['seconds_workers']:.1f} s",
+            f"{r['speedup_vs_one']:.2f} / {r['speedup_vs_one_held']:.2f}",
+            f"{r['max_relative_difference']:.1e}",
+        ]
+        for r in rec["rows"]
+    ]
+    what = f"each run a fresh `depthscope capture` process, settings alternated, median of {runs} runs."
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
+
+
 def results_thresholds(_: str) -> str:
     """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
     rec, rows = _findings("threshold")
@@ -582,6 +604,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
     "results-rank-sweep": results_rank_sweep,
+    "results-workers": results_workers,
     "results-train-throughput": results_train_throughput,
     "results-identity": results_identity,
     "results-dca-views": results_dca_views,
