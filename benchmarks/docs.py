@@ -510,12 +510,23 @@ def _smollm2_more(r: dict[str, Any]) -> str:
         f"r*/d = {r['rank_ratio']:.1f} (numerical, 0.99 of the energy; entropy "
         f"{r['rank_ratio_entropy']:.1f}).\n"
         f"* {mlp} in units of the uniform share of each consumer after it: {min(near):.2f}-{max(near):.2f}x "
-        f"over the next {len(near)} sublayer inputs, {min(rest):.2f}-{max(rest):.2f}x over the {len(rest)} "
-        f"after them, {ratios[-1]:.2f}x at the read-out.\n"
+        f"over the next {len(near)} sublayer inputs, then from {rest[0]:.2f}x to {rest[-1]:.2f}x over the "
+        f"{len(rest)} after them, and {ratios[-1]:.2f}x at the read-out.\n"
         f"* The attention sink: position 0 holds {r['sink_position0']:.1%} of the squared norm of layer "
         f"{sink}'s input (with position 0 counted), most of it written by {r['sink_writer']}: counting "
         f"position 0 (`--skip-positions 0`), {r['sink_writer']} is {counted[0]:.1%} of layer {sink}'s "
         f"input and {counted[1]:.1%} of the read-out; skipping it, {skipped[0]:.2%} and {skipped[1]:.3%}.\n"
+    )
+
+
+def results_half(_: str) -> str:
+    """results.md's line on SmolLM2 in half precision (``benchmarks/findings.py``)."""
+    rec, (r,) = _findings("smollm2")
+    return (
+        f"Generated from [data/findings.json](data/findings.json): {_where(rec)}. SmolLM2 captured in "
+        f"{r['half_dtype']} ({r['half_tokens']} tokens, `--logits`): residual error "
+        f"{r['half_residual_error']:.1e}, logit attribution error {r['half_logit_error']:.1e} on the "
+        "correct token.\n"
     )
 
 
@@ -604,6 +615,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
     "results-rank-sweep": results_rank_sweep,
+    "results-half": results_half,
     "results-workers": results_workers,
     "results-train-throughput": results_train_throughput,
     "results-identity": results_identity,

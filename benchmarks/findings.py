@@ -19,8 +19,8 @@ bundled zoo model, and how diluted one early layer's write is at SmolLM2-135M's 
    position skipped (its default), with ``--rank``: the read-out's share of ``--layer``'s writes
    (attention and MLP together) against their uniform share, k / n for k writes among n sources;
    its largest shares; the pattern score; r*/d; the layer's MLP write at every later consumer in
-   units of the uniform share; and the attention sink at ``--sink-layer`` (a second capture that
-   counts position 0).
+   units of the uniform share; the attention sink at ``--sink-layer`` (a second capture that
+   counts position 0); and a bfloat16 capture's residual and logit attribution errors.
 
 The record goes to ``docs/data/findings.json`` (``benchmarks/record.py``); ``make docs`` renders the
 README's sentence from it.
@@ -274,6 +274,7 @@ def smollm2_row(args) -> dict:
         # the layer's MLP write at every consumer after it, in units of that consumer's uniform share
         "retention": retention(trace, f"{args.layer}.mlp"),
         **sink(model, trace, args, kw),
+        **half(args),
     }
     print(f"SmolLM2 layer {args.layer}: {share:.4%} of the read-out, uniform {len(writes)}/{n}", flush=True)
     return row
@@ -289,6 +290,23 @@ def retention(trace, source: str) -> list[list]:
         for c in trace["layer"].values
         if bool(share.sel(layer=c).notnull())
     ]
+
+
+def half(args) -> dict:
+    """SmolLM2 captured in bfloat16 with ``--logits`` (``--half-tokens``): the largest residual error
+    and the logit attribution's error on the correct token, what the half-precision tolerances
+    (``probes.capture.LOW_PRECISION``) are set from."""
+    from depthscope.probes import capture
+    from depthscope.probes.load import Placement, load_model
+
+    model = load_model("smollm2", Placement(dtype="bfloat16"), progress=False)
+    t = capture(model, None, n_tokens=args.half_tokens, ctx=args.ctx, seed=0, logits=True, progress=False)
+    return {
+        "half_dtype": "bfloat16",
+        "half_tokens": int(t.attrs["tokens"]),
+        "half_residual_error": float(t["residual_error"].max()),
+        "half_logit_error": float(t["logit_error"].sel(target="correct")),
+    }
 
 
 def sink(model, skipped, args, kw) -> dict:
@@ -338,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--sink-layer", type=int, default=12, help="the SmolLM2 layer whose input's sink is measured"
     )
+    ap.add_argument("--half-tokens", type=int, default=4096, help="SmolLM2's bfloat16 capture")
     ap.add_argument("--json", default=None, help="the record (default docs/data/findings.json)")
     args = ap.parse_args(argv)
     rows = [r if "table" in r else {"table": "zoo", **r} for r in zoo_rows(args)]
@@ -346,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     rows += [{"table": "threshold", **r} for r in threshold_rows()]
     rows += [{"table": "identity", **r} for r in identity_rows()]
     rows.append({"table": "smollm2", **smollm2_row(args)})
-    settings = {k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer", "sink_layer")}
+    settings = {
+        k: getattr(args, k) for k in ("tokens", "smollm2_tokens", "ctx", "layer", "sink_layer", "half_tokens")
+    }
     print(f"wrote {record_write('findings', settings, rows, Path(args.json) if args.json else None)}")
     return 0
 

@@ -49,6 +49,10 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-identity"),
         ("results.md", "results-dca-views"),
         ("results.md", "results-smollm2"),
+        ("results.md", "results-rank-sweep"),
+        ("results.md", "results-train-throughput"),
+        ("results.md", "results-workers"),
+        ("results.md", "results-half"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -233,7 +237,71 @@ def test_the_findings_record_and_the_readme_sentence():
         and sum(shares) < 1
         and 0 <= smol["below_1_over_t"] <= smol["writes"]
     )
+    # unit weights: the pattern is 1 by construction; r*/d above its entropy-rank counterpart's
+    assert smol["pattern_sublayers"] == pytest.approx(1.0, abs=1e-9) == smol["pattern_readout"]
+    assert smol["rank_ratio"] > smol["rank_ratio_entropy"] > 0
+    followed = [c for c, _ in smol["retention"]]  # the layer's MLP at every consumer after it, in order
+    assert followed[0] == f"{smol['layer'] + 1}.attn" and followed[-1] == "readout"
+    n_layers = (smol["sources"] - 1) // 2  # an embedding and two writes per layer
+    assert len(followed) == 2 * (n_layers - smol["layer"] - 1) + 1
+    # the sink: a fraction of the squared norm; its writer's shares of an input of its layer or later
+    assert 0 < smol["sink_position0"] <= 1 and int(smol["sink_writer"].split(".")[0]) < smol["sink_layer"]
+    assert all(abs(x) <= 1 for x in smol["sink_counted"] + smol["sink_skipped"])
+    # bfloat16: within the half-precision tolerance the engine holds it to, and worse than float32's
+    assert smol["max_residual_error"] < smol["half_residual_error"] <= 5e-2 and 0 < smol["half_logit_error"]
     readme = next(p for p in docs.PAGES if p.name == "README.md").read_text()
     line = next(m.group(3) for m in docs.BLOCK.finditer(readme) if m.group(2) == "readme-findings")
     assert f"On the zoo {top[0]['name']} and {top[1]['name']} " in line
     assert f"{smol['share']:.2%} of the read-out" in line
+
+
+def test_the_rank_sweep_record_covers_its_widths_and_schemes():
+    """Every (scheme, width) trained and measured; numerical, entropy and participation ranks of
+    8 sublayers, each at most the width (a rank of a d x d covariance)."""
+    rec = json.loads((docs.DATA / "rank_sweep.json").read_text())
+    st = rec["settings"]
+    cells = {(r["scheme"], r["width"]) for r in rec["rows"]}
+    assert cells == {(s, w) for s in st["schemes"] for w in st["widths"]} and len(rec["rows"]) == len(cells)
+    for r in rec["rows"]:
+        for k in ("numerical", "entropy", "participation"):
+            assert 0 < r[f"r_star_{k}"] <= 2 * st["n_layers"] * r["width"]
+        assert 0 < r["val_loss"] < 8
+
+
+def test_the_training_throughput_record_is_its_step_times():
+    """Every variant at every width; each ratio is the standard's median step over the variant's,
+    from the raw step times the record keeps."""
+    import statistics
+
+    from depthscope.schemes import variants
+
+    rec = json.loads((docs.DATA / "train_throughput.json").read_text())
+    widths = rec["settings"]["widths"]
+    assert {(r["variant"], r["d_model"]) for r in rec["rows"]} == {
+        (v, d) for v, _, _ in variants() for d in widths
+    }
+    for d in widths:
+        mine = {r["variant"]: r for r in rec["rows"] if r["d_model"] == d}
+        base = statistics.median(mine["standard"]["step_seconds"])
+        for r in mine.values():
+            assert len(r["step_seconds"]) == rec["settings"]["rounds"]
+            assert r["median_seconds"] == statistics.median(r["step_seconds"])
+            assert r["vs_standard"] == pytest.approx(base / r["median_seconds"], rel=1e-12)
+
+
+def test_the_workers_record_is_its_runs():
+    """Each case's medians are its runs' medians, the speed-ups their ratios; the merged trace agrees
+    with one process's to float32 arithmetic under another thread count."""
+    import statistics
+
+    rec = json.loads((docs.DATA / "capture_workers.json").read_text())
+    assert len(rec["rows"]) == len(rec["settings"]["cases"]) >= 2
+    for r in rec["rows"]:
+        for k in ("one", "one_held", "workers"):
+            assert len(r["runs"][k]) == rec["settings"]["repeats"]
+            assert r[f"seconds_{k}"] == statistics.median(r["runs"][k])
+        assert r["speedup_vs_one"] == pytest.approx(r["seconds_one"] / r["seconds_workers"], rel=1e-12)
+        assert r["speedup_vs_one_held"] == pytest.approx(
+            r["seconds_one_held"] / r["seconds_workers"], rel=1e-12
+        )
+        assert 0 <= r["max_relative_difference"] < 1e-4
