@@ -10,7 +10,8 @@ vocabulary 49152) at --layers depths (default 12, 24, 48, 96). For each depth, i
   subprocess, at 1x and 4x the windows (flat in the number of tokens when the 4x peak equals the
   1x peak: the sums do not grow with the tokens, only the batch's buffers exist).
 
-The table is what ``docs/results.md`` shows as the depth curve.
+The record goes to ``docs/data/capture_depth.json`` (``benchmarks/record.py``); ``make docs``
+renders the depth table in ``docs/results.md`` from it.
 
     .venv/bin/python benchmarks/capture_depth.py [--layers 12 --layers 24] [--windows 4] [--ctx 256]
 """
@@ -23,8 +24,12 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from record import write as record_write  # noqa: E402
 
 
 def model_of(layers: int):
@@ -115,6 +120,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--worker", nargs=3, metavar=("KIND", "LAYERS", "WINDOWS"))
+    ap.add_argument("--json", default=None, help="the record (default docs/data/capture_depth.json)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.worker:
@@ -127,29 +133,29 @@ def main() -> None:
         return
     common = ["--ctx", str(args.ctx), "--batch", str(args.batch), "--threads", str(args.threads)]
     common += ["--windows", str(args.windows)]
-    print(
-        f"random Llama, d 576, vocab 49152; {args.windows} windows x {args.ctx} tokens, batch {args.batch}, "
-        f"{args.threads} thread(s); memory at {args.windows} and {4 * args.windows} windows"
-    )
-    print(
-        "| layers | sources | forward s | capture s | time x forward | capture MiB (1x / 4x tokens) "
-        "| forward MiB (1x / 4x) | memory x forward (1x) |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
+    rows = []
     for layers in args.layers or [12, 24, 48, 96]:
         t = spawn("--worker", "time", str(layers), "0", *common)
         mem = {
-            (kind, k): spawn("--worker", kind, str(layers), str(k * args.windows), *common)["peak_mb"]
+            f"{kind}_mb_{k}x": spawn("--worker", kind, str(layers), str(k * args.windows), *common)["peak_mb"]
             for kind in ("capture", "forward")
             for k in (1, 4)
         }
-        print(
-            f"| {layers} | {2 * layers + 1} | {t['forward']:.2f} | {t['capture']:.2f} | "
-            f"{t['capture'] / t['forward']:.2f} | {mem['capture', 1]:.0f} / {mem['capture', 4]:.0f} | "
-            f"{mem['forward', 1]:.0f} / {mem['forward', 4]:.0f} | "
-            f"{mem['capture', 1] / mem['forward', 1]:.2f} |",
-            flush=True,
+        rows.append(
+            {
+                "layers": layers,
+                "sources": 2 * layers + 1,
+                "forward_seconds": t["forward"],
+                "capture_seconds": t["capture"],
+                "time_ratio": t["capture"] / t["forward"],
+                **mem,
+                "memory_ratio": mem["capture_mb_1x"] / mem["forward_mb_1x"],
+            }
         )
+        print(json.dumps(rows[-1]), flush=True)
+    settings = {k: getattr(args, k) for k in ("windows", "ctx", "batch", "threads")}
+    settings["model"] = "random Llama, d 576, 9 heads of 64, 3 KV heads, MLP 1536, vocabulary 49152"
+    print(f"wrote {record_write('capture_depth', settings, rows, Path(args.json) if args.json else None)}")
 
 
 if __name__ == "__main__":

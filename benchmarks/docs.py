@@ -417,6 +417,100 @@ def results_workers(_: str) -> str:
     return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
+_REAL_PATHS = {
+    "forward": "plain forward",
+    "trunk": "forward without the LM head (trunk)",
+    "depthscope": "depthscope `capture`",
+    "depthscope-logits": "depthscope `capture --logits`",
+    "tl-full": "TransformerLens full cache + `decompose_resid`",
+    "tl-filtered": "TransformerLens filtered cache",
+    "nnsight": "nnsight (tracer saves the same outputs, table by hand)",
+}
+
+
+def results_real(_: str) -> str:
+    """results.md's table of SmolLM2's capture against a forward and the anchors (``capture_real.py``)."""
+    rec, p = _real("smollm2")
+    t = rec["settings"]["targets"]
+    cells = []
+    for path, name in _REAL_PATHS.items():
+        if path not in p:
+            continue
+        tr, mr = _ratio(p, path, "seconds"), _ratio(p, path, "peak_mb")
+        target = {
+            "depthscope": f"<= {t['time']}, <= {t['memory']}: "
+            + _verdict([tr <= t["time"], mr <= t["memory"]]),
+            "depthscope-logits": f"<= {t['logits_time']} (time): {_verdict([tr <= t['logits_time']])}",
+        }.get(path, "")
+        bold = (lambda x: f"**{x}**") if path.startswith("depthscope") else str
+        cells.append(
+            [
+                name,
+                f"{p[path]['seconds']:.2f}",
+                bold(f"{tr:.2f}"),
+                f"{p[path]['peak_mb']:,.0f}",
+                bold(f"{mr:.2f}"),
+                target,
+            ]
+        )
+    header = ["path", "seconds", "x forward", "peak memory growth (MiB)", "x forward", "target"]
+    s = rec["settings"]
+    what = f"{s['what']}, {s['windows']} windows x {s['ctx']} tokens, batch {s['batch']}, "
+    what += f"medians of {s['rounds']} rounds."
+    lines = _table(rec, what, header, cells)
+    faster = [
+        f"{_ratio(p, a, 'seconds', 'depthscope'):.1f}x faster than {n}"
+        for a, n in (("tl-filtered", "TransformerLens's filtered cache"), ("nnsight", "nnsight"))
+        if a in p
+    ]
+    leaner = [
+        f"{_ratio(p, a, 'peak_mb', 'depthscope'):.1f}x less memory than {n}"
+        for a, n in (("tl-filtered", "its filtered cache"), ("nnsight", "nnsight"))
+        if a in p
+    ]
+    lines += ["", f"depthscope's capture is {', '.join(faster)}, with {', '.join(leaner)}."]
+    if "trunk" in p:
+        lines[-1] += (
+            f" Against the trunk it stops at, the capture costs "
+            f"{_ratio(p, 'depthscope', 'seconds', 'trunk'):.2f}x."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def results_depth_cost(_: str) -> str:
+    """results.md's table of the capture's cost against depth (``benchmarks/capture_depth.py``)."""
+    rec = record("capture_depth")
+    s = rec["settings"]
+    header = ["layers", "sources", "capture / forward time", "capture MiB at 1x / 4x tokens", "forward MiB"]
+    header.append("capture / forward memory")
+    cells = [
+        [
+            str(r["layers"]),
+            str(r["sources"]),
+            f"{r['time_ratio']:.2f}",
+            f"{r['capture_mb_1x']:.0f} / {r['capture_mb_4x']:.0f}",
+            f"{r['forward_mb_1x']:.0f}",
+            f"{r['memory_ratio']:.2f}",
+        ]
+        for r in rec["rows"]
+    ]
+    what = f"{s['model']}; {s['windows']} windows x {s['ctx']} tokens, batch {s['batch']}, "
+    what += f"{s['threads']} thread."
+    return "\n".join(_table(rec, what, header, cells)) + "\n"
+
+
+def results_minilm(_: str) -> str:
+    """results.md's line on MiniLM's capture cost (``benchmarks/capture_real.py --model minilm``)."""
+    rec, p = _real("minilm")
+    s, t = rec["settings"], rec["settings"]["targets"]
+    tr, mr = _ratio(p, "depthscope", "seconds"), _ratio(p, "depthscope", "peak_mb")
+    return (
+        f"Generated from [data/capture_real_minilm.json](data/capture_real_minilm.json): {_where(rec)}; "
+        f"{s['windows']} windows x {s['ctx']} tokens, batch {s['batch']}: capture / forward time "
+        f"**{tr:.2f}** (target {t['minilm_time']}: {_verdict([tr <= t['minilm_time']])}), memory {mr:.2f}.\n"
+    )
+
+
 def results_thresholds(_: str) -> str:
     """results.md's table of DCA's thresholds on r*/d (``benchmarks/findings.py``)."""
     rec, rows = _findings("threshold")
@@ -615,6 +709,9 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-trajectories": results_trajectories,
     "results-thresholds": results_thresholds,
     "results-rank-sweep": results_rank_sweep,
+    "results-depth-cost": results_depth_cost,
+    "results-minilm": results_minilm,
+    "results-real": results_real,
     "results-half": results_half,
     "results-workers": results_workers,
     "results-train-throughput": results_train_throughput,
