@@ -7,7 +7,8 @@ alternate run by run (1, N, 1, N ...) so that machine load hits both alike, and 
 (cores // N threads each). A third setting, one process held to cores // N threads
 (OMP_NUM_THREADS), gives the scaling of the data split itself: what N ranks on N devices of their
 own would gain. The traces are compared too: the largest relative difference over every variable
-(the model's float32 arithmetic depends on the thread count, so it is not 0).
+and where it is, against one process (the model's float32 arithmetic depends on the thread count,
+so it is not 0) and against the one process held to the workers' threads.
 
 The record (every run's seconds, per case) goes to ``docs/data/capture_workers.json``
 (``benchmarks/record.py``); ``make docs`` renders the table in ``docs/results.md`` from it. The
@@ -46,16 +47,18 @@ def run(model: str, out: Path, tokens: int, workers: int, extra: list[str], thre
     return time.perf_counter() - t0
 
 
-def max_relative_difference(a: Path, b: Path) -> float:
+def max_relative_difference(a: Path, b: Path) -> tuple[float, str]:
+    """The largest difference of two traces over every variable, relative to the variable's largest
+    magnitude, and the variable it is in."""
     from depthscope.trace import load_trace
 
     x, y = load_trace(a), load_trace(b)
-    worst = 0.0
+    worst = (0.0, "")
     for name in x.data_vars:
         u, v = x[name].values, y[name].values
         scale = np.nanmax(np.abs(u)) if np.isfinite(u).any() else 0.0
         if scale > 0:
-            worst = max(worst, float(np.nanmax(np.abs(u - v)) / scale))
+            worst = max(worst, (float(np.nanmax(np.abs(u - v)) / scale), str(name)))
     return worst
 
 
@@ -82,7 +85,8 @@ def measure(model: str, tokens: int, extra: list[str], args) -> dict:
         for _ in range(args.repeats):
             for k, (n, threads) in settings.items():
                 times[k].append(run(model, outs[k], tokens, n, extra, threads))
-        diff = max_relative_difference(outs["one"], outs["workers"])
+        diff, where = max_relative_difference(outs["one"], outs["workers"])
+        same, same_where = max_relative_difference(outs["one_held"], outs["workers"])  # equal threads
     med = {k: statistics.median(v) for k, v in times.items()}
     row = {
         "model": Path(model).stem,
@@ -93,6 +97,9 @@ def measure(model: str, tokens: int, extra: list[str], args) -> dict:
         "speedup_vs_one": med["one"] / med["workers"],
         "speedup_vs_one_held": med["one_held"] / med["workers"],
         "max_relative_difference": diff,
+        "max_difference_in": where,
+        "equal_threads_difference": same,  # one process held to the workers' threads against them
+        "equal_threads_difference_in": same_where,
         "runs": times,
     }
     print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)

@@ -400,7 +400,7 @@ def results_workers(_: str) -> str:
     rec = record("capture_workers")
     n, runs = rec["settings"]["workers"], rec["settings"]["repeats"]
     header = ["model", "tokens", "1 process", "1 process, held", f"`--workers {n}`"]
-    header += ["speed-up vs 1 process / vs held", "largest relative difference"]
+    header += ["speed-up vs 1 process / vs held", "largest relative difference: vs 1 process / vs held"]
     cells = [
         [
             r["model"] + (f" ({r['options']})" if r["options"] else ""),
@@ -409,7 +409,8 @@ def results_workers(_: str) -> str:
             f"{r['seconds_one_held']:.1f} s ({r['held_threads']} thread)",
             f"{r['seconds_workers']:.1f} s",
             f"{r['speedup_vs_one']:.2f} / {r['speedup_vs_one_held']:.2f}",
-            f"{r['max_relative_difference']:.1e}",
+            f"{r['max_relative_difference']:.1e} ({r['max_difference_in']}) / "
+            f"{r['equal_threads_difference']:.1e} ({r['equal_threads_difference_in']})",
         ]
         for r in rec["rows"]
     ]

@@ -53,6 +53,9 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-train-throughput"),
         ("results.md", "results-workers"),
         ("results.md", "results-half"),
+        ("results.md", "results-real"),
+        ("results.md", "results-depth-cost"),
+        ("results.md", "results-minilm"),
     } <= named
     assert {name for _, name in named} <= set(docs.RENDER)
     assert all(text.strip() for _, _, text in blocks())  # rendered, not left empty
@@ -304,4 +307,15 @@ def test_the_workers_record_is_its_runs():
         assert r["speedup_vs_one_held"] == pytest.approx(
             r["seconds_one_held"] / r["seconds_workers"], rel=1e-12
         )
-        assert 0 <= r["max_relative_difference"] < 1e-4
+        assert 0 <= r["max_relative_difference"] < 1e-4 and r["max_difference_in"]
+        assert 0 <= r["equal_threads_difference"] <= r["max_relative_difference"]
+
+
+def test_the_depth_cost_record_is_its_measurements():
+    """Each depth's ratios are its seconds' and megabytes' ratios; an embedding and two writes per layer."""
+    rec = json.loads((docs.DATA / "capture_depth.json").read_text())
+    assert [r["layers"] for r in rec["rows"]] == sorted(r["layers"] for r in rec["rows"]) and rec["rows"]
+    for r in rec["rows"]:
+        assert r["sources"] == 2 * r["layers"] + 1
+        assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+        assert r["memory_ratio"] == pytest.approx(r["capture_mb_1x"] / r["forward_mb_1x"], rel=1e-12)
