@@ -595,7 +595,7 @@ def test_the_entry_point_exits_130_when_an_interrupt_escapes_main(monkeypatch, c
         raise SystemExit(status)
 
     monkeypatch.setattr(cli, "main", interrupted)
-    monkeypatch.setattr(entry, "_leave", leave)
+    monkeypatch.setattr(entry.interrupt, "leave", leave)
     try:
         with pytest.raises(SystemExit) as exit_:
             entry.run()
@@ -606,7 +606,7 @@ def test_the_entry_point_exits_130_when_an_interrupt_escapes_main(monkeypatch, c
 
 @pytest.mark.parametrize("world, leaves", [("2", True), ("1", False), (None, False)])
 def test_a_rank_under_torchrun_leaves_without_the_interpreters_epilogue(monkeypatch, world, leaves):
-    """Under torchrun (WORLD_SIZE > 1) a finished rank exits through ``_leave`` (exit handlers run,
+    """Under torchrun (WORLD_SIZE > 1) a finished rank exits through ``interrupt.leave`` (exit handlers run,
     output flushed, then os._exit with its status), so no C++ destructor at interpreter exit can turn
     a written trace into a failed run; a single process exits as usual."""
     import signal as sig
@@ -622,7 +622,7 @@ def test_a_rank_under_torchrun_leaves_without_the_interpreters_epilogue(monkeypa
         raise SystemExit(status)
 
     monkeypatch.setattr(cli, "main", lambda argv=None: 3)
-    monkeypatch.setattr(entry, "_leave", leave)
+    monkeypatch.setattr(entry.interrupt, "leave", leave)
     if world is None:
         monkeypatch.delenv("WORLD_SIZE", raising=False)
     else:

@@ -341,7 +341,7 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
     """One local rank: a gloo group over TCP on this machine, threads shared out between ranks.
 
     Reports once (see ``_spawn``) before destroying the group, so a crash in the teardown cannot
-    hide a finished part.
+    hide a finished part, and leaves through ``interrupt.leave`` once its report is sent.
     """
     import torch
     import torch.distributed as dist
@@ -361,9 +361,12 @@ def _worker(rank: int, world: int, port: int, job: CaptureJob, reports: Any) -> 
     except Exception as err:  # a bug: still one line in the parent, and this rank exits cleanly
         report = f"{type(err).__name__} in capture worker {rank}: {err}"
     finally:
-        reports.put((rank, report))
+        reports.put((rank, report))  # a SimpleQueue: in the pipe when put returns
         with contextlib.suppress(Exception):
             dist.destroy_process_group()
+    from depthscope import interrupt
+
+    interrupt.leave(0)  # without the interpreter's epilogue, where torch's teardown can abort
 
 
 def _die_with_parent() -> None:
