@@ -481,6 +481,13 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads",),
     ),
     Mutant(
+        "a spec's embeddings named by label keep their positional labels",
+        "depthscope/probes/adapters/spec.py",
+        "label = s.key if s.key != EMBED else (EMBED if k == 0 else f\"{EMBED}.{s.path.split('.')[-1]}\")",
+        "label = EMBED if k == 0 else f\"{EMBED}.{s.path.split('.')[-1]}\"",
+        ("tests/probes/adapters/test_spec.py::test_embeddings_named_by_label_read_as_by_position",),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",

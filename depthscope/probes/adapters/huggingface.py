@@ -405,7 +405,9 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
             keyed.setdefault(key, {})[int(i)] = tap.rpartition(":")[0]
         return {k: patterns(v) for k, v in keyed.items()}
 
-    embeds = [s.tap.rpartition(":")[0] for s in sources if s.kind == EMBED]
+    named_embeds = {s.label: s.tap.rpartition(":")[0] for s in sources if s.kind == EMBED}
+    default = [EMBED] + [f"{EMBED}.{p.rsplit('.', 1)[-1]}" for p in list(named_embeds.values())[1:]]
+    embeds = list(named_embeds.values()) if list(named_embeds) == default else named_embeds
     writes = by_key((s.label, s.tap) for s in sources if s.kind != EMBED)
     reads = by_key((c.label, c.tap) for c in consumers if c.label != READOUT)
     reads[READOUT] = [consumers[-1].tap.rpartition(":")[0]]

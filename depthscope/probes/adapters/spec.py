@@ -37,6 +37,8 @@ be named under several read keys (MUDDFormer's layer 0 reads its query, key and 
 ``attention_norm``, later layers from ``attention_norms.0/1/2``): one consumer per key.
 
 Labels: ``embed`` for the first embedding, ``embed.NAME`` for the others (NAME the module's last
+path part; ``embed`` may instead map labels to modules, the first labelled ``embed``:
+``{"embed": "wte", "pos_embed": "wpe"}``, as the transformers reader labels them);
 path part); ``{i}.{key}`` for a write or read of layer ``i`` under the key it is named by (``0.attn``,
 ``3.attn.q``), ``i`` the ``*`` of its pattern or else the first number in its path; ``readout``. A
 key's kind is its first dotted part (``attn``, ``mlp``, ``swa``, ``ssm`` or ``block``). A module
@@ -96,7 +98,9 @@ class ModelSpec:
 
     Args:
         embed: module(s) whose outputs are the sources before the first layer (token embedding
-            first; a position embedding of shape [pos, d_model] is shared over the batch).
+            first; a position embedding of shape [pos, d_model] is shared over the batch), or a
+            mapping label -> module, the first labelled ``embed`` (``{"embed": "wte", "pos_embed":
+            "wpe"}``), to label them.
         writes: kind -> pattern(s) of modules whose outputs are sources (``"blocks.*.attn"``);
             kinds: attn, mlp, swa, ssm, or block (a whole block's output, a state).
         reads: key -> pattern(s) of modules whose INPUT is a consumer; ``readout`` names the
@@ -119,7 +123,7 @@ class ModelSpec:
     A pattern is a string or a list of strings, wherever one is taken.
     """
 
-    embed: Patterns
+    embed: Patterns | Mapping[str, str]
     writes: Mapping[str, Patterns]
     reads: Mapping[str, Patterns]
     head: tuple[str, str] | None = None
@@ -133,7 +137,7 @@ class ModelSpec:
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-ready data (recorded in the trace's ``config`` attr)."""
         return {
-            "embed": patterns("embed", self.embed),
+            "embed": dict(self.embed) if isinstance(self.embed, Mapping) else patterns("embed", self.embed),
             "writes": {k: patterns(k, v) for k, v in _mapping("writes", self.writes).items()},
             "reads": {k: patterns(k, v) for k, v in _mapping("reads", self.reads).items()},
         }
@@ -380,12 +384,30 @@ def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[
     writes_map, reads_map = _mapping("writes", spec.writes), _mapping("reads", spec.reads)
     if not spec.embed or not writes_map:
         raise DepthscopeError("ModelSpec: name at least one embedding (embed=) and one write (writes=)")
-    embeds = _expand(model, "embed", patterns("embed", spec.embed))
+    embeds = _embeds(model, spec.embed)
     writes = [s for k, v in writes_map.items() for s in _expand(model, k, patterns(k, v))]
     reads = [s for k, v in reads_map.items() for s in _expand(model, k, patterns(k, v))]
     for s in writes + [r for r in reads if r.key != READOUT]:
         _kind(s.key)
     return embeds, writes, reads
+
+
+def _embeds(model: Any, embed: Any) -> list[_Site]:
+    """The embedding sites, each keyed by its label where ``embed`` maps labels to modules (the first
+    ``embed``, each naming one module), else by ``embed``.
+    """
+    if not isinstance(embed, Mapping):
+        return _expand(model, EMBED, patterns(EMBED, embed))
+    labels = list(_mapping("embed", embed))
+    if labels[:1] != [EMBED] or not all(isinstance(v, str) for v in embed.values()):
+        raise DepthscopeError(
+            f"ModelSpec: embed= maps labels to one module each, the first labelled 'embed' "
+            f"({{'embed': 'wte', 'pos_embed': 'wpe'}}), got {dict(embed)!r:.80}"
+        )
+    sites = [site for lab in labels for site in _expand(model, lab, [embed[lab]])]
+    if len(sites) != len(labels):
+        raise DepthscopeError("ModelSpec: each label of embed= names one module (no '*')")
+    return sites
 
 
 def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
@@ -479,7 +501,7 @@ def _sources(embeds: list[_Site], writes: list[_Site]) -> list[tuple[SourceSpec,
     """The sources in order, labelled: the embeddings, then the writes as their modules return."""
     sources = []
     for k, s in enumerate(embeds):
-        label = EMBED if k == 0 else f"{EMBED}.{s.path.split('.')[-1]}"
+        label = s.key if s.key != EMBED else (EMBED if k == 0 else f"{EMBED}.{s.path.split('.')[-1]}")
         sources.append((SourceSpec(label, label, EMBED, 0), s))
     for d, s in enumerate(writes, start=1):
         label = f"{s.index}.{s.key}" if s.index is not None else s.key

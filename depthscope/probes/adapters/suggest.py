@@ -99,8 +99,8 @@ class Suggestion:
         return "\n".join(lines) + "\n"
 
 
-def _py(value: list[str]) -> str:
-    return json.dumps(value[0]) if len(value) == 1 else json.dumps(value)
+def _py(value: list[str] | dict[str, str]) -> str:
+    return json.dumps(value[0]) if isinstance(value, list) and len(value) == 1 else json.dumps(value)
 
 
 def _is_norm(module: Any) -> bool:

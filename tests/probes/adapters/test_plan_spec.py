@@ -27,6 +27,7 @@ CASES = [
     ("falcon_h1", {}, "layout falcon_h1"),
     ("jamba", {}, "layout jamba"),
     ("arcee", {}, "discovered"),
+    ("gpt2", {}, "layout gpt2"),  # a position embedding, labelled pos_embed as the family does
 ]
 
 

@@ -127,6 +127,19 @@ def test_a_position_embedding_of_shape_pos_d_is_a_source():
     assert ad.ctx == CTX and ad.vocab == VOCAB
 
 
+def test_embeddings_named_by_label_read_as_by_position():
+    """``embed={"embed": "wte", "pos_embed": "wpe"}`` labels the sources and changes nothing else:
+    the same capture, the position embedding's row under its new name."""
+    model = seeded("nanogpt")
+    named = ModelSpec({"embed": "wte", "pos_embed": "wpe"}, model.SPEC.writes, model.SPEC.reads)
+    assert [s.label for s in build_spec(model, named).sources[:3]] == ["embed", "pos_embed", "0.attn"]
+    ids = torch.randint(0, VOCAB, (2, CTX), generator=torch.Generator().manual_seed(0))
+    a = capture(model, ids, spec=model.SPEC, skip_positions=0, progress=False)
+    b = capture(model, ids, spec=named, skip_positions=0, progress=False)
+    np.testing.assert_array_equal(a["contribution_share"].values, b["contribution_share"].values)
+    assert [str(x) for x in b.source.values[:2]] == ["embed", "pos_embed"]
+
+
 def test_a_read_that_is_not_a_combination_of_the_writes_is_refused():
     """Naming only the attention writes: the MLP's input holds an unnamed write; one line says so."""
     model = seeded("nanogpt")
@@ -141,6 +154,11 @@ def test_a_read_that_is_not_a_combination_of_the_writes_is_refused():
         (ModelSpec(embed=["wte"], writes={"attn": "blocks.*.atn"}, reads={}), "no module"),
         (ModelSpec(embed=["wte"], writes={"conv": "blocks.*.attn"}, reads={}), "not a kind"),
         (ModelSpec(embed=[], writes={"attn": "blocks.*.attn"}, reads={}), "at least one embedding"),
+        (
+            ModelSpec({"pos_embed": "wpe", "embed": "wte"}, {"attn": "blocks.*.attn"}, {}),
+            "first labelled 'embed'",
+        ),
+        (ModelSpec({"embed": "blocks.*.attn"}, {"attn": "blocks.*.attn"}, {}), "names one module"),
     ],
 )
 def test_a_wrong_spec_is_one_clear_error(spec, message):
