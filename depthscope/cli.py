@@ -370,7 +370,7 @@ def schemes() -> None:
     for name in scheme_names():
         cls = get_scheme(name)
         opts = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(cls.Options)) or "-"
-        table.add_row(name, cls.paper, opts, ", ".join(cls.variants or [name]))
+        table.add_row(name, cls.paper, opts, ", ".join(cls.variants))
     out.print(table)
 
 
@@ -705,17 +705,8 @@ def inspect(
     [model] = _model_inputs([model_path], sf)
     from depthscope.pipelines.plot import inspect_prompt
 
-    written, what = inspect_prompt(
-        model,
-        text,
-        out_path,
-        position=position,
-        layer=layer,
-        var=var,
-        spec_file=sf,
-        trust_remote_code=trust_remote_code,
-        tokenizer=tokenizer,
-    )
+    reading = {"spec_file": sf, "trust_remote_code": trust_remote_code, "tokenizer": tokenizer}
+    written, what = inspect_prompt(model, text, out_path, position=position, layer=layer, var=var, **reading)
     out.print(f"wrote {written}: {what}")
 
 

@@ -337,15 +337,9 @@ def plot_heatmap(
         raise DepthscopeError(f"{len(panels)} models in one array: use plot_heatmap_grid")
     label, da = panels[0]
     log = da.name == "row_normalized" if log is None else log
+    values = np.asarray(da.values, dtype=float)
     values, norm, cmap, vmax = _scale(
-        np.asarray(da.values, dtype=float),
-        log=log,
-        symlog=symlog,
-        linthresh=linthresh,
-        vmin=vmin,
-        vmax=vmax,
-        cmap=cmap,
-        center=center,
+        values, log=log, symlog=symlog, linthresh=linthresh, vmin=vmin, vmax=vmax, cmap=cmap, center=center
     )
     if ax is None:
         _, ax = subplots(figsize=figsize or heatmap_size(*values.shape, colorbar=colorbar))

@@ -396,17 +396,8 @@ def _retention_charts(out, cid, data: xr.DataArray):
     else:
         panels = [("retention", str(s), data.sel(source=s)) for s in data["source"].values]
         palette, series = None, "source"
-    rows = ia.series_rows(panels, "lag")
-    return ia.curves(
-        out,
-        cid,
-        rows,
-        x="lag (sublayers)",
-        y={"retention": "share in units of 1/T"},
-        series=series,
-        colors=palette,
-        logy=("retention",),
-    )
+    rows, y = ia.series_rows(panels, "lag"), {"retention": "share in units of 1/T"}
+    return ia.curves(out, cid, rows, x="lag (sublayers)", y=y, series=series, colors=palette, logy=tuple(y))
 
 
 def _weight_effect_charts(out, cid, traces, cells):
@@ -538,57 +529,27 @@ def _rank_charts(out, cid, profile):
         da = part["effective_rank"].sel(rank_kind="numerical").isel(source=keep)
         da = xr.DataArray(da.values, dims="d", coords={"d": np.asarray(part["source_depth"].values)[keep]})
         panels.append(("effective rank", label, da))
-    rows = ia.series_rows(panels, "d")
-    return ia.curves(
-        out,
-        cid,
-        rows,
-        x="source depth",
-        y={"effective rank": "numerical effective rank"},
-        colors=_model_colors(profile),
-    )
+    rows, y = ia.series_rows(panels, "d"), {"effective rank": "numerical effective rank"}
+    return ia.curves(out, cid, rows, x="source depth", y=y, colors=_model_colors(profile))
 
 
 def _model_charts(out, cid, trace, blocks=None, signed=False, **_):
     label = trace_label(trace)
-    charts = [
-        ia.heatmap(
-            out,
-            "mixing",
-            trace["mixing"],
-            chart_id=f"{cid}-mixing",
-            title="mixing weights M",
-            value="M",
-            scale="symlog" if signed else "diverging",
-            pick=label,
-            follows=False,
-        ),
-        ia.heatmap(
-            out,
-            "share",
-            trace["contribution_share"],
-            chart_id=f"{cid}-share",
-            title="contribution shares",
-            value="share",
-            scale="diverging",
-            pick=label,
-            follows=False,
-        ),
+    # (data entry, chart id's suffix, values, title, value name, scale, model shown first)
+    mixing_scale = "symlog" if signed else "diverging"
+    views = [
+        ("mixing", "mixing", trace["mixing"], "mixing weights M", "M", mixing_scale, label),
+        ("share", "share", trace["contribution_share"], "contribution shares", "share", "diverging", label),
     ]
     if blocks is not None:
-        charts.append(
-            ia.heatmap(
-                out,
-                f"blocks-{cid}",
-                blocks["contribution_share"],
-                chart_id=f"{cid}-blocks",
-                title="contribution shares, per block",
-                value="share",
-                scale="diverging",
-                follows=False,
-            )
+        per_block = "contribution shares, per block"
+        views.append(
+            (f"blocks-{cid}", "blocks", blocks["contribution_share"], per_block, "share", "diverging", None)
         )
-    return charts
+    return [
+        ia.heatmap(out, key, da, chart_id=f"{cid}-{sfx}", title=t, value=v, scale=sc, pick=pk, follows=False)
+        for key, sfx, da, t, v, sc, pk in views
+    ]
 
 
 @dataclass(frozen=True)

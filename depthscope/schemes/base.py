@@ -262,14 +262,19 @@ class Scheme(abc.ABC):
     name: ClassVar[str]
     paper: ClassVar[str]  # "arXiv id: short title"
     Options: ClassVar[type] = NoOptions
-    # Named option sets shown in the demo table, benchmarks and the generic tests;
-    # an empty dict means one variant, named after the scheme, with default options.
+    # Named option sets shown in the demo table, benchmarks and the generic tests; a scheme that
+    # names none has one, named after it, with the default options (``register`` fills it in).
     variants: ClassVar[dict[str, dict[str, Any]]] = {}
+    # Whether the delta-basis weights are input-independent (the same for every token): always
+    # (True), never (False), or when each named option takes one of the listed values.
+    static: ClassVar[bool | dict[str, tuple[Any, ...]]] = False
 
     @classmethod
     def is_static(cls, options: Any) -> bool:
-        """Whether the delta-basis weights are input-independent (the same for every token)."""
-        return False
+        """Whether the weights are the same for every token under these options (``static``)."""
+        if isinstance(cls.static, bool):
+            return cls.static
+        return all(getattr(options, key) in values for key, values in cls.static.items())
 
     @classmethod
     def kinds(cls, options: Any) -> tuple[names.Kind, ...]:
@@ -325,7 +330,11 @@ _REGISTRY: dict[str, type[Scheme]] = {}
 
 
 def register(cls: type[Scheme]) -> type[Scheme]:
-    """Class decorator adding a scheme to the registry."""
+    """Class decorator adding a scheme to the registry; a scheme that names no variants has one, its own
+    name with the default options.
+    """
+    if not cls.__dict__.get("variants"):
+        cls.variants = {cls.name: {}}
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -334,7 +343,7 @@ def variants() -> list[tuple[str, str, dict[str, Any]]]:
     """Every (label, scheme name, options) variant of every registered scheme."""
     out = []
     for name, cls in _REGISTRY.items():
-        out += [(label, name, dict(opts)) for label, opts in (cls.variants or {name: {}}).items()]
+        out += [(label, name, dict(opts)) for label, opts in cls.variants.items()]
     return out
 
 
@@ -424,7 +433,7 @@ def build_options(scheme: type[Scheme], values: dict[str, Any]) -> Any:
 def variant_label(cfg: ModelConfig) -> str:
     """The named variant a config belongs to (e.g. ``attnres-block4``), else scheme + options."""
     scheme = get_scheme(cfg.scheme)
-    for label, opts in (scheme.variants or {cfg.scheme: {}}).items():
+    for label, opts in scheme.variants.items():
         if build_options(scheme, opts) == cfg.options:
             return label
     default = scheme.Options()

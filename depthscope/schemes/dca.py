@@ -296,11 +296,7 @@ class DCA(Scheme):
         "grn-v2": {"grn": "v2"},
         "grn-v3": {"grn": "v3"},
     }
-
-    @classmethod
-    def is_static(cls, options: DCAOptions) -> bool:
-        """True for v1 and v2 (static b only); v3 and dca add input-dependent gates."""
-        return options.grn in ("v1", "v2")
+    static = {"grn": ("v1", "v2")}  # static b only; v3 and dca add input-dependent gates
 
     @classmethod
     def views(cls, options: DCAOptions, kind: str) -> tuple[str, ...]:

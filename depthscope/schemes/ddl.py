@@ -116,12 +116,7 @@ class DDL(Scheme):
 
     name = "ddl"
     paper = "arXiv 2601.00417: Deep Delta Learning"
-    variants = {"ddl": {}}
-
-    @classmethod
-    def is_static(cls, options) -> bool:
-        """Always: unit weights on the increments; the input-dependent gates live inside them."""
-        return True  # unit weights on the increments; the gates live inside them
+    static = True  # unit weights on the increments; the input-dependent gates live inside them
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:

@@ -135,11 +135,7 @@ class DenseFormer(Scheme):
     # 2 x 2 rather than the paper's recommended 4 x 5: at the zoo's 8 blocks a 4 x 5 model has a
     # single DWA (after block 5, over X_1 and X_5) and none at the read-out
     variants = {"denseformer": {}, "denseformer-2x2": {"dilation": 2, "period": 2}}
-
-    @classmethod
-    def is_static(cls, options) -> bool:
-        """Always: the DWA weights are learned scalars, the same for every token."""
-        return True
+    static = True  # the DWA weights are learned scalars, the same for every token
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:

@@ -180,12 +180,7 @@ class Frac(Scheme):
     name = "frac"
     paper = "arXiv 2503.14125: Frac-Connections: Fractional Extension of Hyper-Connections"
     Options = FracOptions
-    variants = {"frac": {}}
-
-    @classmethod
-    def is_static(cls, options: FracOptions) -> bool:
-        """True for static frac-connections, whose Gamma, A, beta are constants."""
-        return options.mode == "static"
+    static = {"mode": ("static",)}  # Gamma, A, beta constants; dynamic ones depend on the fractions
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:

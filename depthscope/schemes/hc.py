@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 from torch import Tensor, nn
@@ -252,6 +252,17 @@ class StreamScheme(Scheme):
     """
 
     connection: type[Mixer]
+    # mHC's and sHC's init (``pre_bias``) breaks the symmetry between streams: they need 2
+    min_streams: ClassVar[int] = 1
+
+    @classmethod
+    def validate(cls, cfg: ModelConfig) -> None:
+        """Refuse fewer streams than ``min_streams``."""
+        if cfg.options.streams < cls.min_streams:
+            why = " (its init breaks stream symmetry)" if cls.min_streams > 1 else ""
+            raise ConfigError(
+                f"{cls.name} needs at least {cls.min_streams} streams{why}, got {cfg.options.streams}"
+            )
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> Streams:
@@ -277,16 +288,6 @@ class HC(StreamScheme):
     paper = "arXiv 2409.19606: Hyper-Connections"
     Options = HCOptions
     variants = {"hc": {}, "hc-static": {"mode": "static"}}
-
-    @classmethod
-    def is_static(cls, options: HCOptions) -> bool:
-        """True for static HC (SHC), whose A_m, A_r, B are constants; dynamic HC's depend on the streams."""
-        return options.mode == "static"
+    static = {"mode": ("static",)}  # A_m, A_r, B constants; dynamic HC's depend on the streams
 
     connection = HyperConnection
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        """Refuse fewer than 1 stream."""
-        if cfg.options.streams < 1:
-            raise ConfigError(f"hc streams must be at least 1, got {cfg.options.streams}")

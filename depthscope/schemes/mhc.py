@@ -159,14 +159,6 @@ class ManifoldHyperConnection(StreamMixer):
         return mix, post.to(h.dtype).t().unflatten(0, lead)
 
 
-def need_two_streams(name: str, cfg: ModelConfig) -> None:
-    """Refuse fewer than 2 streams: the init (``pre_bias``) breaks the symmetry between streams."""
-    if cfg.options.streams < 2:
-        raise ConfigError(
-            f"{name} needs at least 2 streams (its init breaks stream symmetry), got {cfg.options.streams}"
-        )
-
-
 @register
 class MHC(StreamScheme):
     """Manifold-Constrained Hyper-Connections (arXiv 2512.24880): doubly stochastic stream mixing."""
@@ -174,12 +166,12 @@ class MHC(StreamScheme):
     name = "mhc"
     paper = "arXiv 2512.24880: mHC: Manifold-Constrained Hyper-Connections"
     Options = MHCOptions
-    variants = {"mhc": {}}
     connection = ManifoldHyperConnection
+    min_streams = 2
 
     @classmethod
     def validate(cls, cfg: ModelConfig) -> None:
         """Refuse fewer than 2 streams (the init breaks stream symmetry) or fewer than 1 Sinkhorn round."""
-        need_two_streams(cls.name, cfg)
+        super().validate(cfg)
         if cfg.options.sinkhorn_iters < 1:
             raise ConfigError(f"mhc sinkhorn_iters must be at least 1, got {cfg.options.sinkhorn_iters}")

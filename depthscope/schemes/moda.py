@@ -116,11 +116,7 @@ class MoDA(Scheme):
     paper = "arXiv 2603.15619: Mixture-of-Depths Attention"
     Options = MoDAOptions
     variants = {"moda": {}, "moda-post": {"norm": "post"}}
-
-    @classmethod
-    def is_static(cls, options: MoDAOptions) -> bool:
-        """Pre-norm: unit stream weights. Post-norm: every write rescales the stream per token."""
-        return options.norm == "pre"
+    static = {"norm": ("pre",)}  # unit stream weights; post-norm rescales the stream per token
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:

@@ -53,9 +53,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from depthscope.schemes.base import ModelConfig, register
+from depthscope.schemes.base import register
 from depthscope.schemes.hc import StreamScheme
-from depthscope.schemes.mhc import ManifoldHyperConnection, need_two_streams
+from depthscope.schemes.mhc import ManifoldHyperConnection
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,5 @@ class SHC(StreamScheme):
     name = "shc"
     paper = "arXiv 2603.20896: Beyond the Birkhoff Polytope: Spectral-Sphere-Constrained Hyper-Connections"
     Options = SHCOptions
-    variants = {"shc": {}}
     connection = SpectralHyperConnection
-
-    @classmethod
-    def validate(cls, cfg: ModelConfig) -> None:
-        """Refuse fewer than 2 streams (the init, mHC's, breaks stream symmetry)."""
-        need_two_streams(cls.name, cfg)
+    min_streams = 2  # the init, mHC's, breaks stream symmetry

@@ -143,11 +143,7 @@ class ShortSWA(Scheme):
     paper = "arXiv 2603.16039: Residual Stream Duality"
     Options = ShortSWAOptions
     variants = {"shortswa": {}, "shortswa-seq": {"axis": "sequence", "window": 16}}
-
-    @classmethod
-    def is_static(cls, options: ShortSWAOptions) -> bool:
-        """True over the sequence (depth is a plain residual there); depth windows are input-dependent."""
-        return options.axis == "sequence"  # depth windows are input-dependent softmaxes
+    static = {"axis": ("sequence",)}  # depth is a plain residual there; depth windows are not static
 
     @classmethod
     def kinds(cls, options: ShortSWAOptions) -> tuple[names.Kind, ...]:

@@ -44,11 +44,7 @@ class Standard(Scheme):
 
     name = "standard"
     paper = "arXiv 1512.03385: Deep Residual Learning (pre-norm: arXiv 2002.04745)"
-
-    @classmethod
-    def is_static(cls, options) -> bool:
-        """Always: every weight is 1, for every token."""
-        return True
+    static = True  # every weight is 1, for every token
 
     @classmethod
     def start(cls, cfg: ModelConfig, x0: Tensor, track: bool) -> SumState:

@@ -125,11 +125,7 @@ class ValueResidual(Scheme):
     paper = "arXiv 2410.17897: Value Residual Learning"
     Options = ValueResidualOptions
     variants = {"value-residual": {}, "value-residual-x0": {"mode": "x0"}}
-
-    @classmethod
-    def is_static(cls, options: ValueResidualOptions) -> bool:
-        """Always: unit stream weights (value) or learned scalars (x0); the value mix is inside attention."""
-        return True
+    static = True  # unit stream weights (value) or learned scalars (x0); the value mix is in attention
 
     @classmethod
     def sublayer(cls, cfg: ModelConfig, site: Site) -> nn.Module:

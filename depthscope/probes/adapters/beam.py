@@ -36,6 +36,7 @@ attention, which reads the embedding directly): ``residual_add_idx`` (layer) k,
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -107,16 +108,9 @@ def build(model: Any) -> Adapter:
         "depth-scaled",
         mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
     )
+    scales, attach = partial(static_scales, indices, labels), partial(_attach, weights=weights)
     return decoder_adapter(
-        model,
-        cfg,
-        NAME,
-        srcs,
-        cons,
-        attrs,
-        "depth-scaled residual",
-        static_native=lambda: static_scales(indices, labels),
-        attach=lambda m, taps: _attach(m, taps, weights),
+        model, cfg, NAME, srcs, cons, attrs, "depth-scaled residual", static_native=scales, attach=attach
     )
 
 

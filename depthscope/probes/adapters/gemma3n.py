@@ -56,6 +56,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -117,16 +118,9 @@ def build(model: Any) -> ab.Adapter:
         "layer_types",
     )
     attrs = family_attrs(model, cfg, keep, "altup", streams=int(streams))
+    attach = partial(_attach, p=p, n_layers=n, streams=streams, active=int(cfg.altup_active_idx))
     return decoder_adapter(
-        model,
-        cfg,
-        NAME,
-        srcs,
-        cons,
-        attrs,
-        "AltUp and LAuReL equations",
-        native=native,
-        attach=lambda m, taps: _attach(m, taps, p, n, streams, int(cfg.altup_active_idx)),
+        model, cfg, NAME, srcs, cons, attrs, "AltUp and LAuReL equations", native=native, attach=attach
     )
 
 

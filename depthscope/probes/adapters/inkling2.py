@@ -53,6 +53,7 @@ import contextlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -148,18 +149,13 @@ def build(model: Any) -> ab.Adapter:
         "n_routed_experts",
         "num_experts_per_tok",
     )
+    attrs = family_attrs(model, cfg, keep, "attnres", block_size=block)
+    vocab = int(min(cfg.vocab_size, getattr(cfg, "unpadded_vocab_size", None) or cfg.vocab_size))
     slots = n_slots(cfg.num_hidden_layers, block)
+    attach = partial(_attach, p=p, layer_types=cfg.layer_types, reads=reads, slots=slots)
+    equations = "block attention residuals"
     return decoder_adapter(
-        model,
-        cfg,
-        NAME,
-        srcs,
-        cons,
-        family_attrs(model, cfg, keep, "attnres", block_size=block),
-        "block attention residuals",
-        vocab=int(min(cfg.vocab_size, getattr(cfg, "unpadded_vocab_size", None) or cfg.vocab_size)),
-        native=native,
-        attach=lambda m, taps: _attach(m, taps, p, cfg.layer_types, reads, slots),
+        model, cfg, NAME, srcs, cons, attrs, equations, vocab=vocab, native=native, attach=attach
     )
 
 

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import torch
@@ -112,16 +113,9 @@ def build(model: Any) -> ab.Adapter:
         streams=int(streams),
         mixing_meaning="per-channel weights: mixing is their mean over channels and tokens",
     )
+    attach = partial(_attach, p=p, n_layers=n, with_ple=with_ple, n_streams=streams)
     return decoder_adapter(
-        model,
-        cfg,
-        NAME,
-        srcs,
-        cons,
-        attrs,
-        "gated-residual equations",
-        native=native,
-        attach=lambda m, taps: _attach(m, taps, p, n, with_ple, streams),
+        model, cfg, NAME, srcs, cons, attrs, "gated-residual equations", native=native, attach=attach
     )
 
 

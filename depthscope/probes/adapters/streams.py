@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -141,19 +142,12 @@ def hyper_adapter(model: Any, form: HyperForm) -> ab.Adapter:
     cons.append(ab.ConsumerSpec(ro, f"{ro}.in", ro, 2 * n + 1, len(srcs), f"{ro}.w"))
     native.append(ab.NativeSpec("pre", f"{ro}.pre", ro, ("stream",)))
     attrs = family_attrs(model, cfg, form.keep, form.scheme, family=form.family, streams=int(cfg.hc_mult))
+    attach = partial(_attach_hyper, p=p, n_layers=n, attrs=attrs, form=form)
+    # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
+    # replacement back: they are not views a source's term could be removed from (ablation)
+    equations = "hyper-connection equations"
     return decoder_adapter(
-        model,
-        cfg,
-        form.family,
-        srcs,
-        cons,
-        attrs,
-        "hyper-connection equations",
-        native=native,
-        attach=lambda m, taps: _attach_hyper(m, taps, p, n, attrs, form),
-        # the collapsed inputs are sent from the hyper-connection's hook, which does not take a
-        # replacement back: they are not views a source's term could be removed from (ablation)
-        views=False,
+        model, cfg, form.family, srcs, cons, attrs, equations, native=native, attach=attach, views=False
     )
 
 
