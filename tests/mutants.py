@@ -488,6 +488,16 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_spec.py::test_embeddings_named_by_label_read_as_by_position",),
     ),
     Mutant(
+        "the write mapped back through W_O instead of its transpose for the depth rows' dots",
+        "depthscope/probes/capture.py",
+        "total, against = total @ w.T, write @ w",
+        "total, against = total @ w.T, write @ w.T",
+        (
+            "tests/schemes/test_depth_memory.py::"
+            "test_the_parts_read_after_w_o_give_the_depth_rows_of_the_terms_before_it",
+        ),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",

@@ -451,7 +451,12 @@ class Taps:
         self.row = {c.label: i for i, c in enumerate(adapter.consumers)}
         # natives holding the parts of a source's write, by source index; and this batch's parts
         self.splits = {
-            [s.label for s in adapter.sources].index(n.parts_of): (n.name, n.dims, self.row[n.layer])
+            [s.label for s in adapter.sources].index(n.parts_of): (
+                n.name,
+                n.dims,
+                self.row[n.layer],
+                n.project,
+            )
             for n in adapter.native
             if n.parts_of is not None
         }
@@ -642,22 +647,29 @@ class Taps:
     def _split(self, j: int, write: Tensor) -> None:
         """Check that the parts of source j's write add up to it (NaN parts: blocks not read) and keep,
         per part, the token sum of <part, write> beside that of |write|^2 (the dots in the write's
-        dtype, float32 at least, their sums over tokens in float64).
+        dtype, float32 at least, their sums over tokens in float64). Parts before a linear map W
+        (``project``) are checked as W (sum of parts) and dotted with W^T write: one product each,
+        not one per part.
         """
-        name, dims, i = self.splits[j]
+        name, dims, i, weight = self.splits[j]
         parts = self.parts.pop(j, None)
         if parts is None:
             raise TraceError(f"the parts of {self.ad.sources[j].label}'s write did not arrive before it")
         parts = parts.to(write.dtype)  # the products in the write's dtype, the sums in float64
-        # a block the layer does not read is NaN throughout; a NaN inside a part that is read leaves
-        # either the write NaN or the parts short of it, and the check fails on both
-        read = ~parts.flatten(0, 1)[:1, :, 0].isnan().all(0)  # from the first token
-        kept = parts[:, :, read]
-        miss = (kept.sum(-2).double() - write.double()).norm()
+        # a block the layer does not read is NaN throughout, and so is its dot; a NaN inside a part
+        # that is read leaves either the write NaN or the parts short of it: the check fails on both
+        read = (~parts[:1, :1, :, 0].flatten(0, 1).isnan().all(0)).nonzero().flatten().tolist()  # first token
+        total = sum((parts[:, :, k] for k in read), parts.new_zeros(*parts.shape[:2], parts.shape[-1]))
+        against = write
+        if weight is not None:
+            w = weight.detach().to(write.dtype)
+            total, against = total @ w.T, write @ w
+        miss = (total.double() - write.double()).norm()
         self.split_error[j] = 0.0 if miss == 0 else float(miss / write.double().norm())
-        dots = write.new_full(parts.shape[:3], math.nan, dtype=torch.float64)
-        dots[:, :, read] = torch.einsum("bpjd,bpd->bpj", kept, write).double()
-        self.acc.native_mean(name, dims, i, dots)
+        dots = against.new_full(parts.shape[:3], math.nan)
+        for k in read:
+            dots[:, :, k] = torch.linalg.vecdot(parts[:, :, k], against)
+        self.acc.native_mean(name, dims, i, dots.double())
         self.acc.native_mean(f"{name}_total", (), i, write.square().sum(-1).double())
 
     def complete(self) -> bool:

@@ -16,17 +16,22 @@ values they read: the block's own sequence attention is its own block's term. W_
 applied to each term gives the parts of the attention's write, which add up to the write exactly
 (in exact arithmetic; to rounding in floating point). The output itself comes from the fused
 attention kernel where the scheme allows (the value residual, Depth-Attention: attention over the
-mixed values); the terms are formed apart, with the attention probabilities written out, only when
-something listens, so that the check below compares two computations. Two hooks carry them:
+mixed values); the terms are formed apart, only when something listens (one fused call over every
+block's values side by side, ``attend_each``), so that the check below compares two computations.
+Three hooks carry them:
 
-    blocks.{i}.attn.hook_parts       [batch, pos, block, d_model]  the parts of the write (NaN for a
-                                     block the layer does not read)
+    blocks.{i}.attn.hook_terms       [batch, pos, block, (head d_head)]  the terms of the head outputs
+                                     by block, before W_O (NaN for a block the layer does not read)
+    blocks.{i}.attn.hook_parts       [batch, pos, block, d_model]  the parts of the write: W_O of each
+                                     term (NaN likewise)
     blocks.{i}.attn.hook_depth_mass  [batch, pos, head, block]     the weight each block's memory gets
                                      in each head (attention mass; the value residual's lambdas)
 
-The probe checks on every batch that the parts add up to the write (``NativeHook.parts_of``) and
-keeps, per part, the token mean of <part, write> (``depth_write``) beside that of |write|^2
-(``depth_write_total``): their ratio is the part's share of the write.
+The probe listens to the terms and checks on every batch that W_O of their sum is the write
+(``NativeHook.parts_of``, ``project``); it keeps, per part, the token mean of <part, write> =
+<term, W_O^T write> (``depth_write``) beside that of |write|^2 (``depth_write_total``): their ratio is
+the part's share of the write. Mapping the write back once costs one product per layer where
+forming every part costs one per block read.
 
 Legend: batch, pos, d_model, head, d_head, block (a block's index: whose memory a part came through).
 """
@@ -144,6 +149,7 @@ class MemoryAttention(Attention, abc.ABC):
         self.block, self.n_blocks = site.block, cfg.n_layers
         self.scale = 1.0 / math.sqrt(self.d_head)
         self.hook_depth_mass = HookPoint()  # [batch, pos, head, block]
+        self.hook_terms = HookPoint()  # [batch, pos, block, (head d_head)]
         self.hook_parts = HookPoint()  # [batch, pos, block, d_model]
 
     def forward(self, inp: DepthRead) -> Tensor:  # type: ignore[override]
@@ -157,20 +163,23 @@ class MemoryAttention(Attention, abc.ABC):
             inp.slot.append(mixed.written)
         if listening(self.hook_depth_mass):
             self.hook_depth_mass(self._by_block(mixed.mass, "batch head pos block -> batch pos head block"))
-        if listening(self.hook_parts):  # formed apart from z: the probe checks that they add up to it
-            self.hook_parts(self._parts(mixed.terms()))
+        if listening(self.hook_terms) or listening(self.hook_parts):  # formed apart from z: checked
+            terms = self.hook_terms(self._terms(mixed.terms()))
+            if listening(self.hook_parts):
+                self.hook_parts(self.W_O(terms))
         return self.W_O(rearrange(mixed.z, "batch head pos d_head -> batch pos (head d_head)"))
 
-    def _parts(self, terms: dict[int, Tensor]) -> Tensor:
-        """W_O of each block's term, [batch, pos, block, d_model], NaN for a block not read (only
-        the terms that exist are projected).
+    def _terms(self, terms: dict[int, Tensor]) -> Tensor:
+        """Each block's term, heads merged, [batch, pos, block, (head d_head)], NaN for a block not
+        read (W_O maps a NaN term to a NaN part).
         """
-        heads = "batch head pos d_head -> batch pos (head d_head)"
-        merged = {j: rearrange(t, heads) for j, t in terms.items()}
-        like = next(iter(merged.values()))
-        out = like.new_full((*like.shape[:2], self.n_blocks, self.W_O.out_features), float("nan"))
-        for j, t in merged.items():
-            out[:, :, j] = self.W_O(t)
+        like = next(iter(terms.values()))
+        out = like.new_empty((like.shape[0], like.shape[2], self.n_blocks, self.W_O.in_features))
+        for j in range(self.n_blocks):
+            if j in terms:
+                out[:, :, j] = rearrange(terms[j], "batch head pos d_head -> batch pos (head d_head)")
+            else:
+                out[:, :, j] = float("nan")
         return out
 
     @abc.abstractmethod
@@ -180,6 +189,14 @@ class MemoryAttention(Attention, abc.ABC):
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """Causal attention of q over (k, v) [batch, head, pos, d_head] (the fused kernel)."""
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def attend_each(self, q: Tensor, k: Tensor, values: dict[int, Tensor]) -> dict[int, Tensor]:
+        """Causal attention of q over k with each of ``values`` by block: one fused call over the
+        values joined on their last axis (attention is linear in its values), never the
+        probabilities written out.
+        """
+        out = self.attend(q, k, torch.cat(list(values.values()), -1))
+        return dict(zip(values, out.split(q.shape[-1], -1)))
 
     def _by_block(self, per_block: dict[int, Tensor], pattern: str) -> Tensor:
         """The per-block tensors stacked on a block axis of every block (NaN where a block is not read)."""
@@ -206,15 +223,19 @@ class MemoryAttention(Attention, abc.ABC):
 
 def depth_hooks(cfg: ModelConfig) -> list[NativeHook]:
     """Every attention's depth mass (``depth_mass`` (layer, head, depth)) and the parts of its write
-    (``depth_write`` (layer, depth), checked to add up to the write, with ``depth_write_total``).
+    (``depth_write`` (layer, depth), from the terms before W_O, checked to add up to the write, with
+    ``depth_write_total``).
     """
     out = []
     for s in sublayer_sites(cfg):
         if s.kind == names.ATTN:
             mass = names.sublayer_hook(s.block, s.kind, "hook_depth_mass")
-            parts = names.sublayer_hook(s.block, s.kind, "hook_parts")
+            terms = names.sublayer_hook(s.block, s.kind, "hook_terms")
+            project = names.sublayer_hook(s.block, s.kind, "W_O")
             out.append(NativeHook("depth_mass", mass, s.label, ("head", "depth")))
-            out.append(NativeHook("depth_write", parts, s.label, ("depth",), parts_of=s.label))
+            out.append(
+                NativeHook("depth_write", terms, s.label, ("depth",), parts_of=s.label, project=project)
+            )
     return out
 
 

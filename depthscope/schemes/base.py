@@ -460,3 +460,6 @@ class NativeHook:
     # a source label: the hook carries the parts of that source's write [batch, pos, part, d_model];
     # the probe checks they add up to it and keeps the token mean of <part, write> per part
     parts_of: str | None = None
+    # with ``parts_of``, a module path: the parts as they are before this linear map (no bias), whose
+    # image of their sum is the write; the probe maps once, not each part (<W t, w> = <t, W^T w>)
+    project: str | None = None

@@ -51,8 +51,7 @@ class DepthValueAttention(MemoryAttention):
         mixed = sum(alpha[..., j, None] * vj for j, vj in enumerate(values))
 
         def terms() -> dict[int, Tensor]:
-            p = self.probabilities(q, k)
-            return {j: p @ (alpha[..., j, None] * vj) for j, vj in enumerate(values)}
+            return self.attend_each(q, k, {j: alpha[..., j, None] * vj for j, vj in enumerate(values)})
 
         z = self.attend(q, k, mixed)
         return Mixed(z, terms, {j: alpha[..., j] for j in range(len(values))}, (k0, v))

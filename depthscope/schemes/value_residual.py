@@ -76,8 +76,7 @@ class ValueResidualAttention(MemoryAttention):
         (v0,) = inp.memory
 
         def terms() -> dict[int, Tensor]:
-            p = self.probabilities(q, k)
-            return {l: p @ (lam[0] * v), 0: p @ (lam[1] * v0)}
+            return self.attend_each(q, k, {l: lam[0] * v, 0: lam[1] * v0})
 
         z = self.attend(q, k, lam[0] * v + lam[1] * v0)
         return Mixed(z, terms, {l: lam[0] * ones, 0: lam[1] * ones})

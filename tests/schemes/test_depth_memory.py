@@ -221,9 +221,34 @@ def test_the_trace_keeps_the_depth_rows_and_its_shares_still_sum_to_one(scheme, 
     assert float(np.abs(np.nansum(got_split, 1) - 1).max()) <= 1e-5  # the parts add up to the write
 
 
+def test_the_parts_read_after_w_o_give_the_depth_rows_of_the_terms_before_it(monkeypatch):
+    """The capture reads each attention's terms before W_O and maps once (``project``); reading the
+    parts after W_O instead (``hook_parts``, no projection) gives the same depth rows, to float32
+    rounding of the dots."""
+    from dataclasses import replace
+
+    model = perturb(build(tiny("depth-attention", {})), scale=0.3, others=0.05)
+    tokens = random_tokens(model.cfg, batch=4, pos=16)
+    before = capture(model, tokens, batch_size=2, progress=False)
+    hooks = model.scheme.native_hooks(model.cfg)
+    assert [h.project for h in hooks if h.parts_of] == [
+        f"blocks.{i}.attn.W_O" for i in range(model.cfg.n_layers)
+    ]
+    after_w_o = [
+        replace(h, hook=h.hook.replace("hook_terms", "hook_parts"), project=None) if h.parts_of else h
+        for h in hooks
+    ]
+    monkeypatch.setattr(model.scheme, "native_hooks", classmethod(lambda cls, cfg: after_w_o))
+    after = capture(model, tokens, batch_size=2, progress=False)
+    for name in ("depth_write", "depth_write_total", "depth_mass"):
+        np.testing.assert_allclose(after[name].values, before[name].values, rtol=1e-5, atol=1e-7)
+    last = model.cfg.n_layers - 1  # reads every block: a finite part for each
+    assert bool(np.isfinite(before["depth_write"].sel(layer=f"{last}.attn").values[: last + 1]).all())
+
+
 def test_parts_that_do_not_add_up_to_the_write_are_refused():
     model = build(tiny("moda", {}))
-    hook = model.blocks[1].attn.hook_parts
+    hook = model.blocks[1].attn.hook_terms  # what the capture listens to: the terms before W_O
     forward = hook.forward
     hook.forward = lambda t: forward(t * 1.01)  # a split that loses nothing but scales: 1% off
     with pytest.raises(TraceError, match=r"parts of 1\.attn's write do not add up"):

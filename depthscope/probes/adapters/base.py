@@ -78,6 +78,9 @@ class NativeSpec:
     # checked on every batch to add up to it; the trace keeps the token means of <part, write>
     # (``name``, dims (layer, *dims)) and of |write|^2 (``name``_total)
     parts_of: str | None = None
+    # with ``parts_of``: the weight [d_model, d_part] of a linear map (no bias) the parts come before,
+    # the write being its image of their sum; None: the parts are in the write's own space
+    project: Any = None
 
 
 def tl_attach(model: Any, taps: list[tuple[str, Callback]]) -> contextlib.AbstractContextManager:

@@ -102,7 +102,12 @@ def build(model: DepthModel, split_grn: bool = True) -> Adapter:
                 c.label, c.hook_in, c.site.kind, c.site.depth, c.site.n_sources, static=None if unit else w
             )
         cons.append(spec)
-    native = [NativeSpec(n.name, n.hook, n.layer, n.dims, n.parts_of) for n in model.scheme.native_hooks(cfg)]
+    native = [
+        NativeSpec(
+            n.name, n.hook, n.layer, n.dims, n.parts_of, n.project and model.get_submodule(n.project).weight
+        )
+        for n in model.scheme.native_hooks(cfg)
+    ]
     label = variant_label(cfg)
     training = {
         k: model.training_summary[k] for k in TRAINING_ATTRS if model.training_summary.get(k) is not None
