@@ -664,6 +664,144 @@ def results_depth(_: str) -> str:
     return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
+# how the prose names the depth table's groups
+_DEPTH_NAMES = {
+    "standard": "the standard residual",
+    "denseformer": "DenseFormer",
+    "dca": "DCA",
+    "attnres": "full AttnRes",
+    "attnres-block4": "Block AttnRes",
+    "hc": "HC",
+    "mhc": "mHC",
+}
+
+
+def _names(items: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def results_depth_notes(_: str) -> str:
+    """What the versus-depth table says, scheme by scheme: each sentence's numbers, and which schemes
+    it names, computed from the same rows (``benchmarks/findings.py``); the papers beside them typed.
+    """
+    _, rows = _findings("depth")
+    at = {(r["group"], r["n_layers"]): r for r in rows}
+    depths = sorted({r["n_layers"] for r in rows})
+    lo, hi = depths[0], depths[-1]
+    groups = [g for g in dict.fromkeys(r["group"] for r in rows) if (g, lo) in at and (g, hi) in at]
+    others = [g for g in groups if g != "standard"]
+    name = _DEPTH_NAMES.get
+    std_lo, std_hi = at["standard", lo], at["standard", hi]
+    ranked = [g for g in groups if at[g, lo]["rank_ratio"] is not None]
+    rank_lo = ", ".join(f"{at[g, lo]['rank_ratio']:.1f}" for g in ranked)
+    out = [
+        f"The uniform (1/T) share of the read-out is 1/{round(1 / std_lo['uniform'])} at {lo} blocks and "
+        f"1/{round(1 / std_hi['uniform'])} at {hi}. r*/d at {lo} blocks and step {std_lo['step']:.0f} exists "
+        f"only for {_names([name(g) for g in ranked])} ({rank_lo}, its trajectory recaptured with spectra): "
+        "the other trajectories at that depth were captured without "
+        f"spectra and their step checkpoints were not kept (the final {lo}-block models' r*/d is in the zoo "
+        "table above, at step 4000). Read depth: mean sublayers back that DCA's q, k and v inputs read.",
+        "",
+        "What it says, scheme by scheme, beside the papers (their equations: `docs/reference.md`):",
+        "",
+    ]
+    # the loss gain over the standard residual
+    growth = {g: at[g, hi]["loss_gain"] / at[g, lo]["loss_gain"] - 1 for g in others}
+    grows = [g for g in others if growth[g] > 0]
+    shrinks = [g for g in others if not growth[g] > 0]
+    improved = {g: at[g, lo]["val_loss"] - at[g, hi]["val_loss"] for g in groups}
+    gains = [f"{name(g)} ({growth[g]:+.0%})" for g in grows]
+    line = (
+        f"* **The loss gain grows with depth** for {_names(gains)}, "
+        "as the dilution argument predicts and as DenseFormer (48 blocks matching 72), DCA (Fig. 6: the gain "
+        "kept from 6 to 42 layers) and AttnRes (its optimum shifts deeper) report."
+    )
+    for g in shrinks:
+        rest = [improved[o] for o in groups if o != g]
+        least = " least" if improved[g] < min(rest) else ""
+        line += (
+            f" **{name(g)} is {'the' if len(shrinks) == 1 else 'an'} exception**: its gain shrinks "
+            f"({at[g, lo]['loss_gain']:.3f} -> {at[g, hi]['loss_gain']:.3f}); its loss improved{least} from "
+            f"{lo} to {hi} blocks, by {improved[g]:.3f} ({at[g, lo]['val_loss']:.3f} -> "
+            f"{at[g, hi]['val_loss']:.3f}), against {min(rest):.3f}-{max(rest):.3f} for the others."
+        )
+    if shrinks:
+        line += (
+            " One seed per model: a difference of 0.01 nats/byte is within what a second seed could move, so "
+            f'read {_names([name(g) for g in shrinks])} as "not shown to grow", not as a reversal.'
+        )
+    out.append(line)
+    # the input-and-recent pattern
+    up = [g for g in others if at[g, hi]["pattern_sublayers"] > at[g, lo]["pattern_sublayers"]]
+    up.sort(key=lambda g: -at[g, hi]["pattern_sublayers"])
+    flat = [g for g in others if g not in up]
+
+    def move(g: str, key: str = "pattern_sublayers") -> str:
+        return f"{at[g, lo][key]:.2f} -> {at[g, hi][key]:.2f}"
+
+    stronger = [f"{name(g)} {move(g)} ({move(g, 'pattern_readout')})" for g in up]
+    line = (
+        "* **The input-and-recent pattern strengthens with depth** (all sublayer inputs, "
+        f"{lo} -> {hi} blocks; read-out in brackets) for {_names(stronger)}."
+    )
+    keeps = [g for g in others if at[g, hi]["readout_embed"] >= 2 * std_hi["uniform"]]
+    if keeps:
+        u = std_hi["uniform"]
+        line += " At the read-out the embedding keeps " + _names(
+            [
+                f"{at[g, lo]['readout_embed']:.3f} -> {at[g, hi]['readout_embed']:.3f} in {name(g)} "
+                f"({at[g, hi]['readout_embed'] / u:.0f}x the uniform {u:.3f})"
+                for g in keeps
+            ]
+        )
+        line += (
+            ", while the standard residual's embedding share stays far below 1/T "
+            f"({std_hi['readout_embed']:.3f} at {hi} blocks) and its block-0 MLP dominates instead "
+            f"({std_hi['readout_mlp0']:.2f})."
+        )
+    if flat:
+        weaker = [f"{name(g)} ({move(g)}; attention inputs {move(g, 'pattern_attn')})" for g in flat]
+        line += (
+            f" **It does not strengthen for {_names(weaker)}**: at {hi} blocks their weights are no further "
+            f"from uniform than at {lo}, at this budget."
+        )
+    out.append(line)
+    # DCA's views
+    if ("dca", lo) in at and at["dca", lo]["lag_q"] is not None:
+        lags = {n: [at["dca", n][f"lag_{v}"] for v in "qkv"] for n in (lo, hi)}
+        spread = {n: max(x) - min(x) for n, x in lags.items()}
+        apart = max(spread.values()) >= 1.0
+        ratio = (sum(lags[hi]) / 3) / (sum(lags[lo]) / 3)
+        sources = (2 * hi + 1) / (2 * lo + 1)
+        out.append(
+            f"* **DCA's q, k and v {'separate' if apart else 'do not separate'}**: their read depths are "
+            f"within {spread[lo]:.2f} sublayers of each other at {lo} blocks "
+            f"({min(lags[lo]):.2f}-{max(lags[lo]):.2f}) and within {spread[hi]:.2f} at {hi} "
+            f"({min(lags[hi]):.2f}-{max(lags[hi]):.2f}). They grow {ratio:.2f}x with the depth, where the "
+            f"sources available grow {sources:.2f}x, as a uniform read over them would; the paper's "
+            "motivation (separate depth queries for q, k and v) is "
+            f"{'' if apart else 'not '}visible as different read depths here."
+        )
+    # collective rank
+    ranks = {g: at[g, hi]["rank_ratio"] for g in groups if at[g, hi]["rank_ratio"] is not None}
+    mine = {g: r for g, r in ranks.items() if g != "standard"}
+    top, low = max(mine, key=mine.get), min(mine, key=mine.get)
+    above = [name(g) for g in mine if round(mine[g], 1) > round(ranks["standard"], 1)]  # as printed
+    out.append(
+        f"* **Collective rank** r*/d at {hi} blocks is {min(mine.values()):.1f}-{max(mine.values()):.1f} for "
+        f"every scheme and {ranks['standard']:.1f} for the standard residual ({std_lo['rank_ratio']:.1f} at "
+        f"{lo} blocks: twice the sources, a higher collective rank): {name(top)} highest ({mine[top]:.1f}), "
+        f"{name(low)} lowest ({mine[low]:.1f}); "
+        + (
+            f"only {_names(above)} above the standard residual."
+            if above
+            else "none above the standard residual."
+        )
+    )
+    return "\n".join(out) + "\n"
+
+
 def readme_findings(_: str) -> str:
     """The README's finding on the zoo's pattern and SmolLM2's dilution (``benchmarks/findings.py``)."""
     rec = record("findings")
@@ -721,6 +859,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-smollm2": results_smollm2,
     "results-weight-effect": results_weight_effect,
     "results-depth": results_depth,
+    "results-depth-notes": results_depth_notes,
     "results-families": results_families,
     "results-families-64": results_families_64,
     "readme-seeds": readme_seeds,

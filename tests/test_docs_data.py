@@ -44,6 +44,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-zoo-pattern"),
         ("results.md", "results-trajectories"),
         ("results.md", "results-depth"),
+        ("results.md", "results-depth-notes"),
         ("results.md", "results-weight-effect"),
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
@@ -319,3 +320,30 @@ def test_the_depth_cost_record_is_its_measurements():
         assert r["sources"] == 2 * r["layers"] + 1
         assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
         assert r["memory_ratio"] == pytest.approx(r["capture_mb_1x"] / r["forward_mb_1x"], rel=1e-12)
+
+
+def test_the_depth_notes_name_the_schemes_their_numbers_select(monkeypatch):
+    """The versus-depth notes choose what they say from the rows: on the record, every scheme whose
+    gain over the standard grows is listed with its growth and mHC's shrinking gain is the exception;
+    on a planted record where HC's gain shrinks and DCA's q, k and v read 2 sublayers apart, HC joins
+    the exceptions and the views are said to separate."""
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    depth = [r for r in rec["rows"] if r["table"] == "depth"]
+    at = {(r["group"], r["n_layers"]): r for r in depth}
+    text = docs.results_depth_notes("")
+    for g in {r["group"] for r in depth} - {"standard"}:
+        growth = at[g, 16]["loss_gain"] / at[g, 8]["loss_gain"] - 1
+        if growth > 0:
+            assert f"{docs._DEPTH_NAMES[g]} ({growth:+.0%})" in text
+        else:
+            assert f"**{docs._DEPTH_NAMES[g]} is the exception**" in text
+    planted = json.loads(json.dumps(rec))
+    for r in planted["rows"]:
+        if r["table"] == "depth" and r["group"] == "hc" and r["n_layers"] == 16:
+            r["loss_gain"] = 0.01
+        if r["table"] == "depth" and r["group"] == "dca":
+            r["lag_k"], r["lag_v"] = r["lag_q"], r["lag_q"] + 2.0
+    monkeypatch.setattr(docs, "record", lambda name: planted if name == "findings" else docs.record(name))
+    text = docs.results_depth_notes("")
+    assert "**HC is an exception**: its gain shrinks (0.058 -> 0.010)" in text
+    assert "**DCA's q, k and v separate**: their read depths are within 2.00 sublayers" in text
