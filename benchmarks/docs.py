@@ -128,7 +128,8 @@ def results_overhead(_: str) -> str:
     rec = record("capture_overhead")
     lines = [
         f"Generated from [data/capture_overhead.json](data/capture_overhead.json): {_where(rec)}; times "
-        "interleaved chunk by chunk in one process, peak memory in fresh processes.",
+        f"interleaved chunk by chunk in one process, the median of {rec['settings']['repeat']} runs; peak "
+        "memory in fresh processes.",
         "",
         "| variant | weights | capture / forward time | capture / forward peak memory "
         "| peak at 8x / 1x tokens | target |",
