@@ -212,6 +212,163 @@ def readme_seeds(_: str) -> str:
     )
 
 
+_SEED_NAMES = {
+    "denseformer": "DenseFormer",
+    "dca": "DCA",
+    "hc": "HC",
+    "mhc": "mHC",
+    "shc": "sHC",
+    "muddformer": "MUDDFormer",
+    "attnres": "full AttnRes",
+    "attnres-block4": "Block AttnRes",
+    "shortswa": "depth ShortSWA",
+    "shortswa-seq": "sequence ShortSWA",
+    "standard-9blocks": "the 9-block standard model",
+    "standard-w72": "the standard model made 8 features wider",
+    "moda": "MoDA",
+    "moda-post": "post-norm MoDA",
+    "value-residual": "the value residual",
+    "value-residual-x0": "the x0 re-injection",
+    "depth-attention": "Depth-Attention",
+    "frac": "Frac-Connections",
+}
+_MEAN_SD = r"-?\d+(?:\.\d+)? ± \d+(?:\.\d+)?"
+
+
+def _cell(text: str, label: str) -> str:
+    """'m ± sd' after ``label`` in a claims cell ('pattern score 1.62 ± 0.01 (n=3)' -> '1.62 ± 0.01')."""
+    return re.search(re.escape(label) + r"\s*(" + _MEAN_SD + ")", text).group(1)
+
+
+def _seen(verdict: str) -> str:
+    """A verdict as the notes say it: 'holds', 'contradicted', or 'inconclusive'."""
+    return verdict.split(" (")[0]
+
+
+def results_seeds_notes(_: str) -> str:
+    """What changed with more seeds, each sentence's numbers and the schemes it names taken from the
+    claims of the bundled several-seed collection (``depthscope claims``), as the tables above.
+    """
+    from depthscope import zoo
+    from depthscope.pipelines.claims import read_claims
+
+    c = read_claims(None)
+    name = lambda v: _SEED_NAMES.get(v, v)  # noqa: E731
+    row = lambda start: next(r for r in c.rows if r["claim"].startswith(start))  # noqa: E731
+    gain = {r["variant"]: r["gain"].split(" (")[0] for r in c.costs}
+    speed = {r["variant"]: r["ratio"] for r in c.speedups}
+    steps = max(e["steps"] for e in zoo.read_manifest(zoo.SEEDS.directory))
+    _, traj = _findings("trajectory")
+    at_steps = {r["run"]: r["pattern_sublayers"] for r in traj if r["step"] == steps}
+    out = [
+        f"**What changed with more seeds** (against the one-seed, {zoo.ZOO.steps}-step zoo of the next "
+        "section; the recipe differs, so a smaller score can be the shorter training: the zoo's own "
+        f"trajectories put DenseFormer at {at_steps['denseformer']:.2f} and HC at {at_steps['hc']:.2f} by "
+        f"step {steps} of their run):",
+        "",
+    ]
+    # the pattern
+    pattern = {r["claim"].split(":")[0]: r for r in c.rows if r["claim"].endswith("the most recent layers")}
+    score = {v: _cell(r["ours"], "pattern score") for v, r in pattern.items()}
+    holds = sorted((v for v, r in pattern.items() if r["verdict"] == "holds"), key=lambda v: -_lead(score[v]))
+    unsure = [v for v in pattern if v not in holds]
+    flat = [v for v in unsure if abs(_lead(score[v]) - 1) < 0.02]
+    line = (
+        f"* **The input-and-recent pattern** holds for {_names([f'{name(v)} ({score[v]})' for v in holds])} "
+        f"({name(holds[0])} the strongest)"
+    )
+    if [v for v in unsure if v not in flat]:
+        line += (
+            "; " + _names([f"{name(v)} ({score[v]})" for v in unsure if v not in flat]) + " inconclusively"
+        )
+    if flat:
+        line += (
+            "; **" + _names([name(v) for v in flat]) + " not at all** (" + ", ".join(score[v] for v in flat)
+        )
+        line += ": a uniform row scores 1)"
+    out.append(line + ".")
+    # DCA's and MUDDFormer's views
+    views = []
+    for start, who in (("DCA's q, k and v", "DCA's"), ("MUDDFormer's q, k, v and r", "MUDDFormer's")):
+        r = row(start)
+        depths = re.findall(r"\b([qkvr]) (\d+\.\d+)", r["ours"])
+        pairs = re.search(r"\((\d+ of \d+ pairs apart on every seed)[^)]*\)", r["ours"]).group(1)
+        ways = ", ".join(f"{w} {x}" for w, x in depths)
+        paper = f"the paper: {r['paper']}"
+        views.append(f"{who} ways read {ways} sublayers back ({pairs}; {paper}): {_seen(r['verdict'])}")
+    out.append("* **Read depths of the separate ways**: " + "; ".join(views) + ".")
+    # loss
+    mine = [v for v in gain if not v.startswith("standard")]
+    best = sorted(mine, key=lambda v: -_lead(gain[v]))[:3]
+    spread = "within" if _lead(gain["dca"]) <= float(gain["dca"].split("± ")[1]) else "beyond"
+    out.append(
+        f"* **Loss**: {name(best[0])} gains most over the standard residual ({gain[best[0]]} nats/byte), "
+        f"then {_names([f'{name(v)} ({gain[v]})' for v in best[1:]])}. DCA's gain ({gain['dca']}) is "
+        f"{spread} its seed spread, and DCA needs fewer steps to the standard's final loss by a factor of "
+        f"{speed['dca']}, against the paper's 3x."
+    )
+    # the duality
+    r = row("ShortSWA is better on the sequence axis")
+    out.append(
+        "* **The duality**: the same window on the sequence axis against the depth axis, "
+        f"{_cell(r['ours'], 'depth - sequence loss')} nats/byte: {_seen(r['verdict'])}; depth ShortSWA "
+        f"against the standard residual {gain['shortswa']}."
+    )
+    # a generic increase
+    grown = {r["claim"].split(" gains")[0]: r for r in c.rows if "than a standard model grown" in r["claim"]}
+    beat = [v for v, r in grown.items() if r["verdict"] == "holds"]
+    rest = [v for v in grown if v not in beat]
+    wide = next(r for r in c.costs if r["variant"] == "standard-w72")
+    out.append(
+        f"* **Against a generic increase**: {_names([name(v) for v in beat])} beat the standard model made "
+        f"8 features wider ({wide['params']} parameters, which gains {gain['standard-w72']}); "
+        f"{_names([name(v) for v in rest])} do not show it, and the 9-block standard model gains "
+        f"{gain['standard-9blocks']} at this budget."
+    )
+    # the streams
+    streams, dominant = [], []
+    for v in ("hc", "mhc", "shc"):
+        distinct = row(f"{v}: the streams collapse")["ours"]
+        distinct = _cell(distinct, "distinct streams (Gram participation ratio)")
+        near = _cell(row(f"{v}: H_res stays near")["ours"], "mean |H_res - I|_F")
+        dom = row(f"{v}: one dominant stream")
+        dominant += [name(v)] if dom["verdict"] == "holds" else []
+        streams.append(
+            f"{name(v)} {distinct} distinct streams of 4 (mean cosine {_cell(dom['ours'], 'mean cosine')}), "
+            f"|H_res - I|_F {near}, largest read-out share {_cell(dom['ours'], 'dominant share')}"
+        )
+    last = (
+        "No scheme has one dominant stream in the read-out: a collapse is into copies, not onto one stream."
+    )
+    if dominant:
+        last = f"{_names(dominant)} keep one dominant stream in the read-out."
+    out.append("* **Stream collapse**: " + "; ".join(streams) + ". " + last)
+    r = row("the versus-depth findings")
+    out.append(f"* **Not retested**: {r['claim']}: {r['ours']}.")
+    # the 2026 wave
+    wave = []
+    for start in (
+        "the value residual",
+        "re-injecting the embedding",
+        "MoDA improves",
+        "MoDA works better",
+        "Depth-Attention improves",
+        "Depth-Attention has the lowest",
+        "Frac-Connections",
+        "mHC's doubly stochastic",
+        "sHC's H_res",
+    ):
+        r = row(start)
+        wave.append(f"{r['claim']}: {_seen(r['verdict'])}")
+    out.append(
+        "* **The 2026 wave** (the last rows of both tables; the papers' numbers beside ours, at 1.5-3 B "
+        "parameters against our 0.43 M): " + "; ".join(wave) + ". The depth rows of these models (attention "
+        "mass per block, the split of each attention's write) are in each run's stored trace and in the "
+        "report's model sections."
+    )
+    return "\n".join(out) + "\n"
+
+
 def results_claims(_: str) -> str:
     """results.md's claims table, from the bundled several-seed collection (``depthscope claims``)."""
     from depthscope.pipelines.claims import read_claims
@@ -842,6 +999,7 @@ def results_norm_growth(_: str) -> str:
 
 RENDER: dict[str, Callable[[str], str]] = {
     "results-claims": results_claims,
+    "results-seeds-notes": results_seeds_notes,
     "results-claim-costs": results_claim_costs,
     "results-norm-growth": results_norm_growth,
     "readme-findings": readme_findings,

@@ -45,6 +45,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-trajectories"),
         ("results.md", "results-depth"),
         ("results.md", "results-depth-notes"),
+        ("results.md", "results-seeds-notes"),
         ("results.md", "results-weight-effect"),
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
@@ -351,3 +352,31 @@ def test_the_depth_notes_name_the_schemes_their_numbers_select(monkeypatch):
     text = docs.results_depth_notes("")
     assert "**HC is an exception**: its gain shrinks (0.058 -> 0.010)" in text
     assert "**DCA's q, k and v separate**: their read depths are within 2.00 sublayers" in text
+
+
+def test_the_seeds_notes_follow_the_claims(monkeypatch):
+    """The notes on more seeds quote the claims' own cells and choose from their verdicts: on the
+    bundled collection every scheme whose pattern holds is named with its score; with a planted
+    collection where DCA gains most and HC keeps one dominant stream, the notes say so."""
+    import copy
+
+    from depthscope.pipelines import claims
+
+    real = claims.read_claims(None)
+    text = docs.results_seeds_notes("")
+    for r in real.rows:
+        if r["claim"].endswith("the most recent layers") and r["verdict"] == "holds":
+            v = r["claim"].split(":")[0]
+            assert f"{docs._SEED_NAMES[v]} ({docs._cell(r['ours'], 'pattern score')})" in text
+    planted = copy.deepcopy(real)
+    for r in planted.costs:
+        if r["variant"] == "dca":
+            r["gain"] = "0.500 ± 0.010 (n=3)"
+    for r in planted.rows:
+        if r["claim"] == "hc: one dominant stream carries most of the read-out":
+            r["verdict"] = "holds"
+    monkeypatch.setattr(claims, "read_claims", lambda _: planted)
+    text = docs.results_seeds_notes("")
+    assert "* **Loss**: DCA gains most over the standard residual (0.500 ± 0.010 nats/byte)" in text
+    assert "DCA's gain (0.500 ± 0.010) is beyond its seed spread" in text
+    assert "HC keep one dominant stream in the read-out." in text
