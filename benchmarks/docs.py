@@ -482,6 +482,43 @@ def results_weight_effect(_: str) -> str:
     return "\n".join(_table(rec, what, header, cells)) + "\n"
 
 
+_ZOO_NAMES = {**_SEED_NAMES, "grn-v1": "GRN-v1", "ddl": "DDL", "standard": "the standard residual"}
+
+
+def results_weight_effect_notes(_: str) -> str:
+    """What the weight-effect table says: where the share predicts an ablation's effect (rho >= 0.4),
+    where the learned weight does (well >= 0.5, weakly >= 0.2, not below), the unit-weight models
+    (pattern exactly 1: their weight varies only as 1/n) left out of the weight's verdict.
+    """
+    _, rows = _findings("zoo")
+    name = lambda r: _ZOO_NAMES.get(r["name"], r["name"])  # noqa: E731
+    span = lambda rs, k: _span([r[k] for r in rs])  # noqa: E731
+    quote = lambda rs, k: _names([f"{name(r)} ({r[k]:.2f})" for r in rs])  # noqa: E731
+    good = [r for r in rows if r["rho_share"] >= 0.4]
+    poor = [r for r in rows if r not in good]
+    learned = [r for r in rows if abs(r["pattern_sublayers"] - 1) > 1e-9]
+    well = [r for r in learned if r["rho_weight"] >= 0.5]
+    weak = sorted((r for r in learned if 0.2 <= r["rho_weight"] < 0.5), key=lambda r: -r["rho_weight"])
+    not_ = [r for r in learned if r["rho_weight"] < 0.2]
+    share = f"in {len(good)} of {len(rows)} models ({span(good, 'rho_share')})"
+    if poor:
+        share += f", not in {quote(poor, 'rho_share')}"
+    parts = []
+    if well:
+        parts.append(f"well only in {quote(well, 'rho_weight')}")
+    if weak:
+        parts.append(f"weakly in {_names([name(r) for r in weak])} ({span(weak, 'rho_weight')})")
+    if not_:
+        parts.append(f"not in {_names([name(r) for r in not_])}")
+    unit = [name(r) for r in rows if r not in learned]
+    return (
+        f"The share (what a source actually puts into an input) predicts what removing it costs (rho >= 0.4) "
+        f"{share}; the learned weight alone predicts it {', '.join(parts)}. For the unit-weight models "
+        f"({_names(unit)}) the weight varies only as 1/n, so its rho means nothing there. Read shares, not "
+        "weights.\n"
+    )
+
+
 def results_rank_sweep(_: str) -> str:
     """results.md's table of r* against width (``benchmarks/rank_sweep.py``) and the zoo's r*/d."""
     rec = record("rank_sweep")
@@ -737,6 +774,48 @@ def results_dca_views(_: str) -> str:
     return "\n".join(_table(rec, "the zoo's DCA as `make demo` captures it.", header, cells)) + "\n"
 
 
+_VIEW = {"q": "query", "k": "key", "v": "value"}
+
+
+def results_dca_views_notes(_: str) -> str:
+    """What the zoo DCA's read depths say of the claim that the query reads the current layer, the key
+    early layers and the value recent ones: the blocks where the views read alike (mean lags within
+    half a sublayer), and beyond them which view reaches furthest and least (``findings.py``).
+    """
+    _, rows = _findings("dca_views")
+    cell = {(r["block"], r["view"]): r for r in rows}
+    blocks = sorted({r["block"] for r in rows})
+    lag = {b: {v: cell[b, v]["mean_lag"] for v in "qkv"} for b in blocks}
+    spread = {b: max(lag[b].values()) - min(lag[b].values()) for b in blocks}
+    alike = [b for b in blocks if all(spread[a] < 0.5 for a in blocks if a <= b)]
+    apart = [b for b in blocks if b not in alike]
+    wide = max(alike, key=spread.get)
+    quote = lambda b, key, fmt: ", ".join(f"{v} {cell[b, v][key]:{fmt}}" for v in "qkv")  # noqa: E731
+    text = (
+        "`analysis.causal.read_depth` on the zoo's DCA (the report's `read-depth-dca` figure): the argument "
+        "that the query reads the current layer, the key reaches back to early layers and the value comes "
+        f"from recent ones. The three views read alike through block {alike[-1]} (mass-weighted mean lag "
+        f"within {max(spread[b] for b in alike):.2f} sublayers of each other; block {wide}: "
+        f"{quote(wide, 'mean_lag', '.2f')})"
+    )
+    if not apart:
+        return (
+            text + ": the q/k/v split is not distinguishable from one shared read here; **not supported**.\n"
+        )
+    total = {v: sum(lag[b][v] for b in apart) for v in "qkv"}
+    far, near = max(total, key=total.get), min(total, key=total.get)
+    last = apart[-1]
+    light = min("qkv", key=lambda v: cell[last, v]["embed_mass"])
+    verdict = "supported" if (far, near) == ("k", "v") else "**not supported**"
+    return text + (
+        f"; where they part (blocks {apart[0]}-{last}) the {_VIEW[far]} reaches furthest back "
+        f"({', '.join(f'{lag[b][far]:.2f}' for b in apart)}) and the {_VIEW[near]} least "
+        f"({', '.join(f'{lag[b][near]:.2f}' for b in apart)}), and the {_VIEW[light]} puts the least weight "
+        f"on the embedding (block {last}: {quote(last, 'embed_mass', '.3f')}). The claim is {verdict} at "
+        "8 blocks and this budget.\n"
+    )
+
+
 def results_smollm2(_: str) -> str:
     """results.md's lines on SmolLM2's read-out (``benchmarks/findings.py``)."""
     rec, (r,) = _findings("smollm2")
@@ -799,6 +878,120 @@ def results_trajectories(_: str) -> str:
     ]
     what = "the bundled trajectory traces (8192 tokens of the validation split per step, seed 0)."
     return "\n".join(_table(rec, what, header, cells)) + "\n"
+
+
+class _Runs:
+    """The trajectory rows by run (``benchmarks/findings.py``), with what the notes quote of them."""
+
+    def __init__(self, rows: list[dict[str, Any]]):
+        self.runs: dict[str, list[dict[str, Any]]] = {}
+        for r in rows:
+            self.runs.setdefault(r["run"], []).append(r)
+
+    def course(self, run: str, key: str = "pattern_sublayers", steps: bool = True) -> str:
+        """'1.23 -> 1.55 -> ... over steps 250-4000'."""
+        rows = self.runs[run]
+        text = " -> ".join(f"{r[key]:.2f}" for r in rows)
+        return text + (f" over steps {rows[0]['step']}-{rows[-1]['step']}" if steps else "")
+
+    def formed(self, run: str) -> int:
+        """The first step at which the score is 90% of its largest departure from uniform."""
+        most = max(r["pattern_sublayers"] - 1 for r in self.runs[run])
+        return next(r["step"] for r in self.runs[run] if r["pattern_sublayers"] - 1 >= 0.9 * most)
+
+    def peak(self, run: str, key: str) -> dict[str, Any]:
+        """The row where ``key`` is largest."""
+        return max(self.runs[run], key=lambda r: r[key])
+
+
+def _traj_denseformer(t: _Runs, _: list[dict[str, Any]]) -> str:
+    dwa = t.runs["denseformer"][-1]["dwa_embed"]
+    sign = "negative" if dwa[-1] < 0 else "still positive"
+    return (
+        f"* **DenseFormer**: {t.course('denseformer')}, 90% formed by step {t.formed('denseformer')} "
+        f"(read-out {t.course('denseformer', 'pattern_readout', False)}); the paper (Fig. 10) sees it within "
+        f"the first ~5000 of 40,000 steps. The embedding's DWA weight falls with depth, {dwa[0]:.2f} in the "
+        f"first DWA to {dwa[-2]:.2f} and {dwa[-1]:.2f} in the last two ({sign} at the last): the paper's "
+        "positive-early, negative-late embedding column (Fig. 5)."
+    )
+
+
+def _traj_attnres(t: _Runs, _: list[dict[str, Any]]) -> str:
+    e = t.runs["attnres"][-1]
+    return (
+        f"* **AttnRes (full)**: {t.course('attnres')}, 90% formed by step {t.formed('attnres')}. MLP inputs "
+        f"{e['pattern_mlp']:.2f} against attention inputs {e['pattern_attn']:.2f} at the end; the paper's "
+        "Fig. 8 has pre-MLP inputs sharply recent and pre-attention ones broader."
+    )
+
+
+def _traj_block(t: _Runs, _: list[dict[str, Any]]) -> str:
+    e = t.runs["attnres-block4"][-1]
+    return (
+        f"* **Block AttnRes**: {t.course('attnres-block4')} (averaging within blocks already favours "
+        f"recent blocks at the first step); MLP {e['pattern_mlp']:.2f} against attention "
+        f"{e['pattern_attn']:.2f} at the end."
+    )
+
+
+def _traj_hc(t: _Runs, _: list[dict[str, Any]]) -> str:
+    e, top, most = t.runs["hc"][-1], t.peak("hc", "pattern_readout"), t.peak("hc", "readout_embed_share")
+    return (
+        f"* **HC**: {t.course('hc')}, 90% formed by step {t.formed('hc')}; the read-out peaks at step "
+        f"{top['step']} ({top['pattern_readout']:.2f}) and ends at {e['pattern_readout']:.2f}. Where ours "
+        "differs from the paper's Fig. 7: HC removes the embedding from the final output there, while ours "
+        f"keeps {e['readout_embed_share']:.1%} of the read-out on it (row-normalised weight "
+        f"{e['readout_embed_weight']:.2f}), from {most['readout_embed_share']:.1%} at step {most['step']}."
+    )
+
+
+def _traj_mhc(t: _Runs, _: list[dict[str, Any]]) -> str:
+    nearer = t.runs["mhc"][-1]["pattern_sublayers"] < t.runs["hc"][-1]["pattern_sublayers"]
+    return (
+        f"* **mHC**: {t.course('mhc')} (read-out {t.course('mhc', 'pattern_readout', False)}); "
+        f"{'nearer uniform than' if nearer else 'as far from uniform as'} HC with its doubly stochastic "
+        "H_res. Its H_res at the first and the last sublayer never leaves its initialisation (tested): "
+        "every stream is the embedding at the first, the read-out sums the streams after the last, and a "
+        "doubly stochastic matrix cannot change either, so gets no gradient."
+    )
+
+
+def _traj_dca(t: _Runs, zoo_rows: list[dict[str, Any]]) -> str:
+    e = t.runs["dca"][-1]
+    v1 = [
+        f", and GRN-v1 ends at {r['pattern_sublayers']:.2f} (the zoo)"
+        for r in zoo_rows
+        if r["name"] == "grn-v1"
+    ]
+    return (
+        f"* **DCA**: {t.course('dca')} (read-out {t.course('dca', 'pattern_readout', False)}). The paper's "
+        "Fig. 10 (30 layers, LM1B) weights the input and the last few layers most; at "
+        f"{e['train_tokens'] / 1e6:.1f} M bytes DCA's GRN-v3 weights end at {e['pattern_sublayers']:.2f}"
+        f"{''.join(v1)}."
+    )
+
+
+_TRAJECTORY_NOTES = {
+    "denseformer": _traj_denseformer,
+    "attnres": _traj_attnres,
+    "attnres-block4": _traj_block,
+    "hc": _traj_hc,
+    "mhc": _traj_mhc,
+    "dca": _traj_dca,
+}
+
+
+def results_trajectory_notes(_: str) -> str:
+    """Each scheme's trajectory beside its paper: the scores, steps and shares quoted, and which way
+    each comparison with the paper goes, from the trajectory rows (``benchmarks/findings.py``); the
+    papers' figures typed.
+    """
+    _, rows = _findings("trajectory")
+    _, zoo_rows = _findings("zoo")
+    t = _Runs(rows)
+    out = ["Each scheme beside its paper (pattern score over all sublayer inputs, step by step):", ""]
+    out += [note(t, zoo_rows) for run, note in _TRAJECTORY_NOTES.items() if run in t.runs]
+    return "\n".join(out) + "\n"
 
 
 def results_depth(_: str) -> str:
@@ -1005,6 +1198,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "readme-findings": readme_findings,
     "results-zoo-pattern": results_zoo_pattern,
     "results-trajectories": results_trajectories,
+    "results-trajectory-notes": results_trajectory_notes,
     "results-thresholds": results_thresholds,
     "results-rank-sweep": results_rank_sweep,
     "results-depth-cost": results_depth_cost,
@@ -1015,8 +1209,10 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-train-throughput": results_train_throughput,
     "results-identity": results_identity,
     "results-dca-views": results_dca_views,
+    "results-dca-views-notes": results_dca_views_notes,
     "results-smollm2": results_smollm2,
     "results-weight-effect": results_weight_effect,
+    "results-weight-effect-notes": results_weight_effect_notes,
     "results-depth": results_depth,
     "results-depth-notes": results_depth_notes,
     "results-families": results_families,

@@ -102,7 +102,8 @@ def dca_views(trace) -> list[dict]:
 
 def trajectory_rows() -> list[dict]:
     """Every bundled trajectory (the traces ``make demo``'s trajectory section reads), step by step:
-    pattern scores by kind, the read-out's share of the embedding, the validation loss."""
+    pattern scores by kind, the read-out's share of the embedding and its row-normalised weight,
+    DenseFormer's embedding weight in each DWA, the validation loss."""
     from depthscope import zoo
     from depthscope.analysis.dilution import summary
     from depthscope.trace import load_trace
@@ -114,8 +115,13 @@ def trajectory_rows() -> list[dict]:
         for m in range(t.sizes["model"]):
             one = s.isel(model=m)
             score = one["pattern_score"]
+            readout = abs(t["mixing"].isel(model=m).sel(layer="readout"))  # its row, row-normalised
+            extra = {"readout_embed_weight": float(readout.sel(source="embed") / readout.sum())}
+            if "dwa_alpha" in t:  # DenseFormer: the embedding's weight (state 0) in every DWA
+                extra["dwa_embed"] = [float(x) for x in t["dwa_alpha"].isel(model=m, state=0).values]
             rows.append(
                 {
+                    **extra,
                     "run": path.stem,
                     "step": int(t["step"].values[m]),
                     "train_tokens": int(t["train_tokens"].values[m]),

@@ -43,13 +43,16 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-families-64"),
         ("results.md", "results-zoo-pattern"),
         ("results.md", "results-trajectories"),
+        ("results.md", "results-trajectory-notes"),
         ("results.md", "results-depth"),
         ("results.md", "results-depth-notes"),
         ("results.md", "results-seeds-notes"),
         ("results.md", "results-weight-effect"),
+        ("results.md", "results-weight-effect-notes"),
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
         ("results.md", "results-dca-views"),
+        ("results.md", "results-dca-views-notes"),
         ("results.md", "results-smollm2"),
         ("results.md", "results-rank-sweep"),
         ("results.md", "results-train-throughput"),
@@ -380,3 +383,49 @@ def test_the_seeds_notes_follow_the_claims(monkeypatch):
     assert "* **Loss**: DCA gains most over the standard residual (0.500 ± 0.010 nats/byte)" in text
     assert "DCA's gain (0.500 ± 0.010) is beyond its seed spread" in text
     assert "HC keep one dominant stream in the read-out." in text
+
+
+def test_the_trajectory_notes_are_the_trajectory_rows():
+    """The notes beside the trajectory table quote its rows: each scheme's scores step by step in
+    order, DenseFormer's embedding weight in its first and last DWA, HC's share and row-normalised
+    weight of the embedding at the read-out (a fraction of the row: between its share's sign and 1)."""
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    rows = [r for r in rec["rows"] if r["table"] == "trajectory"]
+    text = docs.results_trajectory_notes("")
+    for run in docs._TRAJECTORY_NOTES:
+        mine = [r for r in rows if r["run"] == run]
+        assert " -> ".join(f"{r['pattern_sublayers']:.2f}" for r in mine) in text, run
+    dwa = [r for r in rows if r["run"] == "denseformer"][-1]["dwa_embed"]
+    assert f"{dwa[0]:.2f} in the first DWA to {dwa[-2]:.2f} and {dwa[-1]:.2f} in the last two" in text
+    hc = [r for r in rows if r["run"] == "hc"]
+    assert all(0 < r["readout_embed_weight"] <= 1 for r in hc)
+    assert f"row-normalised weight {hc[-1]['readout_embed_weight']:.2f}" in text
+
+
+def test_the_dca_views_notes_judge_the_claim_from_the_rows(monkeypatch):
+    """On the record the views part after the blocks where they read alike and the claim (key early,
+    value recent) is not supported; with the key's and the value's rows swapped it is."""
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    assert "The claim is **not supported**" in docs.results_dca_views_notes("")
+    planted = json.loads(json.dumps(rec))
+    swap = {"k": "v", "v": "k"}
+    for r in planted["rows"]:
+        if r["table"] == "dca_views":
+            r["view"] = swap.get(r["view"], r["view"])
+    monkeypatch.setattr(docs, "record", lambda name: planted)
+    text = docs.results_dca_views_notes("")
+    assert "the key reaches furthest back" in text and "the value least" in text
+    assert "The claim is supported" in text
+
+
+def test_the_weight_effect_notes_sort_the_models_by_their_rho(monkeypatch):
+    """The models the notes name for the share and the weight are those the thresholds select; a
+    planted record where DCA's weight predicts its ablations (rho 0.9) moves DCA to 'well'."""
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    for r in rec["rows"]:  # planted: one model each side of every threshold
+        if r["table"] == "zoo":
+            r["rho_share"], r["rho_weight"] = {"dca": (0.1, 0.9), "hc": (0.8, 0.3)}.get(r["name"], (0.5, 0.1))
+    monkeypatch.setattr(docs, "record", lambda name: rec)
+    text = docs.results_weight_effect_notes("")
+    assert "in 10 of 11 models (0.50-0.80), not in DCA (0.10)" in text
+    assert "well only in DCA (0.90), weakly in HC (0.30), not in " in text
