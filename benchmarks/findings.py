@@ -199,7 +199,8 @@ def threshold_rows(d: int = 100) -> list[dict]:
 def identity_rows() -> list[dict]:
     """DCA's Fig. 1 as ``depthscope rank identity`` runs it (``pipelines.identity``, its defaults): the
     population MSE of the ResNet and GRN-v1 at steps 10, 100 and the last on both tasks, the step at
-    which each reaches the other's final error, and the width sweep's final MSE."""
+    which each reaches the other's final error, the width sweep's final MSE, and the final MSE with
+    each of two open choices changed: the ResNet's own rate (2.0) and nn.Linear's initialisation."""
     from depthscope.pipelines.identity import identity_document, run_identity, width_sweep
 
     doc = identity_document(run_identity(), width_sweep(tasks=("identity", "random")))
@@ -218,6 +219,36 @@ def identity_rows() -> list[dict]:
                     "mse_100": curve[100],
                     "mse_final": curve[-1],
                     "steps_to_other_final": summary[other],
+                }
+            )
+    # the two choices the paper leaves open, each changed alone: the ResNet at its own largest
+    # stable rate on (a), and nn.Linear's default initialisation at the ResNet's limit there (0.2)
+    from dataclasses import replace
+
+    from depthscope.pipelines.identity import IdentitySettings, train
+
+    own = replace(IdentitySettings(), lr_identity=2.0)
+    rows.append(
+        {
+            "kind": "variant",
+            "variant": "resnet_lr_2",
+            "task": "identity",
+            "model": "resnet",
+            "lr": 2.0,
+            "mse_final": float(train(own, "identity", "resnet")[-1]),
+        }
+    )
+    linear = replace(IdentitySettings(), init="torch_linear", lr_identity=0.2)
+    for task in ("identity", "random"):
+        for model in ("resnet", "grn_v1"):
+            rows.append(
+                {
+                    "kind": "variant",
+                    "variant": "torch_linear",
+                    "task": task,
+                    "model": model,
+                    "lr": linear.lr(task),
+                    "mse_final": float(train(linear, task, model)[-1]),
                 }
             )
     sweep = doc["sweep"]

@@ -51,6 +51,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("results.md", "results-weight-effect-notes"),
         ("results.md", "results-thresholds"),
         ("results.md", "results-identity"),
+        ("results.md", "results-identity-notes"),
         ("results.md", "results-dca-views"),
         ("results.md", "results-dca-views-notes"),
         ("results.md", "results-smollm2"),
@@ -429,3 +430,24 @@ def test_the_weight_effect_notes_sort_the_models_by_their_rho(monkeypatch):
     text = docs.results_weight_effect_notes("")
     assert "in 10 of 11 models (0.50-0.80), not in DCA (0.10)" in text
     assert "well only in DCA (0.90), weakly in HC (0.30), not in " in text
+
+
+def test_the_identity_notes_are_the_identity_rows():
+    """The identity notes' numbers are the rows': the steps GRN-v1 needs (and the factor of examples
+    that makes against the run's length), the open choices' final errors; the variants ran the
+    settings they name (the ResNet's own rate on (a), nn.Linear's initialisation on both tasks)."""
+    rec = json.loads((docs.DATA / "findings.json").read_text())
+    rows = [r for r in rec["rows"] if r["table"] == "identity"]
+    curve = {(r["task"], r["model"]): r for r in rows if r["kind"] == "curve"}
+    variants = [r for r in rows if r["kind"] == "variant"]
+    assert {(r["variant"], r["task"], r["model"]) for r in variants} == {
+        ("resnet_lr_2", "identity", "resnet"),
+        *(("torch_linear", t, m) for t in ("identity", "random") for m in ("resnet", "grn_v1")),
+    }
+    assert all(0 < r["mse_final"] < float("inf") for r in variants)
+    text = docs.results_identity_notes("")
+    a = curve["identity", "grn_v1"]["steps_to_other_final"]
+    assert f"after {a} steps on (a)" in text
+    assert f"about {curve['identity', 'grn_v1']['steps'] / a:.1f}x fewer examples" in text
+    own = next(r for r in variants if r["variant"] == "resnet_lr_2")
+    assert own["lr"] == 2.0 and f"it reaches {own['mse_final']:.2g}" in text
