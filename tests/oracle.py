@@ -109,17 +109,24 @@ def oracle(model, ad, tokens: torch.Tensor, skip: int | None = None) -> dict[str
     centred = flat - flat.mean(1, keepdim=True)
     cov = centred.transpose(1, 2) @ centred / max(n_tok - 1, 1)
     out["source_spectrum"] = torch.linalg.eigvalsh(cov).flip(-1).clamp(min=0).numpy()
+    natives(out, ad, [got["native"][k][:, skip:] for k in range(len(ad.native))], V, n_tok)
+    return out
+
+
+def natives(out: dict, ad, taps: list[torch.Tensor], V: torch.Tensor, n_tok: int) -> None:  # noqa: N803
+    """Each native quantity's token mean into ``out``; the parts of a write as <part, write> (each
+    part mapped first where it comes before a linear map) beside |write|^2."""
     labels = [c.label for c in ad.consumers]
-    for k, spec in enumerate(ad.native):
-        x = got["native"][k][:, skip:]
+    for spec, x in zip(ad.native, taps):
         i = labels.index(spec.layer)
         if spec.parts_of is not None:  # the parts of a write: <part, write> and |write|^2 per token
             write = V[[s.label for s in ad.sources].index(spec.parts_of)]
+            if spec.project is not None:  # parts before a linear map W: W part = x @ W^T, per part
+                x = x @ spec.project.detach().to(x.dtype).T
             x, total = (x * write[:, :, None]).sum(-1), write.square().sum(-1)
             out.setdefault(f"{spec.name}_total", np.full(len(ad.consumers), np.nan))[i] = total.sum() / n_tok
         rows = out.setdefault(spec.name, np.full((len(ad.consumers), *x.shape[2:]), np.nan))
         rows[i] = x.sum((0, 1)).numpy() / n_tok
-    return out
 
 
 def assert_agrees(trace, expect: dict[str, np.ndarray], rtol: float = 1e-10, what: str = "") -> None:
