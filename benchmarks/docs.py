@@ -123,6 +123,20 @@ def readme_cost(_: str) -> str:
     return "\n".join(lines) + "\n\n" + readme_cost_own()
 
 
+def results_demo(_: str) -> str:
+    """What ``make demo`` cost when last timed (``benchmarks/demo_cost.py``): wall time, the page's size."""
+    rec = record("demo_cost")
+    runs = rec["rows"]
+    seconds = sorted(r["seconds"] for r in runs)[len(runs) // 2]
+    page = runs[0]["page_bytes"] / 1e6
+    many = f"the median of {len(runs)} runs" if len(runs) > 1 else "one run"
+    return (
+        f"On the zoo the page is {page:.2f} MB ({runs[0]['files']} files, {runs[0]['bytes'] / 1e6:.0f} MB in "
+        f'all), with a "Claims, with seeds" section from the bundled seeds collection; `make demo`\'s '
+        f"report took {round(seconds) // 60} min {round(seconds) % 60} s ({many}; {_where(rec)}).\n"
+    )
+
+
 def results_overhead(_: str) -> str:
     """results.md's table of the own schemes, every row of the record."""
     rec = record("capture_overhead")
@@ -1264,6 +1278,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "readme-seeds": readme_seeds,
     "readme-cost": readme_cost,
     "results-overhead": results_overhead,
+    "results-demo": results_demo,
     "results-spec": results_spec,
 }
 

@@ -38,6 +38,7 @@ def test_the_pages_have_their_blocks_and_every_block_a_renderer():
         ("README.md", "readme-seeds"),
         ("README.md", "readme-findings"),
         ("results.md", "results-overhead"),
+        ("results.md", "results-demo"),
         ("results.md", "results-spec"),
         ("results.md", "results-families"),
         ("results.md", "results-families-64"),
@@ -451,3 +452,13 @@ def test_the_identity_notes_are_the_identity_rows():
     assert f"about {curve['identity', 'grn_v1']['steps'] / a:.1f}x fewer examples" in text
     own = next(r for r in variants if r["variant"] == "resnet_lr_2")
     assert own["lr"] == 2.0 and f"it reaches {own['mse_final']:.2g}" in text
+
+
+def test_the_demo_record_is_its_runs():
+    """make demo's cost: each run wrote its page and files, and the page line quotes the median run."""
+    rec = json.loads((docs.DATA / "demo_cost.json").read_text())
+    runs = rec["rows"]
+    assert len(runs) == rec["settings"]["runs"] >= 1
+    assert all(0 < r["page_bytes"] <= r["bytes"] and r["files"] >= 1 and r["seconds"] > 0 for r in runs)
+    median = sorted(r["seconds"] for r in runs)[len(runs) // 2]
+    assert f"took {round(median) // 60} min {round(median) % 60} s" in docs.results_demo("")
