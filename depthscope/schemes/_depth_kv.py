@@ -16,8 +16,9 @@ values they read: the block's own sequence attention is its own block's term. W_
 applied to each term gives the parts of the attention's write, which add up to the write exactly
 (in exact arithmetic; to rounding in floating point). The output itself comes from the fused
 attention kernel where the scheme allows (the value residual, Depth-Attention: attention over the
-mixed values); the terms are formed apart, only when something listens (one fused call over every
-block's values side by side, ``attend_each``), so that the check below compares two computations.
+mixed values); the terms are formed apart, only when something listens (one attention call over
+every block's values side by side, ``attend_each``), so that the check below compares two
+computations.
 Three hooks carry them:
 
     blocks.{i}.attn.hook_terms       [batch, pos, block, (head d_head)]  the terms of the head outputs
@@ -191,9 +192,10 @@ class MemoryAttention(Attention, abc.ABC):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
     def attend_each(self, q: Tensor, k: Tensor, values: dict[int, Tensor]) -> dict[int, Tensor]:
-        """Causal attention of q over k with each of ``values`` by block: one fused call over the
-        values joined on their last axis (attention is linear in its values), never the
-        probabilities written out.
+        """Causal attention of q over k with each of ``values`` by block: one call over the values
+        joined on their last axis (attention is linear in its values). PyTorch picks the kernel; on
+        CPU, values wider than the queries take its unfused one, measured here as fast as writing
+        the probabilities out and multiplying each value.
         """
         out = self.attend(q, k, torch.cat(list(values.values()), -1))
         return dict(zip(values, out.split(q.shape[-1], -1)))
