@@ -10,7 +10,8 @@
    --tokens in all. Plain forwards (the adapter's own call of the model, batch --batch, no_grad)
    and ``capture(model, tokens, batch_size=--batch)`` run interleaved chunk by chunk (--chunk tokens
    each) in this one process, so machine load hits both alike; the ratio is capture / forward
-   seconds. The sources x consumers of the trace and its largest ``residual_error`` (over chunks)
+   seconds, the median of --repeat such runs (each run's seconds are kept). The sources x
+   consumers of the trace and its largest ``residual_error`` (over chunks and runs)
    are reported. A family that fails to build or capture prints its row with the error.
 
 2. Cost of the causal options on the zoo ``attnres`` and ``standard`` checkpoints: ``logits=True``,
@@ -42,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from tests.families import FAMILIES, HEAD_DIM, zoo  # noqa: E402  (one small model per family, shared with the tests)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import write as record_write  # noqa: E402  (benchmarks/record.py, beside this file)
+from record import median_run  # noqa: E402  (benchmarks/record.py, beside this file)
+from record import write as record_write  # noqa: E402
 
 # --- measurement -----------------------------------------------------------------------------------
 
@@ -101,24 +103,23 @@ def family_row(name: str, build: Callable, args) -> tuple[str, dict]:
         def cap(chunk):
             return capture(model, chunk, batch_size=args.batch)
 
-        t_fwd, t_cap, traces = interleaved(toks, per, forward, cap)
-        tr = traces[-1]
-        err = max(float(t["residual_error"].max()) for t in traces)
-        row = {
-            "family": name,
-            "model": what,
-            "params": params,
-            "window": window,
-            "sources": int(tr.sizes["source"]),
-            "consumers": int(tr.sizes["layer"]),
-            "forward_seconds": t_fwd,
-            "capture_seconds": t_cap,
-            "time_ratio": t_cap / t_fwd,
-            "max_residual_error": err,
-        }
+        def measure() -> dict:
+            t_fwd, t_cap, traces = interleaved(toks, per, forward, cap)
+            tr = traces[-1]
+            return {
+                "sources": int(tr.sizes["source"]),
+                "consumers": int(tr.sizes["layer"]),
+                "forward_seconds": t_fwd,
+                "capture_seconds": t_cap,
+                "max_residual_error": max(float(t["residual_error"].max()) for t in traces),
+            }
+
+        row = {"family": name, "model": what, "params": params, "window": window}
+        row.update(median_run(measure, args.repeat))
+        t_fwd, t_cap, err = row["forward_seconds"], row["capture_seconds"], row["max_residual_error"]
         return (
             f"| {name} | {what}; {params / 1e6:.2f}M params; window {window} | "
-            f"{tr.sizes['source']} x {tr.sizes['layer']} | {t_fwd:.2f} | {t_cap:.2f} | "
+            f"{row['sources']} x {row['consumers']} | {t_fwd:.2f} | {t_cap:.2f} | "
             f"**{t_cap / t_fwd:.2f}** | {err:.1e} | {time.perf_counter() - t0:.0f} |"
         ), row
     except Exception as err:  # noqa: BLE001
@@ -196,6 +197,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=256, help="vocabulary of the random models (default 256)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved timing runs per family (median)")
     ap.add_argument(
         "--family",
         action="append",
@@ -246,7 +248,7 @@ def main() -> None:
             print(line, flush=True)
             rows.append(row)
         if args.json or not args.family:  # a subset of the families never replaces the full record
-            keep = ("tokens", "chunk", "layers", "d_model", "ctx", "vocab", "batch", "threads")
+            keep = ("tokens", "chunk", "layers", "d_model", "ctx", "vocab", "batch", "threads", "repeat")
             settings = {k: getattr(args, k) for k in keep}
             path = record_write("capture_families", settings, rows, Path(args.json) if args.json else None)
             print(f"wrote {path}")

@@ -13,7 +13,8 @@ Models (``--layers`` blocks of width ``--d-model``, windows of ``--ctx``, random
   ``--d-model`` say (each row records its model in ``what``).
 
 Forward (no_grad, batch ``--batch``) and capture run interleaved chunk by chunk in one process, so
-machine load hits both alike; the ratio is capture / forward seconds. Each row records the trace's
+machine load hits both alike; the ratio is capture / forward seconds, the median of ``--repeat`` such
+runs (each run's seconds are kept). Each row records the trace's
 size, its largest residual error and the hypothesis the fit chose for each consumer. The record
 goes to ``docs/data/capture_spec.json`` (``benchmarks/record.py``), which ``make docs`` renders.
 
@@ -36,6 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from record import median_run  # noqa: E402
 from record import write as record_write  # noqa: E402
 
 MODELS = (
@@ -98,32 +100,36 @@ def measure(name: str, args) -> dict:
     toks = torch.randint(2, vocab, (max(1, args.tokens // args.ctx), args.ctx), generator=g)
     per = max(1, args.chunk // args.ctx)
     options = {"batch_size": args.batch, "progress": False, "spec": spec}
-    t_fwd = t_cap = 0.0
-    worst = 0.0
-    with torch.no_grad():
-        model(toks[:1])
-        trace = capture(model, toks[:2], **{**options, "batch_size": 2})
-        for chunk in toks.split(per):
-            t = time.perf_counter()
-            for b in chunk.split(args.batch):
-                model(b)
-            t_fwd += time.perf_counter() - t
-            t = time.perf_counter()
-            trace = capture(model, chunk, **options)
-            t_cap += time.perf_counter() - t
-            worst = max(worst, float(trace["residual_error"].max()))
-    found = trace.attrs.get("weights_found")  # the spec's fit: each consumer's hypothesis
+    found: dict = {}
+
+    def timed() -> dict:
+        t_fwd = t_cap = worst = 0.0
+        with torch.no_grad():
+            model(toks[:1])
+            trace = capture(model, toks[:2], **{**options, "batch_size": 2})
+            for chunk in toks.split(per):
+                t = time.perf_counter()
+                for b in chunk.split(args.batch):
+                    model(b)
+                t_fwd += time.perf_counter() - t
+                t = time.perf_counter()
+                trace = capture(model, chunk, **options)
+                t_cap += time.perf_counter() - t
+                worst = max(worst, float(trace["residual_error"].max()))
+        found["trace"] = trace
+        return {"forward_seconds": t_fwd, "capture_seconds": t_cap, "max_residual_error": worst}
+
+    timing = median_run(timed, args.repeat)
+    trace = found["trace"]
+    weights = trace.attrs.get("weights_found")  # the spec's fit: each consumer's hypothesis
     return {
         "model": name,
         "what": _what(model),
         "read_by": "family" if spec is None else "spec",
-        "forward_seconds": t_fwd,
-        "capture_seconds": t_cap,
-        "time_ratio": t_cap / t_fwd,
+        **timing,
         "consumers": int(trace.sizes["layer"]),
         "sources": int(trace.sizes["source"]),
-        "max_residual_error": worst,
-        "weights": dict(Counter(json.loads(found).values())) if found else None,
+        "weights": dict(Counter(json.loads(weights).values())) if weights else None,
     }
 
 
@@ -144,6 +150,7 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved timing runs per model (median)")
     ap.add_argument("--model", action="append", choices=MODELS, default=[], help="repeatable; default: all")
     ap.add_argument("--json", default=None, help="the record to write (default docs/data/capture_spec.json)")
     args = ap.parse_args()
@@ -170,7 +177,8 @@ def main() -> None:
         )
     if args.json or not args.model:  # a subset never replaces the full record
         settings = {
-            k: getattr(args, k) for k in ("tokens", "chunk", "layers", "d_model", "ctx", "batch", "threads")
+            k: getattr(args, k)
+            for k in ("tokens", "chunk", "layers", "d_model", "ctx", "batch", "threads", "repeat")
         }
         print(f"wrote {record_write('capture_spec', settings, rows, Path(args.json) if args.json else None)}")
 

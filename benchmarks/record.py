@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,3 +77,21 @@ def write(name: str, settings: dict[str, Any], rows: list[dict[str, Any]], path:
     tmp.write_text(json.dumps(record, indent=1, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
+
+
+def median_run(measure: Callable[[], dict[str, Any]], repeat: int) -> dict[str, Any]:
+    """Run ``measure`` (a row with ``forward_seconds`` and ``capture_seconds``) ``repeat`` times (odd)
+    and keep the row of the run whose capture / forward ratio is the median: its ``time_ratio`` is that
+    ratio, ``runs`` every run's seconds, ``max_residual_error`` (where rows have one) the largest of all.
+    A machine's load moves a single run by up to 15% here; the median of three does not move with one.
+    """
+    if repeat < 1 or repeat % 2 == 0:
+        raise ValueError(f"repeat must be odd and positive (a median that is one run), not {repeat}")
+    rows = [measure() for _ in range(repeat)]
+    ratio = lambda r: r["capture_seconds"] / r["forward_seconds"]  # noqa: E731
+    row = dict(sorted(rows, key=ratio)[repeat // 2])
+    row["time_ratio"] = ratio(row)
+    row["runs"] = [{k: r[k] for k in ("forward_seconds", "capture_seconds")} for r in rows]
+    if all("max_residual_error" in r for r in rows):
+        row["max_residual_error"] = max(r["max_residual_error"] for r in rows)
+    return row

@@ -498,6 +498,13 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        "a per-token consumer's rebuild error leaves its last source out",
+        "depthscope/probes/folds.py",
+        "for s in range(1, n):",
+        "for s in range(1, n - 1):",
+        ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",
