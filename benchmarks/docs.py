@@ -137,6 +137,50 @@ def results_demo(_: str) -> str:
     )
 
 
+def _mib(paths: list[Path]) -> float:
+    return sum(p.stat().st_size for p in paths) / 2**20
+
+
+def results_collection(name: str) -> str:
+    """What a bundled zoo collection holds, from its manifest and its files: the models, their size
+    and training budget, the bytes on disk and, where the build timed its steps, the training time.
+    """
+    from depthscope import zoo
+
+    c = zoo.collection(name)
+    models = zoo.read_manifest(c.directory)
+    first = models[0]["config"]
+    params = sorted(m["params"] / 1e6 for m in models)
+    seeds = sorted({m["seed"] for m in models})
+    steps, batch = models[0]["steps"], models[0]["train"]["batch_size"]
+    kept = zoo.checkpoints(c.directory)
+    variants = len({m["name"].split(".seed")[0] for m in models})
+    runs = f"{len(models)} models (seed {seeds[0]})"
+    if len(seeds) > 1:
+        runs = f"{len(models)} runs ({variants} variants x seeds {', '.join(map(str, seeds))})"
+    parts = [
+        f"Generated from `{c.directory.relative_to(ROOT).as_posix()}/manifest.json` and its files: "
+        f"{runs} of {len({m['scheme'] for m in models})} schemes; {first['n_layers']} blocks x width "
+        f"{first['d_model']} ({first['n_heads']} heads, context {first['ctx']}; {params[0]:.2f}-"
+        f"{params[-1]:.2f} M parameters), {steps} steps of {batch} x {first['ctx']} bytes "
+        f"({steps * batch * first['ctx'] / 1e6:.1f} M tokens); {len(kept)} checkpoints in bfloat16, "
+        f"{_mib(kept):.1f} MiB"
+    ]
+    for what, paths in (("trajectory traces", zoo.trajectories), ("final traces", zoo.traces)):
+        found = paths(c.directory)
+        if found:
+            parts.append(f"{len(found)} {what}, {_mib(found):.1f} MiB")
+    timed = [m["step_seconds"] * m["steps"] for m in models if m.get("step_seconds")]
+    text = ", ".join(parts)
+    if timed:
+        text += (
+            f". Training steps took {min(timed) / 60:.1f}-{max(timed) / 60:.1f} min a run, "
+            f"{sum(timed) / 3600:.1f} h in all (the manifest's seconds per step, on the machine that "
+            "built it)"
+        )
+    return text + ".\n"
+
+
 def results_overhead(_: str) -> str:
     """results.md's table of the own schemes, every row of the record."""
     rec = record("capture_overhead")
@@ -1280,6 +1324,9 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-overhead": results_overhead,
     "results-demo": results_demo,
     "results-spec": results_spec,
+    "results-zoo": lambda _: results_collection("zoo"),
+    "results-deep-zoo": lambda _: results_collection("deep"),
+    "results-seeds-zoo": lambda _: results_collection("seeds"),
 }
 
 

@@ -85,6 +85,58 @@ def test_a_number_typed_into_a_block_is_stale(tmp_path):
         docs.ROOT = original
 
 
+# Every number of the form 1.5, 15%, 15x written on the two pages outside their generated blocks
+# (code blocks and arXiv ids aside), with why it is not a measurement: a measured number belongs in a
+# block, rendered from the data it comes from. Editing one of these, or typing a new one, fails here.
+TYPED = {
+    "README.md": {
+        "3.10": "the oldest Python the install supports",
+        "5.24": "the transformers version the architecture sweep ran on",
+        "0.2": "the interrupt test's SIGINT window (tests/test_interrupt.py)",
+    },
+    "results.md": {
+        "3x": "DCA's claimed speed-up (arXiv 2502.06785)",
+        "1.3x": "the capture cost's target (the issue's), named in prose",
+        "0.1": "the papers' model sizes, kappa and the identity experiment's layer variance",
+        "0.99": "the energy fraction of the numerical rank (a default), the largest r*/d scanned",
+        "5x": "the residual-growth survey's OLMo-2 figure",
+        "2,747x": "the residual-growth survey's Qwen3-1.7B figure",
+        "0.016": "1/61, SmolLM2's uniform share at the read-out (arithmetic)",
+        "99%": "the energy fraction 0.99, in words",
+        "4.4": "Proposition 4.4 of arXiv 2502.06785",
+        "4.1": "equation (4.1) of arXiv 2502.06785",
+        "0.5": "the identity experiment's learning rate on task (a) (pipelines/identity.py)",
+        "0.01": "the identity experiment's learning rate on task (b) (pipelines/identity.py)",
+        "2.0": "the learning rate of the identity experiment's recorded ResNet variant",
+    },
+}
+NUMBER = re.compile(
+    r"(?<![\w.])\d[\d,]*\.\d+(?![\w.])"  # 1.5
+    r"|(?<![\w.])\d[\d,.]*%"  # 15%
+    r"|(?<![\w.])\d[\d,]*(?:\.\d+)?x(?!\w)"  # 1.5x
+)
+ARXIV = re.compile(r"\b\d{4}\.\d{4,5}\b")
+
+
+def typed_numbers(text: str) -> set[str]:
+    """The numbers of ``text`` outside its generated blocks, code blocks and arXiv ids."""
+    text = re.sub(r"```.*?```", "", docs.BLOCK.sub("", text), flags=re.S)
+    return set(NUMBER.findall(ARXIV.sub("", text)))
+
+
+@pytest.mark.parametrize("page", ["README.md", "results.md"])
+def test_the_numbers_typed_outside_the_blocks_are_settings_and_papers_facts(page):
+    text = next(p for p in docs.PAGES if p.name == page).read_text()
+    assert typed_numbers(text) == set(TYPED[page])
+
+
+def test_a_measured_number_typed_outside_a_block_is_found():
+    """The scan sees a number edited into prose, a percentage and a factor, and not a block's."""
+    prose = "the pattern grew to 2.61 (+12%), 1.3x faster\n<!-- data: x -->\n1.75\n<!-- /data -->\n"
+    assert typed_numbers(prose) == {"2.61", "12%", "1.3x"}
+    assert typed_numbers("arXiv 2502.06785, Prop. 4.4") == {"4.4"}
+
+
 def test_the_overhead_record_says_how_it_was_made_and_covers_every_variant():
     rec = json.loads((docs.DATA / "capture_overhead.json").read_text())
     assert rec["benchmark"] == "capture_overhead" and rec["command"].startswith(
@@ -462,3 +514,20 @@ def test_the_demo_record_is_its_runs():
     assert all(0 < r["page_bytes"] <= r["bytes"] and r["files"] >= 1 and r["seconds"] > 0 for r in runs)
     median = sorted(r["seconds"] for r in runs)[len(runs) // 2]
     assert f"took {round(median) // 60} min {round(median) % 60} s" in docs.results_demo("")
+
+
+@pytest.mark.parametrize("name", ["zoo", "deep", "seeds"])
+def test_a_collections_line_is_its_runs_and_its_files(name):
+    """The line that describes a bundled collection counts the runs the collection defines and the
+    bytes of the checkpoint files in its directory, counted here from the directory itself."""
+    from depthscope import zoo
+
+    c = zoo.collection(name)
+    line = docs.results_collection(name)
+    runs = len(c.runs())
+    assert (f"{runs} runs (" if c.seeds else f"{runs} models (") in line
+    files = sorted(c.directory.glob("*.safetensors"))
+    mib = sum(f.stat().st_size for f in files) / 2**20
+    assert f"{len(files)} checkpoints in bfloat16, {mib:.1f} MiB" in line
+    tokens = c.steps * c.batch * c.size["ctx"] / 1e6
+    assert f"{c.steps} steps of {c.batch} x {c.size['ctx']} bytes ({tokens:.1f} M tokens)" in line
