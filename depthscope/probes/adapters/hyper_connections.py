@@ -501,6 +501,15 @@ def sinkhorn(logits: Tensor, iters: int, log_domain: bool, raw_without_iters: bo
     return m
 
 
+def _onto(x: Tensor, w: Tensor) -> Tensor:
+    """``x @ w`` for ``w`` [d, k] of a few columns (a dynamic alpha's projection), computed with those
+    columns as the rows of a linear map: BLAS is several times faster so on a CPU (3.4x measured for
+    [8192, 256] @ [256, 5] on one thread). The sums run in another order than the model's own
+    ``normed @ fn``, so the two agree to the dtype's rounding, not bit for bit.
+    """
+    return F.linear(x, w.mT.contiguous())
+
+
 def pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     """H_pre [batch, pos, stream] and H_res [batch, pos, stream, stream] of ``c`` from its norm's
     output ``normed`` [batch, pos, stream, d_model], in float64 from the projection onto the
@@ -510,13 +519,13 @@ def pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     m, x = c.module, normed
     fn, static = m.dynamic_alpha_fn.to(x.dtype), m.static_alpha.double()  # [(proposal,) d, 1 + s], [s, 1 + s]
     if c.variant == "hc":
-        z = (x @ fn).double()
+        z = _onto(x, fn).double()
         z = torch.tanh(z) if isinstance(m.act, nn.Tanh) else z
         alpha = z * m.dynamic_alpha_scale.double() + static
         return alpha[..., 0], alpha[..., 1:]
     streams = static.shape[0]
     scale = torch.cat([m.pre_branch_scale.double(), m.residual_scale.double().expand(streams)])
-    alpha = torch.einsum("bpsd,kde->kbpse", x, fn).double() * scale + static  # per proposal k
+    alpha = torch.stack([_onto(x, f) for f in fn]).double() * scale + static  # per proposal k
     iters, log_domain = _sinkhorn_options(m)
     res = sinkhorn(alpha[..., 1:], iters, log_domain, raw_without_iters=c.variant == "mhcv2")
     return alpha[..., 0].sigmoid().mean(0), res.mean(0)
@@ -531,7 +540,7 @@ def frac_pre_and_res(c: Connection, normed: Tensor) -> tuple[Tensor, Tensor]:
     """
     m, x = c.module, normed
     fracs, streams = m.num_fracs, m.num_residual_streams
-    z = (x @ m.dynamic_alpha_fn.to(x.dtype)).double()
+    z = _onto(x, m.dynamic_alpha_fn.to(x.dtype)).double()
     z = torch.tanh(z) if isinstance(m.act, nn.Tanh) else z
     static = m.static_alpha.double().reshape(fracs, streams, -1)
     alpha = (z * m.dynamic_alpha_scale.double() + static).unflatten(-1, (fracs, 1 + streams))
