@@ -212,7 +212,7 @@ def results_spec(_: str) -> str:
         f"Generated from [data/capture_spec.json](data/capture_spec.json): {_where(rec)}; {s['layers']} "
         f"blocks of width {s['d_model']} (SmolLM2: its own 30 layers of width 576), windows of {s['ctx']}, "
         f"batch {s['batch']}, {s['tokens']} tokens, forward and capture interleaved chunk by chunk in one "
-        "process.",
+        f"process, the median of {s['repeat']} runs.",
         "",
         "| model | read by | weights the fit found | capture / forward time | consumers x sources "
         "| max residual error |",
@@ -467,7 +467,8 @@ def results_families(_: str, name: str = "capture_families") -> str:
         f"Generated from [data/{name}.json](data/{name}.json): {_where(rec)}; random "
         f"models of {s['layers']} blocks, width {s['d_model']}, vocabulary {s['vocab']}, windows of "
         f"{s['ctx']}, {s['tokens']} tokens, batch {s['batch']}; forward and capture interleaved in "
-        f"{s['chunk']}-token chunks. {len(within)} of {len(done)} families within 1.3x.",
+        f"{s['chunk']}-token chunks, the median of {s['repeat']} runs. {len(within)} of {len(done)} families "
+        "within 1.3x.",
         "",
         "| family | model | sources x consumers | capture / forward | max residual error |",
         "|---|---|---|---|---|",
