@@ -505,6 +505,13 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
     ),
     Mutant(
+        "a post-LN LayerNorm centres each dense term by its means over tokens, not over features",
+        "depthscope/probes/adapters/post_ln.py",
+        "live.sub_(live.mean(-1, keepdim=True)).mul_(gain)",
+        "live.sub_(live.mean(-2, keepdim=True)).mul_(gain)",
+        ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle",),
+    ),
+    Mutant(
         "whole per-feature weights' rows read from the window's start, the skipped positions not cut",
         "depthscope/probes/terms.py",
         "start = r * self.window + self.skip + o",

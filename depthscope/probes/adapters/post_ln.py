@@ -362,9 +362,10 @@ class _Terms:
         inv = norm.square_().div_(d).add_(ln.eps).rsqrt_()  # [batch, pos, 1], in place: few calls
         gain = (inv * ln.weight if ln.weight is not None else inv).flatten(0, 1)  # [T, d]
         live = self.buf["dense"][: self.count["dense"]].flatten(1, 2)  # [m, T, d]
-        # whole-tensor, in place: the means as one matrix-vector product, then one centring and one
-        # scaling pass (measured faster than cache-sized token chunks, whose per-chunk calls dominate)
-        live.sub_((live @ self._mean_of(live)).unsqueeze(-1)).mul_(gain)
+        # whole-tensor, in place: the means as one reduction over the features (4.3x faster here than
+        # a matrix-vector product with 1/d, whose rows of d are too short for BLAS), then one centring
+        # and one scaling pass (measured faster than cache-sized token chunks: per-chunk calls dominate)
+        live.sub_(live.mean(-1, keepdim=True)).mul_(gain)
         for group in self.GROUPS:  # the fixed part of the map; the token's 1/sigma goes into scale
             vec = self.buf[group][: self.count[group]]
             vec.sub_(vec.mean(-1, keepdim=True))
@@ -374,13 +375,6 @@ class _Terms:
         r.sub_(r.mean(-1, keepdim=True)).mul_(gain.view_as(r))
         self.buf["scale"][: self.n].mul_(inv.squeeze(-1))
         self.bias(bias_key, ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1]))
-
-    def _mean_of(self, like: Tensor) -> Tensor:
-        """The vector 1/d [d] in ``like``'s dtype and device: a matrix-vector product with it is the
-        mean of every row (kept: one per width, dtype and device).
-        """
-        key = ("post-ln mean", like.shape[-1], like.dtype, like.device)
-        return self.ws.constant(key, lambda: like.new_full((like.shape[-1],), 1.0 / like.shape[-1]))
 
     def project(self, linear: torch.nn.Linear, bias_key: str) -> None:
         """Map every term through ``linear``'s weight into the stream's width (the map is linear, so
