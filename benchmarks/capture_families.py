@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository r
 from tests.families import FAMILIES, HEAD_DIM, zoo  # noqa: E402  (one small model per family, shared with the tests)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import median_run  # noqa: E402  (benchmarks/record.py, beside this file)
+from record import interleaved, median_run  # noqa: E402  (benchmarks/record.py, beside this file)
 from record import write as record_write  # noqa: E402
 
 # --- measurement -----------------------------------------------------------------------------------
@@ -52,23 +52,6 @@ from record import write as record_write  # noqa: E402
 def tokens_for(n_tokens: int, window: int, vocab: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(2, vocab, (max(1, n_tokens // window), window), generator=g)
-
-
-def interleaved(toks: torch.Tensor, per: int, first: Callable, second: Callable) -> tuple[float, float, list]:
-    """Seconds of ``first`` and of ``second`` over the same chunks of ``per`` windows, alternating
-    chunk by chunk (after one warm-up call of each on one window); ``second``'s results."""
-    first(toks[:1])
-    second(toks[:1])
-    t_a = t_b = 0.0
-    out = []
-    for chunk in toks.split(per):
-        t = time.perf_counter()
-        first(chunk)
-        t_a += time.perf_counter() - t
-        t = time.perf_counter()
-        out.append(second(chunk))
-        t_b += time.perf_counter() - t
-    return t_a, t_b, out
 
 
 def one_line(err: BaseException) -> str:

@@ -34,7 +34,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from record import write as record_write  # noqa: E402  (benchmarks/record.py, beside this file)
+from record import interleaved  # noqa: E402  (benchmarks/record.py, beside this file)
+from record import write as record_write  # noqa: E402
 
 TARGET_TIME = {"static": 1.3, "dynamic": 1.3}  # issue 18: every scheme at width 256 within 1.3x
 
@@ -189,18 +190,13 @@ def interleaved_time(label: str, args) -> tuple[float, float]:
     model = build_bridge(args) if label == "bridge" else build(label, args)
     toks = tokens_for(args.tokens, args.ctx)
     per = max(1, 8192 // args.ctx)  # 8k-token chunks, each captured as a whole
-    t_fwd = t_cap = 0.0
+
+    def forward(chunk: torch.Tensor) -> None:
+        for b in chunk.split(args.batch):
+            model(b)
+
     with torch.no_grad():
-        model(toks[:1])
-        capture(model, toks[:1])
-        for chunk in toks.split(per):
-            t = time.perf_counter()
-            for b in chunk.split(args.batch):
-                model(b)
-            t_fwd += time.perf_counter() - t
-            t = time.perf_counter()
-            capture(model, chunk, batch_size=args.batch)
-            t_cap += time.perf_counter() - t
+        t_fwd, t_cap, _ = interleaved(toks, per, forward, lambda c: capture(model, c, batch_size=args.batch))
     return t_fwd, t_cap
 
 

@@ -28,7 +28,6 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -37,7 +36,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from record import median_run  # noqa: E402
+from record import interleaved, median_run  # noqa: E402
 from record import write as record_write  # noqa: E402
 
 MODELS = (
@@ -102,21 +101,15 @@ def measure(name: str, args) -> dict:
     options = {"batch_size": args.batch, "progress": False, "spec": spec}
     found: dict = {}
 
+    def forward(chunk: torch.Tensor) -> None:
+        for b in chunk.split(args.batch):
+            model(b)
+
     def timed() -> dict:
-        t_fwd = t_cap = worst = 0.0
         with torch.no_grad():
-            model(toks[:1])
-            trace = capture(model, toks[:2], **{**options, "batch_size": 2})
-            for chunk in toks.split(per):
-                t = time.perf_counter()
-                for b in chunk.split(args.batch):
-                    model(b)
-                t_fwd += time.perf_counter() - t
-                t = time.perf_counter()
-                trace = capture(model, chunk, **options)
-                t_cap += time.perf_counter() - t
-                worst = max(worst, float(trace["residual_error"].max()))
-        found["trace"] = trace
+            t_fwd, t_cap, traces = interleaved(toks, per, forward, lambda c: capture(model, c, **options))
+        found["trace"] = traces[-1]
+        worst = max(float(t["residual_error"].max()) for t in traces)
         return {"forward_seconds": t_fwd, "capture_seconds": t_cap, "max_residual_error": worst}
 
     timing = median_run(timed, args.repeat)

@@ -14,6 +14,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -95,3 +96,22 @@ def median_run(measure: Callable[[], dict[str, Any]], repeat: int) -> dict[str, 
     if all("max_residual_error" in r for r in rows):
         row["max_residual_error"] = max(r["max_residual_error"] for r in rows)
     return row
+
+
+def interleaved(toks: Any, per: int, first: Callable, second: Callable) -> tuple[float, float, list]:
+    """Seconds of ``first`` and of ``second`` over the same chunks of ``per`` windows of ``toks``,
+    alternating chunk by chunk so that the machine's load hits both alike (after one warm-up call of
+    each on one window); and ``second``'s results.
+    """
+    first(toks[:1])
+    second(toks[:1])
+    t_a = t_b = 0.0
+    out = []
+    for chunk in toks.split(per):
+        t = time.perf_counter()
+        first(chunk)
+        t_a += time.perf_counter() - t
+        t = time.perf_counter()
+        out.append(second(chunk))
+        t_b += time.perf_counter() - t
+    return t_a, t_b, out
