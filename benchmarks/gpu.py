@@ -102,22 +102,29 @@ def smollm2_rows(args) -> list[dict]:
     ]
     for dtype in (torch.float32, torch.bfloat16):
         model = cpu.to(device=args.device, dtype=dtype)
-        t = time.perf_counter()
-        trace = capture(model, ids.to(args.device), batch_size=4, progress=False, skip_positions=0)
-        seconds = time.perf_counter() - t
+        on = ids.to(args.device)
+        run = functools.partial(capture, model, on, batch_size=4, progress=False, skip_positions=0)
+        with torch.no_grad():
+            capture(model, on[:1], batch_size=1, progress=False, skip_positions=0)  # warm-up
+            forward, _ = _timed(functools.partial(_forward, model, on, 4), args.device)
+        seconds, trace = _timed(run, args.device)
         diff = (trace["contribution_share"] - base["contribution_share"]).fillna(0)
         rows.append(
             {
                 "device": args.device,
                 "dtype": str(dtype).removeprefix("torch."),
                 "what": what,
+                "forward_seconds": forward,
                 "seconds": seconds,
+                "time_ratio": seconds / forward,
                 "max_residual_error": float(trace["residual_error"].max()),
                 "max_share_difference_from_cpu": float(abs(diff).max()),
             }
         )
         print(
-            f"| SmolLM2 {rows[-1]['dtype']} | {rows[-1]['max_share_difference_from_cpu']:.1e} |", flush=True
+            f"| SmolLM2 {rows[-1]['dtype']} | {rows[-1]['time_ratio']:.2f} |"
+            f" {rows[-1]['max_share_difference_from_cpu']:.1e} |",
+            flush=True,
         )
         cpu = model.to(device="cpu", dtype=torch.float32)
     return rows
@@ -150,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         for k in ("device", "tokens", "smollm2_tokens", "layers", "d_model", "ctx", "batch")
     }
     settings["gpu"] = name
+    settings["cuda"] = torch.version.cuda
     print(f"wrote {record_write('gpu', settings, rows, Path(args.json) if args.json else None)}")
     return 0
 

@@ -57,7 +57,8 @@ def versions() -> dict[str, Any]:
         )
         found["commit"] = commit + ("+modified" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
-        found["commit"] = None
+        # a copy of the tree without its git history (a GPU machine's): the commit it was sent from
+        found["commit"] = os.environ.get("DEPTHSCOPE_COMMIT")
     return found
 
 

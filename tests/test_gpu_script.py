@@ -52,3 +52,5 @@ def test_the_whole_run_on_the_cpu_is_exact_and_recorded(tmp_path):
     assert runs["cpu", "float32"]["max_share_difference_from_cpu"] <= 1e-6  # the same computation
     assert runs["cpu", "bfloat16"]["max_residual_error"] <= 5e-2  # the bfloat16 capture's own check
     assert 0 < runs["cpu", "bfloat16"]["max_share_difference_from_cpu"] < 0.05
+    for r in (runs["cpu", "float32"], runs["cpu", "bfloat16"]):
+        assert r["time_ratio"] == pytest.approx(r["seconds"] / r["forward_seconds"], rel=1e-12)
