@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import importlib.metadata
 import sys
 import time
 from pathlib import Path
@@ -158,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     settings["gpu"] = name
     settings["cuda"] = torch.version.cuda
+    settings["transformers"] = importlib.metadata.version("transformers")
     print(f"wrote {record_write('gpu', settings, rows, Path(args.json) if args.json else None)}")
     return 0
 
