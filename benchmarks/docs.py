@@ -66,7 +66,19 @@ def readme_cost_own() -> str:
         f"depthscope's own {len(rows)} scheme variants at width {s['d_model']} ({s['layers']} blocks, "
         f"{s['tokens']} tokens, one thread): capture / forward time {_span([r['time_ratio'] for r in rows])}"
         f"{dca_part}, peak memory {_span([r['memory_ratio'] for r in rows])}; {_met(rows)} "
-        "([data](docs/data/capture_overhead.json)).\n"
+        f"([data](docs/data/capture_overhead.json)). {readme_gpu()}\n"
+    )
+
+
+def readme_gpu() -> str:
+    """The README's sentence on the GPU run: exact there, and what it cost at the CPU table's width."""
+    rec = record("gpu")
+    s = rec["settings"]
+    cost = [r["time_ratio"] for r in rec["rows"] if r["table"] == "cost"]
+    return (
+        f"On a GPU ({s['gpu']}, once, `benchmarks/gpu.py`) captures are exact in float32 and bfloat16 but "
+        f"cost {_span(cost)} forwards at width {s['d_model']}: many small operator calls, and the device "
+        "waits on the host that launches them ([more](docs/results.md#on-a-gpu))."
     )
 
 
@@ -228,6 +240,44 @@ def results_spec(_: str) -> str:
             f"| {r['model']} | {r['read_by']} | {found} | {r['time_ratio']:.2f} | {r['consumers']} x "
             f"{r['sources']} | {r['max_residual_error']:.1e} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+def results_gpu(_: str) -> str:
+    """results.md's GPU table: the own schemes' cost at the two recorded sizes, then SmolLM2 on the
+    device in float32 and bfloat16 against the CPU (``benchmarks/gpu.py``)."""
+    recs = [record("gpu"), record("gpu_wide")]
+    head = []
+    for name, rec in zip(("gpu", "gpu_wide"), recs):
+        s = rec["settings"]
+        head.append(
+            f"[data/{name}.json](data/{name}.json): `{rec['command']}` on {s['gpu']} (CUDA {s['cuda']}), "
+            f"torch {rec['versions']['torch']}, transformers {s['transformers']}, depthscope "
+            f"{(rec['versions']['commit'] or 'unknown')[:12]}, {rec['date'][:10]}; {s['layers']} blocks of "
+            f"width {s['d_model']}, batch {s['batch']} x {s['ctx']}, {s['tokens']} tokens"
+        )
+    sizes = [f"width {r['settings']['d_model']}" for r in recs]
+    lines = ["Generated from " + "; and ".join(head) + ".", "", "| variant |"]
+    lines[-1] += "".join(f" capture / forward, {w} | max residual error, {w} |" for w in sizes)
+    lines.append("|---|" + "---|---|" * len(recs))
+    cost = [{r["variant"]: r for r in rec["rows"] if r["table"] == "cost"} for rec in recs]
+    for variant in cost[0]:
+        cells = [(c[variant]["time_ratio"], c[variant]["max_residual_error"]) for c in cost if variant in c]
+        lines.append(f"| {variant} |" + "".join(f" {t:.2f} | {e:.1e} |" for t, e in cells))
+    lines += [
+        "",
+        "| SmolLM2 | tokens | weights | capture / forward | max residual error | largest share difference "
+        "from the CPU's float32 capture |",
+        "|---|---|---|---|---|---|",
+    ]
+    for rec in recs:
+        for r in rec["rows"]:
+            if r["table"] == "smollm2" and "seconds" in r:
+                lines.append(
+                    f"| {r['device']}, {r['dtype']} | {rec['settings']['smollm2_tokens']} | {r['what']} | "
+                    f"{r['time_ratio']:.2f} | {r['max_residual_error']:.1e} | "
+                    f"{r['max_share_difference_from_cpu']:.1e} |"
+                )
     return "\n".join(lines) + "\n"
 
 
@@ -1325,6 +1375,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-overhead": results_overhead,
     "results-demo": results_demo,
     "results-spec": results_spec,
+    "results-gpu": results_gpu,
     "results-zoo": lambda _: results_collection("zoo"),
     "results-deep-zoo": lambda _: results_collection("deep"),
     "results-seeds-zoo": lambda _: results_collection("seeds"),

@@ -38,7 +38,8 @@ def machine() -> dict[str, Any]:
 
 
 def versions() -> dict[str, Any]:
-    """Python, torch and depthscope (with the commit of this checkout, and whether it was modified)."""
+    """Python, torch and depthscope (with the commit of this checkout, and whether it was modified; the
+    commit named by ``DEPTHSCOPE_COMMIT`` where that is set, for a copy of a tree run elsewhere)."""
     import torch
 
     import depthscope
@@ -48,6 +49,10 @@ def versions() -> dict[str, Any]:
         "torch": torch.__version__,
         "depthscope": depthscope.__version__,
     }
+    sent = os.environ.get("DEPTHSCOPE_COMMIT")  # a copy of the tree sent elsewhere (a GPU machine's)
+    if sent:
+        found["commit"] = sent
+        return found
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True
@@ -57,8 +62,7 @@ def versions() -> dict[str, Any]:
         )
         found["commit"] = commit + ("+modified" if dirty.stdout.strip() else "")
     except (OSError, subprocess.CalledProcessError):
-        # a copy of the tree without its git history (a GPU machine's): the commit it was sent from
-        found["commit"] = os.environ.get("DEPTHSCOPE_COMMIT")
+        found["commit"] = None
     return found
 
 

@@ -258,6 +258,38 @@ def test_the_family_record_reads_every_family_exactly(name, width):
         assert_median_run(r, rec["settings"]["repeat"])
 
 
+@pytest.mark.parametrize("name", ["gpu", "gpu_wide"])
+def test_the_gpu_records_ran_on_a_gpu_exactly(name):
+    """The GPU script's records (``benchmarks/gpu.py``): made on a CUDA device, every cost row's ratio
+    its own seconds divided and its residual at float32 rounding, SmolLM2 on the device in float32 and
+    bfloat16 within each dtype's residual check, and float32's shares the CPU's to float32 rounding."""
+    rec = json.loads((docs.DATA / f"{name}.json").read_text())
+    s = rec["settings"]
+    assert s["device"].startswith("cuda") and s["gpu"] and s["cuda"]
+    assert "+cu" in rec["versions"]["torch"] and rec["versions"]["commit"]
+    cost = [r for r in rec["rows"] if r["table"] == "cost"]
+    assert [r["variant"] for r in cost] == list(gpu_script().VARIANTS)
+    for r in cost:
+        assert r["max_residual_error"] <= 1e-4
+        assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+    runs = {r["dtype"]: r for r in rec["rows"] if r["table"] == "smollm2" and r["device"] == s["device"]}
+    assert set(runs) == {"float32", "bfloat16"}
+    assert runs["float32"]["max_residual_error"] <= 1e-4
+    assert runs["bfloat16"]["max_residual_error"] <= 5e-2
+    assert runs["float32"]["max_share_difference_from_cpu"] <= 1e-6
+    for r in runs.values():
+        assert r["time_ratio"] == pytest.approx(r["seconds"] / r["forward_seconds"], rel=1e-12)
+
+
+def gpu_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_script", docs.ROOT / "benchmarks" / "gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_findings_record_and_the_readme_sentence():
     """The zoo's pattern scores cover every bundled model, the standard residual's is 1 by
     construction (unit weights), the README names the two highest; SmolLM2's row is exact and its
