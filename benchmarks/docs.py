@@ -78,7 +78,17 @@ def readme_gpu() -> str:
     return (
         f"On a GPU ({s['gpu']}, once, `benchmarks/gpu.py`) captures are exact in float32 and bfloat16 but "
         f"cost {_span(cost)} forwards at width {s['d_model']}: many small operator calls, and the device "
-        "waits on the host that launches them ([more](docs/results.md#on-a-gpu))."
+        f"waits on the host that launches them. {_fewer_calls()} ([more](docs/results.md#on-a-gpu))."
+    )
+
+
+def _fewer_calls() -> str:
+    """The README's clause on the operator calls an accelerator's chunks save (``op_calls.json``)."""
+    rows = {r["variant"]: r for r in record("op_calls")["rows"]}
+    dca = rows["dca"]
+    return (
+        f"Since then a fold makes fewer of them on an accelerator (DCA: {dca['capture_calls_cpu']:.0f} to "
+        f"{dca['capture_calls_accelerator']:.0f} per batch, counted on a CPU; not yet timed on a GPU)"
     )
 
 
@@ -278,6 +288,26 @@ def results_gpu(_: str) -> str:
                     f"{r['time_ratio']:.2f} | {r['max_residual_error']:.1e} | "
                     f"{r['max_share_difference_from_cpu']:.1e} |"
                 )
+    return "\n".join(lines) + "\n"
+
+
+def results_op_calls(_: str) -> str:
+    """results.md's table of operator calls per batch (``benchmarks/op_calls.py``): a plain forward, a
+    capture with the CPU's token chunks and with an accelerator's."""
+    rec = record("op_calls")
+    s = rec["settings"]
+    lines = [
+        f"Counted by `{rec['command']}` (depthscope {(rec['versions']['commit'] or 'unknown')[:12]}, torch "
+        f"{rec['versions']['torch']}, {rec['date'][:10]}; {s['layers']} blocks of width {s['d_model']}, "
+        f"batch {s['batch']} x {s['ctx']}; per batch: three batches' calls less one batch's, halved).",
+        "",
+        "| variant | forward | capture, CPU chunks | capture, an accelerator's chunks | capture / forward, "
+        "an accelerator's |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rec["rows"]:
+        f, cpu, acc = r["forward_calls"], r["capture_calls_cpu"], r["capture_calls_accelerator"]
+        lines.append(f"| {r['variant']} | {f:.0f} | {cpu:.0f} | {acc:.0f} | {acc / f:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -1376,6 +1406,7 @@ RENDER: dict[str, Callable[[str], str]] = {
     "results-demo": results_demo,
     "results-spec": results_spec,
     "results-gpu": results_gpu,
+    "results-op-calls": results_op_calls,
     "results-zoo": lambda _: results_collection("zoo"),
     "results-deep-zoo": lambda _: results_collection("deep"),
     "results-seeds-zoo": lambda _: results_collection("seeds"),

@@ -22,12 +22,25 @@ HEADS, HEAD_DIM = 4, 16
 # --- small models, one per family ---------------------------------------------------------------
 
 
-def zoo(name: str) -> Callable:
+def zoo(name: str, at_width: bool = False) -> Callable:
+    """The bundled checkpoint ``name``; with ``at_width``, where ``args.d_model`` is not its width, a
+    model of the same configuration at that width (d_mlp 4x), random from seed 0: the same reader,
+    at the size the other families are measured at (``benchmarks/capture_families.py``).
+    """
+
     def build(args):
+        import dataclasses
+
         import depthscope
+        from depthscope.schemes import DepthModel
 
         model = depthscope.load(ZOO / f"{name}.safetensors")
         c = model.cfg
+        if at_width and args.d_model != c.d_model:
+            c = dataclasses.replace(c, d_model=args.d_model, d_mlp=4 * args.d_model)
+            torch.manual_seed(0)
+            model = DepthModel(c).eval()
+            return model, f"zoo {name} configuration, random: {c.n_layers} blocks, d {c.d_model}, ctx {c.ctx}"
         return model, f"zoo {name}.safetensors: {c.n_layers} blocks, d {c.d_model}, ctx {c.ctx}"
 
     return build
@@ -435,8 +448,8 @@ def has_transformers(name: str) -> bool:
 # whose MoE router casts its input to float32 against its own weight, so it cannot run in float64
 # (tests/probes/adapters/test_inkling2.py checks it in float32)
 FAMILIES: list[tuple[str, Callable[[], bool], str, Callable]] = [
-    ("depthscope standard", lambda: True, "-", zoo("standard")),
-    ("depthscope attnres", lambda: True, "-", zoo("attnres")),
+    ("depthscope standard", lambda: True, "-", zoo("standard", at_width=True)),
+    ("depthscope attnres", lambda: True, "-", zoo("attnres", at_width=True)),
     ("huggingface (llama)", lambda: has_transformers("llama"), "transformers", hf_llama),
     ("post-ln (bert)", lambda: has_transformers("bert"), "transformers", bert),
     (

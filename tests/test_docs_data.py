@@ -157,6 +157,25 @@ def test_the_overhead_record_says_how_it_was_made_and_covers_every_variant():
         assert all(0 < x < float("inf") for x in [*seconds, r["forward_peak_mb"], r["capture_peak_mb"]])
 
 
+def test_the_operator_call_record_covers_every_variant_and_an_accelerator_makes_fewer():
+    """``benchmarks/op_calls.py``'s record: made on a committed tree at width 256, one row per
+    variant, whole counts (per batch: a difference of two whole counts, halved), and on an
+    accelerator's chunks never more calls than on the CPU's; the per-feature and block folds (DCA's
+    GRN-v2/v3, Frac-Connections), which the CPU chunks by the cache, at most half."""
+    rec = json.loads((docs.DATA / "op_calls.json").read_text())
+    assert rec["command"].startswith("benchmarks/op_calls.py")
+    assert re.fullmatch(r"[0-9a-f]{40}", rec["versions"]["commit"])
+    assert rec["settings"]["d_model"] == 256
+    rows = {r["variant"]: r for r in rec["rows"]}
+    assert list(rows) == [label for label, _, _ in schemes.variants()]
+    for r in rows.values():
+        counts = [r["forward_calls"], r["capture_calls_cpu"], r["capture_calls_accelerator"]]
+        assert all(c > 0 and (2 * c) % 1 == 0 for c in counts), r
+        assert r["capture_calls_accelerator"] <= r["capture_calls_cpu"], r
+    for v in ("dca", "dca-k2", "grn-v2", "grn-v3", "frac"):
+        assert 2 * rows[v]["capture_calls_accelerator"] <= rows[v]["capture_calls_cpu"], v
+
+
 def test_the_readme_line_is_the_records_range():
     """An independent reading of the record: the README's span is the rows' min and max."""
     rec = json.loads((docs.DATA / "capture_overhead.json").read_text())

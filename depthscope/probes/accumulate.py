@@ -25,13 +25,15 @@ float64/int64 NumPy arrays.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 import xarray as xr
 from torch import Tensor
 
 from depthscope.errors import TraceError
-from depthscope.probes.folds import FOLDS, kind_of
+from depthscope.probes.folds import FOLDS, chunk_bytes, kind_of
 from depthscope.probes.moments import Covariance, Moments, host
 from depthscope.probes.terms import Terms
 from depthscope.probes.workspace import Workspace
@@ -61,6 +63,7 @@ class Accumulator:
         self.tokens = 0
         self.d_model = 0
         self.device = torch.device("cpu")
+        self.chunk = chunk_bytes(self.device)  # bytes of a token chunk of the folds
         self.dtype = torch.float64  # of the sums
         self.n_layers, n_s = len(layout.layer), len(layout.source)
         self.n_sources = np.asarray(layout.layer_sources, dtype=np.int64)
@@ -122,6 +125,7 @@ class Accumulator:
 
     def _to(self, device: torch.device) -> None:
         self.device = device
+        self.chunk = chunk_bytes(device)
         self.dtype = torch.float32 if device.type == "mps" else torch.float64
         cast = {"device": device, "dtype": self.dtype}
         self.sums = {k: t.to(**cast) for k, t in self.sums.items()}
@@ -228,8 +232,10 @@ class Accumulator:
         )
         # every sum the statistics come from (native quantities are the model's own and may hold NaN
         # by design, e.g. Block AttnRes' absent entries)
-        sums = [*s.values(), *self.moments.sums.values(), *self.cov.tensors()]
-        finite = torch.stack([torch.isfinite(t).all() for t in sums]).all()
+        sums = [t for t in (*s.values(), *self.moments.sums.values(), *self.cov.tensors()) if t.numel()]
+        # each sum's largest magnitude (NaN where it holds a NaN) in one multi-tensor call, not two
+        # calls per sum: on a GPU every call is a kernel launch
+        finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()
         out = torch.cat([rel, finite.to(rel.dtype).reshape(1)]).cpu().numpy()
         folded = self.folded
         self.start_batch()

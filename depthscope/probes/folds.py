@@ -33,7 +33,22 @@ from depthscope.probes.moments import Moments
 from depthscope.probes.terms import Split, Terms, Windows, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
-CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work: about 1 MB, cache-sized
+CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work on a CPU: about 1 MB, cache-sized
+ACCELERATOR_CHUNK_BYTES = 1 << 26  # on an accelerator whose memory size torch does not report
+
+
+def chunk_bytes(device: torch.device) -> int:
+    """How large a token chunk of per-token, per-feature and block work is on ``device``: cache-sized
+    on a CPU (measured faster than whole tensors there); on an accelerator 1/256 of its memory, since
+    there each chunk costs a handful of kernel launches and cache-sized chunks leave the device idle
+    while the host launches them (DCA's per-feature fold at width 256 on an H200: 50,000 launches per
+    8 batches, the GPU busy 7% of the time; ``docs/data/gpu.json``).
+    """
+    if device.type == "cpu":
+        return CHUNK_BYTES
+    if device.type == "cuda":
+        return max(CHUNK_BYTES, torch.cuda.get_device_properties(device).total_memory // 256)
+    return ACCELERATOR_CHUNK_BYTES
 
 
 class Batch(Protocol):
@@ -48,6 +63,7 @@ class Batch(Protocol):
     device: torch.device
     d_model: int
     n_layers: int
+    chunk: int  # bytes of a token chunk on the batch's device (``chunk_bytes``)
     workspace: Workspace  # reused buffers and constants
     moments: Moments  # the weights' token moments
 
@@ -150,14 +166,18 @@ class PerToken(Fold):
         acc = self.acc
         n, V = acc.n_of(i), acc.V  # noqa: N806
         w = w.to(V.dtype)
-        # h - sum_s w_s v_s, a source at a time: n passes of one source each, faster on a CPU than one
-        # batched product over the sources' strided [T, n, d] view (which copies it first)
-        residual = torch.addcmul(h, V[0], w[:, :1], value=-1) if n else h
-        for s in range(1, n):
-            residual.addcmul_(V[s], w[:, s : s + 1], value=-1)
+        if not n:
+            residual = h
+        elif n * V[0].numel() * V.element_size() <= acc.chunk:  # the terms fit one chunk: one product
+            residual = h - torch.einsum("tn,ntd->td", w, V[:n])
+        else:
+            # h - sum_s w_s v_s, a source at a time: n passes of one source each, faster on a CPU than
+            # one batched product over the sources' strided [T, n, d] view (which copies it first)
+            residual = torch.addcmul(h, V[0], w[:, :1], value=-1)
+            for s in range(1, n):
+                residual.addcmul_(V[s], w[:, s : s + 1], value=-1)
         acc.add_error(i, acc.sq(residual), acc.sq(h))
         acc.fold_norms(i, acc.total(w.abs() * acc.norms[:n].T, 0))
-        acc.moments.add_tokens(i, w, w.abs())
         self.rows.append((i, w))
 
     def end_batch(self) -> None:
@@ -168,7 +188,7 @@ class PerToken(Fold):
             W = acc.V.new_zeros(T, len(self.rows), S)  # noqa: N806
             for r, (_, w) in enumerate(self.rows):
                 W[:, r, : w.shape[1]] = w
-            step = max(1, CHUNK_BYTES // (4 * S * max(S, acc.d_model)))
+            step = max(1, acc.chunk // (acc.V.element_size() * S * max(S, acc.d_model)))
             dots = W.new_zeros(len(self.rows), S, dtype=acc.dtype)
             for a in range(0, T, step):
                 b = min(T, a + step)
@@ -178,13 +198,16 @@ class PerToken(Fold):
                 dots += acc.total(Wt * torch.bmm(Wt, Gt), 0)
             idx = torch.tensor([i for i, _ in self.rows], device=dots.device)
             acc.add_rows(idx, dots)
+            # every consumer's weight moments at once: a row's columns past its n are 0 in every batch
+            W = W.transpose(0, 1)  # noqa: N806  [R, T, S]
+            acc.moments.add_tokens(idx.to(acc.device), W, W.abs())
         super().end_batch()
 
 
 class PerFeature(Fold):
     """Per-feature weights, whole [T, n, d] (or ``Windows``: uncut, each chunk inside one window) or
     ``Split`` (b [n, d] + g [T, n]), folded in token chunks
-    (``CHUNK_BYTES``) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
+    (``chunk_bytes``: on a CPU) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
     into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
     dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuild
     error once at the end (|rebuilt|^2 is the dots' sum). Split weights are formed a chunk at a time,
@@ -219,6 +242,14 @@ class PerFeature(Fold):
         for i, h, w in self.waiting.values():
             self._fold(i, h, w)
         self.waiting = {}
+        if self.rows:  # every consumer's weight moments at once: columns past a row's n stay 0
+            acc, (_, first, _) = self.acc, self.rows[0]
+            means = first.new_zeros(2, len(self.rows), first.shape[0], acc.V.shape[0])  # [2, R, T, S]
+            for r, (_, mean, magnitude) in enumerate(self.rows):
+                means[0, r, :, : mean.shape[1]] = mean
+                means[1, r, :, : mean.shape[1]] = magnitude
+            idx = torch.tensor([i for i, _, _ in self.rows], device=acc.device)
+            acc.moments.add_tokens(idx, means[0], means[1])
         super().end_batch()
 
     def _fold(
@@ -229,8 +260,10 @@ class PerFeature(Fold):
         """
         acc, n, V = self.acc, self.acc.n_of(i), self.acc.V  # noqa: N806
         T, d = h.shape  # noqa: N806
-        step = max(1, CHUNK_BYTES // (V.element_size() * n * d))
-        ws, size = acc.workspace, (max(step * n * d, CHUNK_BYTES // V.element_size()),)
+        step = max(1, acc.chunk // (V.element_size() * n * d))
+        # one size for every consumer of the batch (the workspace keeps a buffer of one shape)
+        room = min(acc.chunk // V.element_size(), T * V.shape[0] * d)
+        ws, size = acc.workspace, (max(min(T, step) * n * d, room),)
         terms = ws.buffer("feature terms", size, V)
         rebuilt = ws.buffer("feature rebuilt", (T, d), V)
         split = isinstance(w, Split)
@@ -276,8 +309,8 @@ class PerFeature(Fold):
         self, i: int, h: Tensor, w: Split | None, dots: Tensor, norms: Tensor, rebuilt: Tensor, means=None
     ):
         """Add consumer i's sums: its dots and norms [n], its rebuild error (the buffer ``rebuilt``
-        becomes the error), its weights' moments (``Split`` w, or the whole weights'
-        feature means per chunk).
+        becomes the error), its weights' feature means per token (``Split`` w, or the whole
+        weights' per chunk), whose moments ``end_batch`` adds for every consumer at once.
         """
         acc = self.acc
         acc.add_rows(i, dots, norms)  # |rebuilt|^2: the dots' sum, which it equals
@@ -285,10 +318,10 @@ class PerFeature(Fold):
         if w is not None:  # in the data's precision, summed in the moments' (float64)
             # the static part is the same in every batch: sorted once a capture
             ordered = acc.workspace.constant(("feature static", i), lambda: sorted_static(w.static))
-            acc.moments.add_tokens(i, *split_means(ordered, w.gate))
+            self.rows.append((i, *split_means(ordered, w.gate)))
         else:
             m = torch.cat(means, dim=2).transpose(1, 2) / h.shape[1]  # [2, T, n]
-            acc.moments.add_tokens(i, m[0], m[1])
+            self.rows.append((i, m[0], m[1]))
 
 
 def sorted_static(b: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -324,7 +357,7 @@ class PerBlock(Fold):
         n, V = acc.n_of(i), acc.V  # noqa: N806
         T, d = h.shape  # noqa: N806
         w = w.to(V.dtype)
-        step = max(1, CHUNK_BYTES // (V.element_size() * n * d))
+        step = max(1, acc.chunk // (V.element_size() * n * d))
         dots = torch.zeros(n, dtype=acc.dtype, device=V.device)
         norms = torch.zeros_like(dots)
         err = torch.zeros((), dtype=acc.dtype, device=V.device)

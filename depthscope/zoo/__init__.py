@@ -105,25 +105,30 @@ ZOO = Collection(
     ),
 )
 
-# The deep zoo (dilution versus depth): the same families at 16 blocks, trained for 2000 steps, so
-# that a model costs about what a zoo model at 4000 steps did (a step at 16 blocks costs about twice
-# one at 8) and sees the tokens the zoo's models had seen at step 2000 of their trajectories. Block
-# AttnRes keeps the zoo's block size (S = 4 sublayers, two layers per block), so it has 8 blocks:
-# the paper's N ~ 8 (arXiv 2603.15031 Sec. 3.2) and the S = 4 of its ablation.
+
+def _deeper(e: Entry, factor: int) -> Entry:
+    """Zoo entry ``e`` in a collection ``factor`` times as deep: Block AttnRes keeps its block size, so
+    it has ``factor`` times the blocks (a new name, grouped with ``e``); any other entry is itself.
+    """
+    blocks = e.options.get("blocks")
+    if not blocks:
+        return e
+    n = factor * blocks
+    return Entry(f"{e.scheme}-block{n}", e.scheme, {**e.options, "blocks": n}, e.trajectory, group=e.key)
+
+
+# The deep zoo (dilution versus depth): the zoo's entries that keep a trajectory, at 16 blocks,
+# trained for 2000 steps, so that a model costs about what a zoo model at 4000 steps did (a step at
+# 16 blocks costs about twice one at 8) and sees the tokens the zoo's models had seen at step 2000
+# of their trajectories. Block AttnRes keeps the zoo's block size (S = 4 sublayers, two layers per
+# block), so it has 8 blocks: the paper's N ~ 8 (arXiv 2603.15031 Sec. 3.2) and the S = 4 of its
+# ablation (``_deeper``).
 DEEP = Collection(
     name="deep",
     directory=ZOO_DIR / "deep",
     size=dict(n_layers=16, d_model=64, n_heads=4, ctx=128),
     steps=2000,
-    entries=(
-        Entry("standard", "standard", {}, True),
-        Entry("denseformer", "denseformer", {}, True),
-        Entry("dca", "dca", {}, True),
-        Entry("attnres", "attnres", {}, True),
-        Entry("attnres-block8", "attnres", {"blocks": 8}, True, group="attnres-block4"),
-        Entry("hc", "hc", {}, True),
-        Entry("mhc", "mhc", {}, True),
-    ),
+    entries=tuple(_deeper(e, 2) for e in ZOO.entries if e.trajectory),
 )
 
 # Seeds (the survey's questions with error bars): the zoo's size and recipe, shortened to 1000

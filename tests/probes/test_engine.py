@@ -12,7 +12,7 @@ import torch
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes import capture
 from depthscope.probes.adapters import FAMILIES, SourceSpec, resolve
-from tests.helpers import build, random_tokens, tiny
+from tests.helpers import build, perturb, random_tokens, tiny
 from tests.probes.test_bridge import model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -160,3 +160,31 @@ def test_the_accumulator_is_what_a_fold_reads():
             )
         else:
             assert re.search(rf"self\.{name}\b[^=\n]*= ", inspect.getsource(Accumulator)), name  # it sets it
+
+
+@pytest.mark.parametrize(
+    "scheme, options",
+    [("attnres", {}), ("dca", {}), ("dca", {"grn": "v1"}), ("dca", {"grn": "v3"}), ("frac", {})],
+)
+def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, options):
+    """Per-token, per-feature (whole, windows with a cut position, split with a shared base) and block
+    weights folded in chunks of a few tokens (512 bytes: one token when a token's terms are larger)
+    and in one chunk per batch (an accelerator's, ``folds.chunk_bytes``) give the same trace, to the
+    float32 rounding of the products (summed in float64 either way)."""
+    from depthscope.probes import accumulate
+
+    model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform
+    tokens = random_tokens(tiny(), batch=4)
+    traces = []
+    for size in (512, 1 << 40):
+        monkeypatch.setattr(accumulate, "chunk_bytes", lambda device, size=size: size)
+        traces.append(capture(model, tokens, batch_size=2, skip_positions=1))
+    small, whole = traces
+    for t in traces:  # NaN fails
+        assert float(t["residual_error"].max()) <= 1e-5
+    for name in ("mixing", "mixing_abs", "mixing_std", "contribution_share", "norm_share"):
+        a, b = small[name].values, whole[name].values
+        cells = ~np.isnan(b)
+        assert np.array_equal(np.isnan(a), ~cells) and cells.any(), name
+        err = np.abs(a - b)[cells].max() / (np.abs(b)[cells].max() or 1.0)  # a static model: std 0
+        assert err <= 1e-5, (name, err)

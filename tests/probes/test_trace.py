@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 import xarray as xr
 
@@ -110,6 +111,25 @@ def test_a_wrong_input_and_a_nan_fail_the_batch_check():
     acc.consumer(0, v.sum(0))
     err, finite, _ = acc.end_batch()
     assert not finite and not err[0] <= 1e-4  # NaN fails, never passes
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+@pytest.mark.parametrize("where", ["sums", "moments"])
+def test_a_non_finite_statistic_anywhere_fails_the_batch(bad, where):
+    """The batch's finiteness check covers every sum, not only the rebuild error: one NaN or
+    infinity planted in a statistic the rebuild never reads fails it; a clean batch passes."""
+    for plant in (False, True):
+        acc = Accumulator(LAYOUT)
+        v = torch.ones(2, 4, 3, dtype=torch.float64)
+        acc.start_batch()
+        acc.source(0, v[0])
+        acc.source(1, v[1])
+        acc.consumer(0, v.sum(0))
+        if plant:
+            held = acc.sums["cnorm"] if where == "sums" else acc.moments.sums["mix_abs"]
+            held[0, 1] = bad
+        err, finite, _ = acc.end_batch()
+        assert err[0] == 0.0 and finite is (not plant)
 
 
 def test_stacking_schemes_with_different_sublayers_keeps_each_order():
