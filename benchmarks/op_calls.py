@@ -4,12 +4,13 @@ launches, counted on a CPU.
 On a GPU every operator call is a kernel launch of a few microseconds of host time, so a capture
 whose fold makes many small calls keeps the device waiting (``benchmarks/gpu.py`` measured it on an
 H200). The count does not need a GPU: each variant of depthscope's own schemes is run at width 256
-under a ``TorchDispatchMode`` that counts every aten operator call, for a plain forward and for a
-capture, the capture twice: with the CPU's cache-sized token chunks and with the accelerator's (one
-chunk per batch at this size; ``probes.folds.chunk_bytes``). A count per batch is the difference
-between a run of three batches and a run of one, halved, so what a capture does once (its set-up,
-its last checks) is not in it; the forward runs batch by batch as a capture does. The counts are
-exact and the same on every run of one tree.
+under a ``TorchDispatchMode`` that counts the aten operator calls that launch a kernel (not views,
+not allocations left unfilled), for a plain forward and for a capture, the capture twice: with the
+CPU's cache-sized token chunks and with an accelerator's (one chunk per batch at this size;
+``probes.folds.chunk_bytes``). A count per batch is the difference between a run of three batches
+and a run of one, halved, so what a capture does once (its set-up, its last checks) is not in it;
+the forward runs batch by batch as a capture does. The counts are exact and the same on every run
+of one tree.
 
     python benchmarks/op_calls.py                 # every variant, writes docs/data/op_calls.json
     python benchmarks/op_calls.py --variant dca   # one (repeatable)
@@ -30,16 +31,30 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from capture_overhead import build, tokens_for  # noqa: E402  (benchmarks/, beside this file)
 from record import write as record_write  # noqa: E402
 
+# operators that run no kernel besides views: an allocation left unfilled, a reshape of a copy
+NO_KERNEL = {
+    "aten.empty",
+    "aten.empty_like",
+    "aten.empty_strided",
+    "aten.new_empty",
+    "aten.new_empty_strided",
+    "aten._unsafe_view",
+    "aten._reshape_alias",
+    "aten.lift_fresh",
+}
+
 
 class Count(TorchDispatchMode):
-    """Counts every aten operator call made inside it."""
+    """Counts the aten operator calls made inside it that would launch a kernel on a GPU: every call
+    but views and the operators in ``NO_KERNEL``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
 
     def __torch_dispatch__(self, func, types_, args=(), kwargs=None):
-        self.calls += 1
+        if not func.is_view and str(func.overloadpacket) not in NO_KERNEL:
+            self.calls += 1
         return func(*args, **(kwargs or {}))
 
 
