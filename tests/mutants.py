@@ -502,7 +502,31 @@ MUTANTS: list[Mutant] = [
         "depthscope/probes/folds.py",
         "for s in range(1, n):",
         "for s in range(1, n - 1):",
+        (
+            "tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",
+            "tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",
+        ),
+    ),
+    Mutant(
+        "a per-token consumer's rebuild in one product (terms that fit a chunk) leaves its last source out",
+        "depthscope/probes/folds.py",
+        'residual = h - torch.einsum("tn,ntd->td", w, V[:n])',
+        'residual = h - torch.einsum("tn,ntd->td", w[:, :-1], V[: n - 1])',
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
+    ),
+    Mutant(
+        "a batch's pending row sums all added into their row's first column",
+        "depthscope/probes/accumulate.py",
+        "at = [i * width + k for i, v in rows for k in range(v.shape[0])]",
+        "at = [i * width for i, v in rows for k in range(v.shape[0])]",
+        ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
+    ),
+    Mutant(
+        "the batch's finiteness check looks at the rebuild errors only",
+        "depthscope/probes/accumulate.py",
+        "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",
+        'finite = torch.isfinite(s["err"]).all()',
+        ("tests/probes/test_trace.py::test_a_non_finite_statistic_anywhere_fails_the_batch",),
     ),
     Mutant(
         "a post-LN LayerNorm centres each dense term by its means over tokens, not over features",

@@ -88,6 +88,7 @@ class Accumulator:
         self.started = False  # whether this batch's first source has come
         self.folded: set[int] = set()
         self._marks: tuple[Tensor, Tensor] | None = None
+        self._pending: dict[str, list[tuple[int, Tensor]]] = {}  # per-row sums added at the batch's end
         for fold in self.folds.values():
             fold.rows = []
         self.folds["gram"].start_batch()
@@ -158,7 +159,7 @@ class Accumulator:
         else:
             norms = torch.linalg.vector_norm(v, dim=-1)
         self.norms[j] = norms
-        self.sums["src_sq"][j].add_(torch.dot(norms, norms))
+        self._later("src_sq", j, torch.dot(norms, norms))
         if self.covariance:
             self.cov.add(j, v, self.dtype, half=self.half_batch)
 
@@ -169,8 +170,8 @@ class Accumulator:
         """
         if h.dtype in (torch.float16, torch.bfloat16):  # a float16 dot overflows past 65,504
             h = h.float()
-        self.sums["first_sq"][i].add_(self.sq(h[:, 0]))
-        self.sums["full_sq"][i].add_(self.sq(h))
+        self._later("first_sq", i, self.sq(h[:, 0]))
+        self._later("full_sq", i, self.sq(h))
 
     @torch.no_grad()
     def consumer(self, i: int, h: Tensor, weights=None) -> None:
@@ -188,14 +189,35 @@ class Accumulator:
 
     def add_error(self, i: int, err: Tensor, in_sq: Tensor) -> None:
         """Consumer i's summed rebuild error and input norm; it is folded."""
-        self.sums["err"][i].add_(err)
-        self.sums["in_sq"][i].add_(in_sq)
+        self._later("err", i, err)
+        self._later("in_sq", i, in_sq)
         self.folded.add(i)
+
+    def _later(self, key: str, i: int, value: Tensor) -> None:
+        """Add ``value``, a sum of this batch (a number, or [n] for the first n columns of a matrix of
+        sums), into row i of ``sums[key]`` at the batch's end, with the key's other rows in one call,
+        not a call per row: on a GPU every call is a kernel launch.
+        """
+        self._pending.setdefault(key, []).append((i, value))
+
+    def _flush(self) -> None:
+        """Add the batch's pending sums (``_later``): per key and dtype, one concatenation, one
+        index_add into the flattened sums.
+        """
+        for key, items in self._pending.items():
+            flat = self.sums[key].view(-1)
+            width = self.sums[key].shape[1] if self.sums[key].ndim == 2 else 1
+            for dtype in {v.dtype for _, v in items}:
+                rows = [(i, v.reshape(-1)) for i, v in items if v.dtype == dtype]
+                at = [i * width + k for i, v in rows for k in range(v.shape[0])]
+                values = torch.cat([v.to(self.device) for _, v in rows]).to(self.dtype)
+                flat.index_add_(0, torch.tensor(at, device=self.device), values)
+        self._pending = {}
 
     def fold_norms(self, i: int, cn: Tensor) -> None:
         """Consumer i's contribution norms summed over tokens, [n]."""
-        self.sums["cnorm"][i, : cn.shape[0]] += cn
-        self.sums["ctotal"][i] += cn.sum()
+        self._later("cnorm", i, cn)
+        self._later("ctotal", i, cn.sum())
 
     def add_rows(self, idx, dots: Tensor, cnorm: Tensor | None = None, hh: Tensor | None = None) -> None:
         """Dots [n] of consumer ``idx`` (or [R, S] of consumers ``idx`` [R]), their norm sums alike, and
@@ -203,8 +225,8 @@ class Accumulator:
         """
         s, hh = self.sums, dots.sum(-1) if hh is None else hh
         if isinstance(idx, int):
-            s["dot"][idx, : dots.shape[0]] += dots
-            s["hh"][idx] += hh
+            self._later("dot", idx, dots)
+            self._later("hh", idx, hh)
             if cnorm is not None:
                 self.fold_norms(idx, cnorm)
             return
@@ -222,6 +244,7 @@ class Accumulator:
         if self.started:
             for fold in self.folds.values():
                 fold.end_batch()
+        self._flush()
         s = self.sums
         if self._marks is None:
             err, in_sq = torch.zeros_like(s["err"]), torch.zeros_like(s["in_sq"])
