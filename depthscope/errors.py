@@ -1,6 +1,19 @@
-"""The one exception type for user mistakes: the CLI prints its message and exits 2."""
+"""The one exception type for user mistakes (the CLI prints its message and exits 2), and how another
+library's failure is told in one line of it (``first_line``).
+"""
 
 from __future__ import annotations
+
+import re
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
+
+
+def first_line(err: BaseException, limit: int = 160) -> str:
+    """An exception's first line, without colour codes and at most ``limit`` characters: how another
+    library's failure is told inside one line of a refusal.
+    """
+    return (ANSI.sub("", str(err)).splitlines() or [""])[0][:limit]
 
 
 class DepthscopeError(Exception):

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from depthscope.errors import CheckpointError, DepthscopeError
+from depthscope.errors import CheckpointError, DepthscopeError, first_line
 
 TORCH_SUFFIXES = (".pt", ".pth", ".bin", ".ckpt")  # a torch.save file of a third-party family's model
 # what a Hugging Face model directory holds its weights in (any one of them)
@@ -424,9 +424,9 @@ def _download(
     except LocalEntryNotFoundError:  # the Hub could not be reached
         raise DepthscopeError(_missing(ref, revision, UNREACHABLE)) from None
     except HfHubHTTPError as err:
-        raise DepthscopeError(f"{ref}: the Hub refused the download ({_first_line(err)})") from None
+        raise DepthscopeError(f"{ref}: the Hub refused the download ({first_line(err, 200)})") from None
     except OSError as err:  # a connection refused, a full disk ...
-        raise DepthscopeError(f"{ref}: cannot download it to {cache} ({_first_line(err)})") from None
+        raise DepthscopeError(f"{ref}: cannot download it to {cache} ({first_line(err, 200)})") from None
     return path
 
 
@@ -444,7 +444,3 @@ def _missing(ref: str, revision: str | None, why: str) -> str:
     zoo = [n for n in zoo_names() if n.startswith(f"{org}/")]
     hint = f"; the {org} zoo's models: {', '.join(zoo)}" if zoo else ""
     return f"{what}: not in the Hugging Face cache ({cache}){cached}; {why}{hint}"
-
-
-def _first_line(err: BaseException) -> str:
-    return (str(err).splitlines() or [""])[0][:200]

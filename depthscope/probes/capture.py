@@ -27,13 +27,13 @@ from torch import Tensor
 
 from depthscope._version import __version__
 from depthscope.corpus import token_windows
-from depthscope.errors import DepthscopeError, TraceError
+from depthscope.errors import DepthscopeError, TraceError, first_line
 from depthscope.probes.accumulate import Accumulator
 from depthscope.probes.adapters import Adapter, resolve
 from depthscope.probes.adapters.base import evaluating, input_device
 from depthscope.probes.adapters.bridge import encoder
 from depthscope.probes.adapters.spec import NAME as SPEC
-from depthscope.probes.adapters.spec import ModelSpec, build_spec, first_line, with_forward
+from depthscope.probes.adapters.spec import ModelSpec, build_spec, with_forward
 from depthscope.probes.causal import TARGETS, Ablation, LogitProbe, require_head
 from depthscope.probes.load import source_attrs
 from depthscope.probes.partial import (

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import DepthscopeError, first_line
 from depthscope.inputs import (
     SHORT_NAMES,
     WEIGHT_FILES,
@@ -145,7 +145,9 @@ class Placement:
             try:
                 model = model.to(device=self.device, dtype=self.torch_dtype)
             except (RuntimeError, AssertionError) as err:  # no such GPU, no CUDA build ...
-                raise DepthscopeError(f"cannot move the model to {self.device}: {_first_line(err)}") from None
+                raise DepthscopeError(
+                    f"cannot move the model to {self.device}: {first_line(err, 200)}"
+                ) from None
         return model
 
 
@@ -301,7 +303,7 @@ def load_hf_directory(
             )
     except Exception as err:  # transformers raises many types for broken or unsupported weights
         raise DepthscopeError(
-            f"{path}: cannot load the model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot load the model ({type(err).__name__}: {first_line(err, 200)})"
             + _older(config, remote)
         ) from None
     _check_loading(path, type(model).__name__, info)
@@ -504,7 +506,7 @@ def load_torch(path: Path) -> Any:
         model.load_state_dict(state)
     except Exception as err:  # wrong arguments, missing or misshapen tensors
         raise DepthscopeError(
-            f"{path}: cannot build the {family} model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot build the {family} model ({type(err).__name__}: {first_line(err, 200)})"
         ) from None
     return model.eval()
 
@@ -522,7 +524,7 @@ def _check_saved_size(path: Path, family: Any, args: dict, state: dict) -> None:
         expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
     except Exception as err:  # wrong arguments: the real build below says the same in one line
         raise DepthscopeError(
-            f"{path}: cannot build the {family.name} model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot build the {family.name} model ({type(err).__name__}: {first_line(err, 200)})"
         ) from None
     held = {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)}
     if expected != held:
@@ -557,7 +559,7 @@ def load_gguf(path: Path, placement: Placement | None = None) -> Any:
             )
     except Exception as err:
         raise DepthscopeError(
-            f"{path}: cannot load the GGUF model ({type(err).__name__}: {_first_line(err)})"
+            f"{path}: cannot load the GGUF model ({type(err).__name__}: {first_line(err, 200)})"
         ) from None
     model.config._name_or_path = str(path)
     _check_architecture(path, getattr(model.config, "model_type", None))
@@ -643,10 +645,3 @@ def _tokenizer(directory: Path, trust_remote_code: bool = False, **kwargs) -> An
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code, **kwargs)
     except Exception:  # files it cannot read (or that need remote code): the model is still a model
         return None
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")  # terminal colour codes some libraries put in messages
-
-
-def _first_line(err: Exception) -> str:
-    return (ANSI.sub("", str(err)).splitlines() or [""])[0][:200]

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.spec import ModelSpec, first_line
+from depthscope.errors import DepthscopeError, first_line
+from depthscope.probes.adapters.spec import ModelSpec
 from depthscope.probes.adapters.structure import PROBE_SHAPE
 
 RUNS_CODE = (

@@ -19,7 +19,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import DepthscopeError, first_line
 from depthscope.probes.adapters.base import Adapter, ConsumerSpec, NativeSpec, SourceSpec, installed_version
 from depthscope.probes.adapters.registry import (
     Family,
@@ -44,9 +44,9 @@ def _built(family: Family, model: Any) -> Adapter:
     except DepthscopeError:
         raise
     except Exception as err:  # a family's own code on a model it did not expect: one line, no traceback
-        line = (str(err).splitlines() or [""])[0][:160]
         raise DepthscopeError(
-            f"the {family.name} family cannot read this {type(model).__name__} ({type(err).__name__}: {line})"
+            f"the {family.name} family cannot read this {type(model).__name__} "
+            f"({type(err).__name__}: {first_line(err)})"
         ) from None
     package, pinned = family.package, family.version
     if package:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import DepthscopeError, first_line
 from depthscope.probes.adapters import post_ln
 from depthscope.probes.adapters.base import (
     Adapter,
@@ -316,9 +316,9 @@ def _from_config(read: Callable[[Any], Any], cfg: Any, name: str) -> Any:
     try:
         return read(cfg)
     except Exception as err:  # noqa: BLE001 - whatever the config raises: the layout cannot be read
-        first = (str(err).splitlines() or [""])[0][:120]
         raise Refused(
-            f"the {name} layout reads its config, which refuses ({type(err).__name__}: {first})"
+            f"the {name} layout reads its config, which refuses "
+            f"({type(err).__name__}: {first_line(err, 120)})"
         ) from None
 
 

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import DepthscopeError, first_line
 from depthscope.probes.adapters import fit
 from depthscope.probes.adapters.base import (
     Adapter,
@@ -203,11 +203,6 @@ def _kind(key: str) -> Kind:
             "a read may add a view: 'attn.q')"
         )
     return kind  # type: ignore[return-value]
-
-
-def first_line(err: BaseException) -> str:
-    """An exception's first line, as one line of a refusal."""
-    return (str(err).splitlines() or [""])[0][:160]
 
 
 def _probe(model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[..., Any]) -> Probe:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from depthscope.errors import DepthscopeError
+from depthscope.errors import DepthscopeError, first_line
 from depthscope.probes.adapters import fit as weights
 from depthscope.probes.adapters.base import (
     ConsumerSpec,
@@ -162,7 +162,7 @@ class Probe:
         except DepthscopeError:
             raise
         except Exception as err:  # the model's own code failed on a plain batch of ids
-            raise Refused(f"the probe forward failed ({type(err).__name__}: {_line(err)})") from None
+            raise Refused(f"the probe forward failed ({type(err).__name__}: {first_line(err)})") from None
         finally:
             for h in handles:
                 h.remove()
@@ -285,10 +285,6 @@ def _copy(t: Any) -> Any:
 def _encloses(outer: str, path: str) -> bool:
     """Whether module ``outer`` is ``path`` or holds it (``""`` is the model itself)."""
     return outer == "" or path == outer or path.startswith(outer + ".")
-
-
-def _line(err: Exception) -> str:
-    return (str(err).splitlines() or [""])[0][:160]
 
 
 # --- check: a plan against the probe -----------------------------------------------------------

@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.spec import ModelSpec, build_spec, first_line
+from depthscope.errors import DepthscopeError, first_line
+from depthscope.probes.adapters.spec import ModelSpec, build_spec
 from depthscope.probes.adapters.structure import Probe, path_word
 from depthscope.trace.labels import READOUT
 
