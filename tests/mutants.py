@@ -522,6 +522,20 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
     ),
     Mutant(
+        "the weight moments merged in groups take every group's magnitudes from the first",
+        "depthscope/probes/moments.py",
+        "self._add_tokens(idx[a : a + step], w[a : a + step], w_abs[a : a + step])",
+        "self._add_tokens(idx[a : a + step], w[a : a + step], w_abs[:step])",
+        ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
+    ),
+    Mutant(
+        "the per-feature fold's last group of consumers never merges its weight moments",
+        "depthscope/probes/folds.py",
+        "for a in range(0, len(self.rows), step):",
+        "for a in range(0, len(self.rows) - 1, step):",
+        ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

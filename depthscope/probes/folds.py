@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from depthscope.probes.moments import Moments
+from depthscope.probes.moments import GROUP_BYTES, Moments
 from depthscope.probes.terms import Split, Terms, Windows, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
@@ -242,14 +242,18 @@ class PerFeature(Fold):
         for i, h, w in self.waiting.values():
             self._fold(i, h, w)
         self.waiting = {}
-        if self.rows:  # every consumer's weight moments at once: columns past a row's n stay 0
+        if self.rows:  # the consumers' weight moments in groups: columns past a row's n stay 0
             acc, (_, first, _) = self.acc, self.rows[0]
-            means = first.new_zeros(2, len(self.rows), first.shape[0], acc.V.shape[0])  # [2, R, T, S]
-            for r, (_, mean, magnitude) in enumerate(self.rows):
-                means[0, r, :, : mean.shape[1]] = mean
-                means[1, r, :, : mean.shape[1]] = magnitude
-            idx = torch.tensor([i for i, _, _ in self.rows], device=acc.device)
-            acc.moments.add_tokens(idx, means[0], means[1])
+            S, T = acc.V.shape[0], first.shape[0]  # noqa: N806
+            step = max(1, GROUP_BYTES // (8 * T * S))
+            for a in range(0, len(self.rows), step):
+                rows = self.rows[a : a + step]
+                means = first.new_zeros(2, len(rows), T, S)  # [2, R, T, S]
+                for r, (_, mean, magnitude) in enumerate(rows):
+                    means[0, r, :, : mean.shape[1]] = mean
+                    means[1, r, :, : mean.shape[1]] = magnitude
+                idx = torch.tensor([i for i, _, _ in rows], device=acc.device)
+                acc.moments.add_tokens(idx, means[0], means[1])
         super().end_batch()
 
     def _fold(

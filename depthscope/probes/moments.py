@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+GROUP_BYTES = 1 << 26  # float64 weights merged per call: a bound on its temporaries
+
 
 def host(t: Tensor) -> np.ndarray:
     """A float64 NumPy copy of ``t``."""
@@ -55,7 +57,19 @@ class Moments:
         self.seen[idx] += n_b
 
     def add_tokens(self, idx, w: Tensor, w_abs: Tensor) -> None:
-        """Merge per-token weights ``w`` [..., T, n] (and their magnitudes) of consumer(s) ``idx``."""
+        """Merge per-token weights ``w`` [..., T, n] (and their magnitudes) of consumer(s) ``idx``; the
+        consumers of ``w`` [R, T, n] in groups of at most ``GROUP_BYTES`` of float64 weights, so that
+        the temporaries of one call stay that small (each consumer's moments are its own: exact).
+        """
+        if w.ndim == 3:
+            step = max(1, GROUP_BYTES // (8 * w[0].numel()))
+            if step < w.shape[0]:
+                for a in range(0, w.shape[0], step):
+                    self._add_tokens(idx[a : a + step], w[a : a + step], w_abs[a : a + step])
+                return
+        self._add_tokens(idx, w, w_abs)
+
+    def _add_tokens(self, idx, w: Tensor, w_abs: Tensor) -> None:
         w = w.to(self.seen.dtype)
         first = w[..., :1, :]  # shifted by the first token: weights the same at every token (a GRN-v2's)
         m_b = first.squeeze(-2) + (w - first).mean(-2)  # have exactly that mean, in any shard
