@@ -167,11 +167,11 @@ def test_the_accumulator_is_what_a_fold_reads():
     [("attnres", {}), ("dca", {}), ("dca", {"grn": "v1"}), ("dca", {"grn": "v3"}), ("frac", {})],
 )
 def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, options):
-    """Per-token, per-feature (whole, windows with a cut position, split with a shared base) and block
-    weights folded in chunks of a few tokens (512 bytes: one token when a token's terms are larger),
-    their moments merged a consumer at a time, and in one chunk per batch (an accelerator's,
-    ``folds.chunk_bytes``), every consumer's moments at once, give the same trace, to the float32
-    rounding of the products (summed in float64 either way)."""
+    """Per-token, split per-feature (DCA's, with a shared base; GRN-v3's), static (GRN-v1) and block
+    weights, with a position cut, folded in chunks of a few tokens (512 bytes: one token when a
+    token's terms are larger), their moments merged a consumer at a time, and in one chunk per batch
+    (an accelerator's, ``folds.chunk_bytes``), every consumer's moments at once, give the same trace,
+    to the float32 rounding of the products (summed in float64 either way)."""
     from depthscope.probes import accumulate, folds, moments
 
     model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform
