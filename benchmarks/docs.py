@@ -71,14 +71,20 @@ def readme_cost_own() -> str:
 
 
 def readme_gpu() -> str:
-    """The README's sentence on the GPU run: exact there, and what it cost at the CPU table's width."""
-    rec = record("gpu")
-    s = rec["settings"]
-    cost = [r["time_ratio"] for r in rec["rows"] if r["table"] == "cost"]
+    """The README's sentence on the GPU runs: exact there, and what a capture cost at the CPU table's
+    width and at the wide run's."""
+    ratios = {}
+    for name in ("gpu", "gpu_wide"):
+        rec = record(name)
+        ratios[rec["settings"]["d_model"]] = [r["time_ratio"] for r in rec["rows"] if r["table"] == "cost"]
+    gpu = record("gpu")["settings"]["gpu"]
+    spans = " and ".join(
+        f"{_span(v)}{' forwards' * (not i)} at width {w}" for i, (w, v) in enumerate(ratios.items())
+    )
     return (
-        f"On a GPU ({s['gpu']}, once, `benchmarks/gpu.py`) captures are exact in float32 and bfloat16 but "
-        f"cost {_span(cost)} forwards at width {s['d_model']}: many small operator calls, and the device "
-        f"waits on the host that launches them. {_fewer_calls()} ([more](docs/results.md#on-a-gpu))."
+        f"On a GPU ({gpu}, `benchmarks/gpu.py`) captures are exact in float32 and bfloat16 and cost "
+        f"{spans}: the device waits on the host, whose Python and operator launches do not grow "
+        f"with width. {_fewer_calls()} ([more](docs/results.md#on-a-gpu))."
     )
 
 
@@ -87,9 +93,8 @@ def _fewer_calls() -> str:
     dca = next(r for r in record("op_calls")["rows"] if r["variant"] == "dca")
     acc, cpu, fwd = (dca[k] for k in ("capture_calls_accelerator", "capture_calls_cpu", "forward_calls"))
     return (
-        f"Since then a fold makes fewer of them on an accelerator (DCA: {acc:.0f} calls per batch with an "
-        f"accelerator's chunks, {cpu:.0f} with the CPU's, a forward {fwd:.0f}; counted on a CPU, not yet "
-        "timed on a GPU)"
+        f"A fold sizes its token chunks by the device, so DCA makes {acc:.0f} kernel-launching calls per "
+        f"batch there where the CPU's chunks make {cpu:.0f} (a forward: {fwd:.0f})"
     )
 
 
