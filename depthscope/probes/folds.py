@@ -24,6 +24,7 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
 from __future__ import annotations
 
 import abc
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -69,6 +70,9 @@ class Batch(Protocol):
 
     def n_of(self, i: int) -> int:
         """Consumer i's number of sources."""
+
+    def index(self, rows: Sequence[int]) -> Tensor:
+        """``rows`` as an index tensor on the batch's device, made once per distinct list."""
 
     def total(self, x: Tensor, dims=None) -> Tensor:
         """``x`` summed (over ``dims``) in the sums' dtype."""
@@ -147,11 +151,16 @@ class Gram(Fold):
             flat = acc.V.view(S, T * d)
             G = (flat @ flat.T).to(acc.dtype)  # noqa: N806
             N = acc.norms.sum(1, dtype=acc.V.dtype).to(acc.dtype)  # noqa: N806  (sum_t |v_s|)
-            W = G.new_zeros(len(self.rows), S)  # noqa: N806
-            for r, (i, w) in enumerate(self.rows):
-                W[r, : acc.n_of(i)] = 1.0 if w is None else w.to(acc.dtype)
+            # [R, S]: ones over each row's sources, then the static weights where given, in one
+            # call each, not one per row (on a GPU every call is a kernel launch)
+            ns = acc.index([acc.n_of(i) for i, _ in self.rows])
+            W = (acc.index(range(S)) < ns.unsqueeze(1)).to(acc.dtype)  # noqa: N806
+            given = [(r, w) for r, (_, w) in enumerate(self.rows) if w is not None]
+            if given:
+                at = acc.index([r * S + k for r, w in given for k in range(w.shape[0])])
+                W.view(-1)[at] = torch.cat([w for _, w in given]).to(acc.dtype)
             dots = W * (W @ G)
-            idx = torch.tensor([i for i, _ in self.rows], device=G.device)
+            idx = acc.index([i for i, _ in self.rows])
             acc.add_rows(idx, dots, W.abs() * N)
             acc.moments.add(idx, W, torch.zeros_like(W), W.abs(), T)
         self.R = None
@@ -196,7 +205,7 @@ class PerToken(Fold):
                 Gt = torch.bmm(Vt, Vt.transpose(1, 2))  # noqa: N806  [t, S, S]
                 Wt = W[a:b]  # noqa: N806
                 dots += acc.total(Wt * torch.bmm(Wt, Gt), 0)
-            idx = torch.tensor([i for i, _ in self.rows], device=dots.device)
+            idx = acc.index([i for i, _ in self.rows])
             acc.add_rows(idx, dots)
             # every consumer's weight moments at once: a row's columns past its n are 0 in every batch
             W = W.transpose(0, 1)  # noqa: N806  [R, T, S]
@@ -252,7 +261,7 @@ class PerFeature(Fold):
                 for r, (_, mean, magnitude) in enumerate(rows):
                     means[0, r, :, : mean.shape[1]] = mean
                     means[1, r, :, : mean.shape[1]] = magnitude
-                idx = torch.tensor([i for i, _, _ in rows], device=acc.device)
+                idx = acc.index([i for i, _, _ in rows])
                 acc.moments.add_tokens(idx, means[0], means[1])
         super().end_batch()
 
@@ -428,9 +437,9 @@ class Carried(Fold):
     def end_batch(self) -> None:
         """Fold what waits for the whole batch; then forget the batch's consumers."""
         if self.rows:
-            idx = torch.tensor(self.rows, device=self.buf.device)
-            w = self.buf.index_select(0, idx).to(self.acc.dtype)  # [R, S, T]
-            self.acc.moments.add_tokens(idx.to(self.acc.device), w.transpose(1, 2), w.abs().transpose(1, 2))
+            idx = self.acc.index(self.rows)
+            w = self.buf.index_select(0, idx.to(self.buf.device)).to(self.acc.dtype)  # [R, S, T]
+            self.acc.moments.add_tokens(idx, w.transpose(1, 2), w.abs().transpose(1, 2))
         super().end_batch()
 
 

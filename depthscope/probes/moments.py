@@ -48,7 +48,8 @@ class Moments:
         """
         s, n = self.sums, m_b.shape[-1]
         n_a = self.seen[idx]
-        n_b = torch.as_tensor(n_b, dtype=n_a.dtype, device=n_a.device).expand_as(n_a)
+        # a count of tokens as a fill, not a tensor made on the host (on a GPU a copy that waits)
+        n_b = n_b.to(n_a.dtype).expand_as(n_a) if isinstance(n_b, Tensor) else torch.full_like(n_a, n_b)
         frac = (n_b / torch.clamp(n_a + n_b, min=1.0)).unsqueeze(-1)
         delta = m_b - s["mix"][idx, :n]
         s["mix"][idx, :n] += delta * frac

@@ -113,11 +113,9 @@ LAYOUTS = {
     "xlm-roberta": ROBERTA,
     "camembert": ROBERTA,
     "electra": replace(BERT, project="embeddings_project"),
-    "distilbert": Layout(
-        embeddings=(
-            (names.EMBED, "embeddings.word_embeddings"),
-            ("pos_embed", "embeddings.position_embeddings"),
-        ),
+    "distilbert": replace(
+        BERT,
+        embeddings=BERT.embeddings[::2],  # no token types
         layers="transformer.layer",
         attn_out="attention.out_lin",
         ln1="sa_layer_norm",
