@@ -536,6 +536,20 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
     ),
     Mutant(
+        "a spec's read of a module's output is taken as the module starts",
+        "depthscope/probes/adapters/spec.py",
+        'probe.first[s.path].index if s.where == "in" else probe.first[s.path].end',
+        "probe.first[s.path].index",
+        ("tests/probes/adapters/test_spec.py::test_a_modules_input_as_a_source_and_its_output_as_a_read",),
+    ),
+    Mutant(
+        "the static fold's rows take unit weights where static ones are given",
+        "depthscope/probes/folds.py",
+        "            if given:\n",
+        "            if not given:\n",
+        ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

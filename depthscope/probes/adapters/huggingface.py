@@ -369,9 +369,10 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     """The ModelSpec naming the modules this family reads of ``model`` (its checked plan, in the
     model's own paths, ``*`` for the layer index where one pattern names exactly the plan's modules),
     and how the plan was found; (None, why) where the plan is refused or a spec cannot name it (a
-    source or read-out that is a module's input or output other than a spec's kind, a read of an
-    earlier stream, a per-layer embedding). Its weights are then found from the activations
-    (``build_spec``), where this family takes them from the plan.
+    read of an earlier state of the stream than its own step's: longcat_flash's shortcut MoE). A
+    source that is a module's input, or a read of a module's output, is named with its ``:in`` or
+    ``:out``; a per-layer embedding is a write under the key ``ple``. Its weights are then found from
+    the activations (``build_spec``), where this family takes them from the plan.
     """
     try:
         probe = Probe(model, _vocab(model))
@@ -381,13 +382,6 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
         return None, str(err)
     if any(sub.back for steps in plan.steps for st in steps for sub in st.subs):
         return None, "a sublayer reads an earlier state of the stream than its own step's"
-    bad = [s.label for s in sources if not s.tap.endswith(":out") or s.label.endswith(".ple")]
-    bad += [c.label for c in consumers if not c.tap.endswith(":in")]
-    if bad:
-        return (
-            None,
-            f"{bad[0]} is a module's input as a source, an output as a read, or a per-layer embedding",
-        )
     named = {p for p, _ in model.named_modules()}
 
     def patterns(paths: dict[int, str]) -> list[str]:
@@ -398,21 +392,31 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
             return [star]
         return list(paths.values())
 
-    def by_key(rows) -> dict[str, list[str]]:
+    def by_key(rows, usual: str) -> dict[str, list[str]]:
         keyed: dict[str, dict[int, str]] = {}
         for lab, tap in rows:
             i, _, key = lab.partition(".")
-            keyed.setdefault(key, {})[int(i)] = tap.rpartition(":")[0]
+            keyed.setdefault(key, {})[int(i)] = named_as(tap, usual)
         return {k: patterns(v) for k, v in keyed.items()}
 
-    named_embeds = {s.label: s.tap.rpartition(":")[0] for s in sources if s.kind == EMBED}
+    layer_embeds = [(s.label, s.tap) for s in sources if s.kind == EMBED and s.label[0].isdigit()]
+    named_embeds = {
+        s.label: named_as(s.tap, ":out") for s in sources if s.kind == EMBED and not s.label[0].isdigit()
+    }
     default = [EMBED] + [f"{EMBED}.{p.rsplit('.', 1)[-1]}" for p in list(named_embeds.values())[1:]]
     embeds = list(named_embeds.values()) if list(named_embeds) == default else named_embeds
-    writes = by_key((s.label, s.tap) for s in sources if s.kind != EMBED)
-    reads = by_key((c.label, c.tap) for c in consumers if c.label != READOUT)
-    reads[READOUT] = [consumers[-1].tap.rpartition(":")[0]]
+    writes = by_key([(s.label, s.tap) for s in sources if s.kind != EMBED] + layer_embeds, ":out")
+    reads = by_key(((c.label, c.tap) for c in consumers if c.label != READOUT), ":in")
+    reads[READOUT] = [named_as(consumers[-1].tap, ":in")]
     spec = ModelSpec(embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model))
     return spec, plan.origin
+
+
+def named_as(tap: str, usual: str) -> str:
+    """A tap as a spec names it: the module's path where the tap is the value its role usually
+    reads (``usual``: ``":out"`` for a source, ``":in"`` for a read), else the tap itself.
+    """
+    return tap.removesuffix(usual)
 
 
 def reading_gap(model: Any, spec: ModelSpec) -> str:

@@ -85,6 +85,7 @@ from depthscope.trace.labels import BLOCK, EMBED, READOUT, SUBLAYER_KINDS, Kind
 
 NAME = "spec"  # the adapter's family attr (this module is no family: it defines no FAMILY)
 KEY_KINDS: tuple[Kind, ...] = (*SUBLAYER_KINDS, BLOCK)
+PLE = "ple"  # a key of kind embed: a per-layer embedding added to the stream (gemma4's) and its read
 CONTEXT_ATTRS = ("block_size", "max_position_embeddings", "n_positions", "max_seq_len", "n_ctx", "ctx")
 DOCS = "docs/reference.md#modelspec"
 SPEC_COMMAND = "`depthscope spec MODEL` (Python: depthscope.suggest_spec(model)) prints one to start from"
@@ -120,7 +121,10 @@ class ModelSpec:
             its input; it returns [batch, pos, n] or [batch, pos, n, d] (or [n] / [n, d]: the same
             at every token). The identity is checked like any other, on the probe and every batch.
 
-    A pattern is a string or a list of strings, wherever one is taken.
+    A pattern is a string or a list of strings, wherever one is taken. A path ending in ``:in`` or
+    ``:out`` names that value of the module where its role takes the other (``embed="layers.0:in"``,
+    ``reads={"readout": "layers.3:out"}``); the key ``ple`` (kind embed) names per-layer embeddings
+    added inside the layers, and the modules that read the stream for them.
     """
 
     embed: Patterns | Mapping[str, str]
@@ -164,20 +168,33 @@ def _mapping(what: str, value: Any) -> Mapping[str, Any]:
 
 @dataclass(frozen=True)
 class _Site:
-    """One named module: its path, the key it was named by, its layer index (None: none in its path)."""
+    """One named module: its path, the key it was named by, its layer index (None: none in its path),
+    and which of its values is meant: its input ``"in"`` or output ``"out"``.
+    """
 
     path: str
     key: str
     index: int | None
+    where: str
+
+    @property
+    def tap(self) -> str:
+        return f"{self.path}:{self.where}"
 
 
-def _expand(model: Any, key: str, names: list[str]) -> list[_Site]:
+def _expand(model: Any, key: str, names: list[str], where: str) -> list[_Site]:
     """The modules each pattern names (``*``: a layer index; without one, the first number of the
-    path is); DepthscopeError if one names none.
+    path is), each meaning its value ``where`` unless the pattern says which (``"layers.0:in"``);
+    DepthscopeError if one names none.
     """
     paths = [p for p, _ in model.named_modules()]
     sites = []
-    for pattern in names:
+    for named in names:
+        pattern, colon, said = named.partition(":")
+        if colon and said not in ("in", "out"):
+            raise DepthscopeError(
+                f"ModelSpec: {key!r} names {named!r}: after ':' comes 'in' (the module's input) or 'out'"
+            )
         rx = re.compile("^" + re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
         found = [(p, rx.match(p)) for p in paths]
         found = [(p, int(m.group(1)) if m.groups() else _index(p)) for p, m in found if m]
@@ -187,7 +204,7 @@ def _expand(model: Any, key: str, names: list[str]) -> list[_Site]:
             raise DepthscopeError(
                 f"ModelSpec: {key!r}: no module of {type(model).__name__} is {pattern!r}{hint}"
             )
-        sites += [_Site(p, key, i) for p, i in found]
+        sites += [_Site(p, key, i, said or where) for p, i in found]
     return sites
 
 
@@ -196,11 +213,13 @@ def _index(path: str) -> int | None:
 
 
 def _kind(key: str) -> Kind:
+    if key == PLE:
+        return EMBED
     kind = key.split(".")[0]
     if kind not in KEY_KINDS:
         raise DepthscopeError(
-            f"ModelSpec: {key!r} is not a kind of write or read (kinds: {', '.join(KEY_KINDS)}; "
-            "a read may add a view: 'attn.q')"
+            f"ModelSpec: {key!r} is not a kind of write or read (kinds: {', '.join(KEY_KINDS)}, or {PLE}: a "
+            "per-layer embedding; a read may add a view: 'attn.q')"
         )
     return kind  # type: ignore[return-value]
 
@@ -380,8 +399,8 @@ def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[
     if not spec.embed or not writes_map:
         raise DepthscopeError("ModelSpec: name at least one embedding (embed=) and one write (writes=)")
     embeds = _embeds(model, spec.embed)
-    writes = [s for k, v in writes_map.items() for s in _expand(model, k, patterns(k, v))]
-    reads = [s for k, v in reads_map.items() for s in _expand(model, k, patterns(k, v))]
+    writes = [s for k, v in writes_map.items() for s in _expand(model, k, patterns(k, v), "out")]
+    reads = [s for k, v in reads_map.items() for s in _expand(model, k, patterns(k, v), "in")]
     for s in writes + [r for r in reads if r.key != READOUT]:
         _kind(s.key)
     return embeds, writes, reads
@@ -392,14 +411,14 @@ def _embeds(model: Any, embed: Any) -> list[_Site]:
     ``embed``, each naming one module), else by ``embed``.
     """
     if not isinstance(embed, Mapping):
-        return _expand(model, EMBED, patterns(EMBED, embed))
+        return _expand(model, EMBED, patterns(EMBED, embed), "out")
     labels = list(_mapping("embed", embed))
     if labels[:1] != [EMBED] or not all(isinstance(v, str) for v in embed.values()):
         raise DepthscopeError(
             f"ModelSpec: embed= maps labels to one module each, the first labelled 'embed' "
             f"({{'embed': 'wte', 'pos_embed': 'wpe'}}), got {dict(embed)!r:.80}"
         )
-    sites = [site for lab in labels for site in _expand(model, lab, [embed[lab]])]
+    sites = [site for lab in labels for site in _expand(model, lab, [embed[lab]], "out")]
     if len(sites) != len(labels):
         raise DepthscopeError("ModelSpec: each label of embed= names one module (no '*')")
     return sites
@@ -414,17 +433,21 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
     probe = _probe(model, paths, vocab, ctx, forward)
-    start, end = {p: probe.first[p].index for p in paths}, {p: probe.first[p].end for p in paths}
-    writes.sort(key=lambda s: end[s.path])  # a source exists once its module has returned
-    reads.sort(key=lambda s: (s.key == READOUT, start[s.path]))
+    # when a value exists: an input as its module starts, an output once it has returned
+    when = {
+        s.tap: probe.first[s.path].index if s.where == "in" else probe.first[s.path].end
+        for s in embeds + writes + reads
+    }
+    writes.sort(key=lambda s: when[s.tap])
+    reads.sort(key=lambda s: (s.key == READOUT, when[s.tap]))
 
     sources = _sources(embeds, writes)
-    recorded = [_value(probe, site.path, "out") for _, site in sources]
+    recorded = [_value(probe, site.path, site.where) for _, site in sources]
     values = [v for v, _, _ in recorded]
     dtype = recorded[0][2]
     _check_widths([site.path for _, site in sources], values, reads, probe)
     tol = PROBE_TOLERANCE.get(dtype, FLOAT_TOLERANCE)
-    layouts = {f"{site.path}:out": layout for (_, site), (_, layout, _) in zip(sources, recorded)}
+    layouts = {site.tap: layout for (_, site), (_, layout, _) in zip(sources, recorded)}
 
     consumers, per_token, labels, found_as, inputs, targets = [], {}, set(), {}, {}, {}
     for r in reads:
@@ -432,12 +455,12 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         if label in labels:
             raise DepthscopeError(f"ModelSpec: two reads are both {label}; name one module per layer and key")
         labels.add(label)
-        before = [j for j, (_, s) in enumerate(sources) if j < len(embeds) or end[s.path] < start[r.path]]
+        before = [j for j, (_, s) in enumerate(sources) if j < len(embeds) or when[s.tap] < when[r.tap]]
         n = len(before)
         if before != list(range(n)):
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
-        h, layout, _ = _value(probe, r.path, "in")
-        layouts[f"{r.path}:in"], targets[label] = layout, (r.path, h)
+        h, layout, _ = _value(probe, r.path, r.where)
+        layouts[r.tap], targets[label] = layout, (r.path, h)
         given = spec.weights.get(r.key)
         if given is not None:
             found = _declared(label, r, given, values[:n], h, tol)
@@ -445,11 +468,11 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
             names = [s.label for s, _ in sources[:n]]
             found = _found(label, r, names, values[:n], h, dtype, tol)
         kind = READOUT if r.key == READOUT else _kind(r.key)
-        depth = 1 + sum(1 for s, _ in sources[:n] if s.kind != EMBED)
+        depth = 1 + n - len(embeds)  # the writes before it, per-layer embeddings too (their depths count)
         weights = f"{label}.w" if found.how in ("token", "declared") else None
         consumers.append(ConsumerSpec(label, f"{label}.in", kind, depth, n, weights, found.static))
         found_as[label] = found.how
-        inputs[label] = f"{r.path}:in"
+        inputs[label] = r.tap
         if weights is not None:
             per_token[label] = (n, _declared_fn(given, r.index) if given is not None else None)
     try:  # the check every reading passes (the weights found rebuild each input; so it never fails)
@@ -465,7 +488,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         "config": json.dumps(spec.describe(), sort_keys=True),
         "weights_found": json.dumps({c.label: found_as[c.label] for c in consumers}, sort_keys=True),
     }
-    taps = {s.label: f"{site.path}:out" for s, site in sources}
+    taps = {s.label: site.tap for s, site in sources}
     shape: list[tuple[int, int]] = [PROBE_SHAPE]  # (batch, pos) of the forward in flight
 
     def run(m: Any, ids: Tensor) -> Any:
@@ -520,7 +543,7 @@ def _not_views(reads: list[_Site], writes: list[_Site]) -> str:
         return f"{shared} is read under several keys"
     for r in reads:
         for w in writes:
-            if w.path.startswith(r.path + ".") or (w.path == r.path and w.key == BLOCK):
+            if r.where == "in" and (w.path.startswith(r.path + ".") or (w.path == r.path and w.key == BLOCK)):
                 return f"{r.path}'s input is read, and the block carries it on into the stream"
     return ""
 
@@ -529,7 +552,7 @@ def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], pr
     """Every source and every read of one width, the first embedding's: else refused, naming one."""
     width = values[0].shape[-1]
     named = list(zip(paths, values, ["writes"] * len(paths)))
-    named += [(r.path, _value(probe, r.path, "in")[0], "reads") for r in reads]
+    named += [(r.path, _value(probe, r.path, r.where)[0], "reads") for r in reads]
     for path, v, what in named:
         if v.shape[-1] != width:
             whose = "output is added to" if what == "writes" else "input is"

@@ -4,6 +4,8 @@ really mixed with (recorded by the model itself during its forward)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -159,11 +161,32 @@ def test_a_read_that_is_not_a_combination_of_the_writes_is_refused():
             "first labelled 'embed'",
         ),
         (ModelSpec({"embed": "blocks.*.attn"}, {"attn": "blocks.*.attn"}, {}), "names one module"),
+        (ModelSpec(["blocks.0:inside"], {"attn": "blocks.*.attn"}, {}), "after ':' comes 'in'"),
     ],
 )
 def test_a_wrong_spec_is_one_clear_error(spec, message):
     with pytest.raises(DepthscopeError, match=message):
         build_spec(seeded("nanogpt"), spec)
+
+
+def test_a_modules_input_as_a_source_and_its_output_as_a_read():
+    """``blocks.0:in`` (the stream entering the first block: both embeddings summed) is one source and
+    ``blocks.2:out`` (the last block's output) the read-out: each consumer's share of that source is
+    the sum of its shares of the two embeddings read apart (shares add), the rest the same."""
+    model = seeded("nanogpt")
+    apart = dataclasses.replace(type(model).SPEC, ctx=16)
+    reads = {**apart.reads, "readout": "blocks.2:out"}
+    taps = dataclasses.replace(apart, embed="blocks.0:in", reads=reads, vocab=VOCAB)  # no Embedding named
+    ids = torch.randint(2, VOCAB, (4, 16), generator=torch.Generator().manual_seed(1))
+    kw = {"skip_positions": 0, "progress": False}
+    a, b = capture(model, ids, spec=apart, **kw), capture(model, ids, spec=taps, **kw)
+    assert list(b.source.values) == ["embed"] + list(a.source.values[2:])
+    share_a, share_b = a["contribution_share"], b["contribution_share"]
+    summed = share_a.sel(source="embed") + share_a.sel(source="embed.wpe")
+    np.testing.assert_allclose(share_b.sel(source="embed").values, summed.values, rtol=1e-5, atol=1e-7)
+    rest = list(a.source.values[2:])
+    np.testing.assert_allclose(share_b.sel(source=rest).values, share_a.sel(source=rest).values, atol=1e-6)
+    assert float(b["residual_error"].max()) < 1e-5
 
 
 def test_a_nanogpt_needs_no_spec():
