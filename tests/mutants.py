@@ -550,6 +550,13 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
     ),
     Mutant(
+        "a spec's given static weights read every source before the consumer, however few they are",
+        "depthscope/probes/adapters/spec.py",
+        "return found, len(found.static) if found.static else len(spec.static[label])",
+        "return found, len(values)",
+        ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads",),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

@@ -408,8 +408,30 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     writes = by_key([(s.label, s.tap) for s in sources if s.kind != EMBED] + layer_embeds, ":out")
     reads = by_key(((c.label, c.tap) for c in consumers if c.label != READOUT), ":in")
     reads[READOUT] = [named_as(consumers[-1].tap, ":in")]
-    spec = ModelSpec(embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model))
+    static = _given(plan, probe, sources, consumers)
+    spec = ModelSpec(
+        embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model), static=static
+    )
     return spec, plan.origin
+
+
+def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]]:
+    """The plan's weights where a spec would not find them as they are: static ones (the config's
+    multipliers, exactly), and the unit weights of a consumer reading fewer sources than were written
+    before it (gpt_neox's parallel MLP, whose norm runs after the attention has written).
+    """
+
+    def when(tap: str) -> int:
+        path, _, where = tap.rpartition(":")
+        call = probe.first[path]
+        return call.index if where == "in" else call.end
+
+    out = {}
+    for c in consumers:
+        before = len(plan.embeds) + sum(1 for s in sources[len(plan.embeds) :] if when(s.tap) < when(c.tap))
+        if c.static is not None or c.n_sources != before:
+            out[c.label] = c.static or (1.0,) * c.n_sources
+    return out
 
 
 def named_as(tap: str, usual: str) -> str:

@@ -50,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -115,6 +116,10 @@ class ModelSpec:
         label, scheme: the trace's label and scheme attrs (default: the model's class name,
             ``"custom"``).
         forward: how to call the model on token ids [batch, pos] (default ``model(ids)``).
+        static: consumer label -> its static weights over the first sources written before it,
+            given rather than found (a layouts row's multipliers); fewer numbers than sources before
+            it read only the first ones (a parallel sublayer that does not see its neighbour's write,
+            which runs first). Checked on the probe like found weights.
         weights: read key -> ``fn(index, sources, h)`` giving a consumer's weights where the
             activations cannot (per-feature weights, as DCA's GRN has): ``index`` the layer index
             (``*``), ``sources`` [n, batch, pos, d] the sources available, ``h`` [batch, pos, d]
@@ -137,14 +142,18 @@ class ModelSpec:
     scheme: str = "custom"
     forward: Callable[[Any, Tensor], Any] | None = field(default=None, compare=False)
     weights: Mapping[str, Callable[..., Tensor]] = field(default_factory=dict, compare=False)
+    static: Mapping[str, Sequence[float]] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-ready data (recorded in the trace's ``config`` attr)."""
-        return {
+        out = {
             "embed": dict(self.embed) if isinstance(self.embed, Mapping) else patterns("embed", self.embed),
             "writes": {k: patterns(k, v) for k, v in _mapping("writes", self.writes).items()},
             "reads": {k: patterns(k, v) for k, v in _mapping("reads", self.reads).items()},
         }
+        if self.static:
+            out["static"] = {k: [float(x) for x in v] for k, v in _mapping("static", self.static).items()}
+        return out
 
 
 def patterns(key: str, value: Any) -> list[str]:
@@ -281,6 +290,35 @@ def _found(label: str, site: _Site, labels: list[str], values: list[Tensor], tar
         else ""
     )
     raise DepthscopeError(f"ModelSpec: consumer {label} ({site.path}) {choice.why}{more}")
+
+
+def _weights(spec: ModelSpec, label, site, names, values, h, dtype, tol) -> tuple[_Weights, int]:
+    """A consumer's weights over the ``values`` of the sources before it, and how many it reads:
+    given static ones (``static=``: maybe fewer), declared per-feature ones (``weights=``) or found.
+    """
+    if label in spec.static:
+        found = _given_static(label, spec.static[label], len(values))
+        return found, len(found.static) if found.static else len(spec.static[label])
+    given = spec.weights.get(site.key)
+    if given is not None:
+        return _declared(label, site, given, values, h, tol), len(values)
+    return _found(label, site, names, values, h, dtype, tol), len(values)
+
+
+def _given_static(label: str, weights: Any, n: int) -> _Weights:
+    """A consumer's static weights as the spec gives them (``static=``): numbers over its first
+    len(weights) <= n sources; unit weights where all are 1 (then checked by ``verify``, as found ones).
+    """
+    try:
+        w = tuple(float(x) for x in weights)
+    except (TypeError, ValueError):
+        w = ()
+    if not 0 < len(w) <= n or not all(math.isfinite(x) for x in w):
+        raise DepthscopeError(
+            f"ModelSpec: static= gives {label} {weights!r:.80}: give 1 to {n} finite numbers, its weights "
+            f"over the first sources written before it"
+        )
+    return _Weights("given", None if all(x == 1.0 for x in w) else w)
 
 
 def _declared_fn(fn: Callable[..., Tensor], index: int | None) -> Callable[[Tensor, Tensor], Tensor]:
@@ -461,21 +499,22 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
         h, layout, _ = _value(probe, r.path, r.where)
         layouts[r.tap], targets[label] = layout, (r.path, h)
-        given = spec.weights.get(r.key)
-        if given is not None:
-            found = _declared(label, r, given, values[:n], h, tol)
-        else:
-            names = [s.label for s, _ in sources[:n]]
-            found = _found(label, r, names, values[:n], h, dtype, tol)
-        kind = READOUT if r.key == READOUT else _kind(r.key)
         depth = 1 + n - len(embeds)  # the writes before it, per-layer embeddings too (their depths count)
+        given = spec.weights.get(r.key)
+        names = [s.label for s, _ in sources[:n]]
+        found, n = _weights(spec, label, r, names, values[:n], h, dtype, tol)
+        kind = READOUT if r.key == READOUT else _kind(r.key)
         weights = f"{label}.w" if found.how in ("token", "declared") else None
         consumers.append(ConsumerSpec(label, f"{label}.in", kind, depth, n, weights, found.static))
         found_as[label] = found.how
         inputs[label] = r.tap
         if weights is not None:
             per_token[label] = (n, _declared_fn(given, r.index) if given is not None else None)
-    try:  # the check every reading passes (the weights found rebuild each input; so it never fails)
+    unknown = sorted(set(spec.static) - labels)
+    if unknown:
+        listed = ", ".join(c.label for c in consumers)
+        raise DepthscopeError(f"ModelSpec: static= names {', '.join(unknown)}: no such consumer ({listed})")
+    try:  # the check every reading passes (the weights found rebuild each input; given ones may not)
         verify(consumers, values, targets, tol)
     except Refused as err:
         raise DepthscopeError(f"ModelSpec: consumer {err}") from None

@@ -65,10 +65,14 @@ class Suggestion:
         else:
             d = self.spec.describe()
             lines += ["spec = ModelSpec(", f"    embed={_py(d['embed'])},"]
-            for what in ("writes", "reads"):
-                lines.append(f"    {what}={{")
-                lines += [f"        {json.dumps(k)}: {_py(v)}," for k, v in d[what].items()]
-                lines.append("    },")
+            for what in ("writes", "reads", "static"):
+                if what in d:
+                    lines.append(f"    {what}={{")
+                    lines += [
+                        f"        {json.dumps(k)}: {json.dumps(v) if what == 'static' else _py(v)},"
+                        for k, v in d[what].items()
+                    ]
+                    lines.append("    },")
             lines.append(")")
         if helpers is not None:
             return (
@@ -205,7 +209,8 @@ def suggest_spec(model: Any, forward: Any = None, *, check: bool = True) -> Sugg
             note = (
                 f"the {family.name} family reads this model ({how}): this spec names the modules it reads; "
             )
-            note += "with --spec their weights are found from the activations, and it reads "
+            note += "with --spec their weights are found from the activations where static= does not "
+            note += "give them (the family's scales, a parallel read of fewer sources), and it reads "
             note += gap or "the same sources and consumers (label, kind, depth, count of sources)"
             found = Suggestion(spec, (note,), type(model).__name__)
             return verify(model, found) if check else found

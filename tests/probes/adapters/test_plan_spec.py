@@ -7,6 +7,8 @@ the probe's activations (``fit.choose``)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -31,6 +33,7 @@ CASES = [
     ("gemma4_text", {}, "discovered"),  # per-layer embeddings: writes and reads under the key ple
     ("xglm", {}, "discovered"),  # the embedding scaled outside modules: the first layer's input (:in)
     ("nanochat", {}, "discovered"),  # the final norm runs twice: the read-out is the last layer's :out
+    ("gpt_neox", {}, "layout gpt_neox"),  # a parallel MLP reading fewer sources than before it: static=
 ]
 
 
@@ -60,11 +63,14 @@ def test_the_plans_spec_reads_what_the_family_reads(model_type, overrides, how):
     assert float(by_spec["residual_error"].max()) < 1e-5
 
 
-def test_granites_scales_are_found_by_the_evidence_not_assumed():
-    """The spec names no scale: its static weights come from the activations, and are granite's."""
+def test_granites_scales_are_given_as_the_config_says_and_found_by_the_evidence_without():
+    """The printed spec gives granite's multipliers (static=, the config's numbers exactly); without
+    them its static weights come from the activations, and are granite's."""
     model = tiny_model("granite", residual_multiplier=0.3, embedding_multiplier=5.0)
     spec, _ = plan_spec(model)
-    readout = build_spec(model, spec).consumers[-1]
+    assert spec.static["readout"] == (5.0,) + (0.3,) * 8
+    assert build_spec(model, spec).consumers[-1].static == (5.0,) + (0.3,) * 8
+    readout = build_spec(model, dataclasses.replace(spec, static={})).consumers[-1]
     np.testing.assert_allclose(readout.static, (5.0,) + (0.3,) * 8, rtol=1e-6)
 
 
@@ -87,10 +93,18 @@ def test_depthscope_spec_prints_the_plan_of_a_transformers_model(tmp_path, capsy
     assert "it reads the same sources and consumers" in text
 
 
-def test_where_the_specs_reading_differs_the_printed_file_says_how(tmp_path, capsys):
-    """gpt_neox's MLP norm runs after the attention has written (a parallel residual): a spec counts
-    that write among the MLP's sources, with weight 0, where the family does not."""
+def test_a_parallel_read_of_fewer_sources_is_given_in_the_printed_file(tmp_path, capsys):
+    """gpt_neox's MLP norm runs after the attention has written (a parallel residual) but reads the
+    stream before it: the printed spec gives that consumer its sources (static=, unit weights over the
+    first ones), so read with it the spec reads what the family reads; without them a spec would count
+    the attention's write among the MLP's sources, with weight 0."""
     tiny_model("gpt_neox").save_pretrained(tmp_path / "m")
     capsys.readouterr()
     assert main(["spec", str(tmp_path / "m")]) == 0
-    assert "it reads 0.mlp mlp 2 2 where it has 0.mlp mlp 2 1" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert '"0.mlp": [1.0],' in text and '"1.mlp": [1.0, 1.0, 1.0],' in text
+    assert "it reads the same sources and consumers" in text
+    model = tiny_model("gpt_neox")
+    spec, _ = plan_spec(model)
+    without = build_spec(model, dataclasses.replace(spec, static={}))
+    assert [c.n_sources for c in without.consumers][:2] == [1, 2]  # 0.attn, 0.mlp (the family: 1, 1)

@@ -15,6 +15,8 @@ from depthscope.probes import capture
 from depthscope.probes.adapters.spec import build_spec
 from tests.probes.adapters.spec_models import CTX, MODELS, VOCAB, D, seeded
 
+NANO = MODELS["nanogpt"].SPEC
+
 # label pattern -> module path of each model's sources and consumer inputs, written out here, apart
 # from the specs, so that the oracle does not read the model the way the adapter does
 SOURCES = {
@@ -162,9 +164,15 @@ def test_a_read_that_is_not_a_combination_of_the_writes_is_refused():
         ),
         (ModelSpec({"embed": "blocks.*.attn"}, {"attn": "blocks.*.attn"}, {}), "names one module"),
         (ModelSpec(["blocks.0:inside"], {"attn": "blocks.*.attn"}, {}), "after ':' comes 'in'"),
+        (dataclasses.replace(NANO, static={"9.attn": [1.0]}), r"static= names 9\.attn: no such consumer"),
+        (dataclasses.replace(NANO, static={"0.attn": [1.0, 1.0, 1.0]}), "give 1 to 2 finite numbers"),
+        (dataclasses.replace(NANO, static={"0.attn": [1.0, float("nan")]}), "give 1 to 2 finite numbers"),
+        # given weights that do not rebuild the input: the probe's check refuses them, naming it
+        (dataclasses.replace(NANO, static={"0.mlp": [1.0, 1.0, 0.5]}), r"0\.mlp .* with its static weights"),
     ],
 )
 def test_a_wrong_spec_is_one_clear_error(spec, message):
+    """Each mistake is refused in one line that says which (the given static weights too)."""
     with pytest.raises(DepthscopeError, match=message):
         build_spec(seeded("nanogpt"), spec)
 
