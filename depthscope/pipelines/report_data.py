@@ -518,17 +518,17 @@ def _claims(claims) -> Section:
 
 def _models(traces: list[xr.Dataset], k: int) -> Section:
     children = []
-    columns = [
-        Column("consumer", "layer", "text"),
-        Column("sources", "n", "text"),
-        Column("1/T", "baseline"),
-        Column("embedding share", "embed_share"),
-        Column("latest share", "latest_share"),
-        Column("embedding index", "embed_index", digits=2),
-        Column("latest index", "latest_index", digits=2),
-        Column("norm growth", "norm_growth", digits=2),
-        Column(f"pattern (k={k})", "pattern", digits=2),
+    numbers = [  # (header, variable of the consumer table, decimals)
+        ("1/T", "baseline", 3),
+        ("embedding share", "embed_share", 3),
+        ("latest share", "latest_share", 3),
+        ("embedding index", "embed_index", 2),
+        ("latest index", "latest_index", 2),
+        ("norm growth", "norm_growth", 2),
+        (f"pattern (k={k})", "pattern_score", 2),
     ]
+    columns = [Column("consumer", "layer", "text"), Column("sources", "n", "text")]
+    columns += [Column(header, var, digits=digits) for header, var, digits in numbers]
     for t in traces:
         label = trace_label(t)
         table = consumer_table(t, k)
@@ -536,18 +536,7 @@ def _models(traces: list[xr.Dataset], k: int) -> Section:
             {
                 "layer": str(r["layer"].item()),
                 "n": int(r["n_sources"]),
-                **{
-                    key: _f(r[var])
-                    for key, var in (
-                        ("baseline", "baseline"),
-                        ("embed_share", "embed_share"),
-                        ("latest_share", "latest_share"),
-                        ("embed_index", "embed_index"),
-                        ("latest_index", "latest_index"),
-                        ("norm_growth", "norm_growth"),
-                        ("pattern", "pattern_score"),
-                    )
-                },
+                **{v: _f(r[v]) for _, v, _ in numbers},
             }
             for r in (table.isel(layer=i) for i in range(table.sizes["layer"]))
         ]
