@@ -368,11 +368,10 @@ def _vocab(model: Any) -> int:
 def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     """The ModelSpec naming the modules this family reads of ``model`` (its checked plan, in the
     model's own paths, ``*`` for the layer index where one pattern names exactly the plan's modules),
-    and how the plan was found; (None, why) where the plan is refused or a spec cannot name it (a
-    read of an earlier state of the stream than its own step's: longcat_flash's shortcut MoE). A
-    source that is a module's input, or a read of a module's output, is named with its ``:in`` or
-    ``:out``; a per-layer embedding is a write under the key ``ple``. Its weights are then found from
-    the activations (``build_spec``), where this family takes them from the plan.
+    and how the plan was found; (None, why) where the plan is refused. A source that is a module's
+    input, or a read of a module's output, is named with its ``:in`` or ``:out``; a per-layer
+    embedding is a write under the key ``ple``; the weights a spec would not find as the plan has
+    them are given (``static=``: ``_given``), the rest found from the activations (``build_spec``).
     """
     try:
         probe = Probe(model, _vocab(model))
@@ -380,8 +379,6 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
         sources, consumers = check(plan, probe)
     except Refused as err:
         return None, str(err)
-    if any(sub.back for steps in plan.steps for st in steps for sub in st.subs):
-        return None, "a sublayer reads an earlier state of the stream than its own step's"
     named = {p for p, _ in model.named_modules()}
 
     def patterns(paths: dict[int, str]) -> list[str]:
@@ -409,16 +406,21 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     reads = by_key(((c.label, c.tap) for c in consumers if c.label != READOUT), ":in")
     reads[READOUT] = [named_as(consumers[-1].tap, ":in")]
     static = _given(plan, probe, sources, consumers)
+    if isinstance(static, str):
+        return None, static
     spec = ModelSpec(
         embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model), static=static
     )
     return spec, plan.origin
 
 
-def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]]:
-    """The plan's weights where a spec would not find them as they are: static ones (the config's
-    multipliers, exactly), and the unit weights of a consumer reading fewer sources than were written
-    before it (gpt_neox's parallel MLP, whose norm runs after the attention has written).
+def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]] | str:
+    """The plan's weights where a spec would not find them as they are (``static=``), or why a spec
+    cannot give them. A spec's consumer reads the sources written before its module runs, in the order
+    they were written; the plan's may read fewer (gpt_neox's parallel MLP, whose norm runs after the
+    attention has written), or read a source written later than one it does not read (longcat_flash's
+    shortcut MoE, computed from the first half-layer's stream and added at the layer's end): those
+    get weight 0, trailing ones left out. Static weights are the plan's (the config's multipliers).
     """
 
     def when(tap: str) -> int:
@@ -426,11 +428,20 @@ def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[floa
         call = probe.first[path]
         return call.index if where == "in" else call.end
 
+    e = len(plan.embeds)
+    order = sources[:e] + sorted(sources[e:], key=lambda s: when(s.tap))  # as a spec orders them
     out = {}
     for c in consumers:
-        before = len(plan.embeds) + sum(1 for s in sources[len(plan.embeds) :] if when(s.tap) < when(c.tap))
-        if c.static is not None or c.n_sources != before:
-            out[c.label] = c.static or (1.0,) * c.n_sources
+        own = dict(zip((s.label for s in sources), c.static or (1.0,) * c.n_sources))
+        before = order[:e] + [s for s in order[e:] if when(s.tap) < when(c.tap)]
+        missing = set(own) - {s.label for s in before}
+        if missing:
+            return f"{c.label} reads {sorted(missing)[0]}, written after its module runs"
+        w = [own.get(s.label, 0.0) for s in before]
+        while len(w) > 1 and w[-1] == 0.0 and before[len(w) - 1].label not in own:
+            w.pop()
+        if w != [1.0] * len(before):
+            out[c.label] = tuple(w)
     return out
 
 

@@ -74,11 +74,23 @@ def test_granites_scales_are_given_as_the_config_says_and_found_by_the_evidence_
     np.testing.assert_allclose(readout.static, (5.0,) + (0.3,) * 8, rtol=1e-6)
 
 
-def test_a_plan_a_spec_cannot_name_is_said():
-    """longcat_flash's shortcut MoE reads the stream of the layer's first half and is added at its end:
-    a spec's consumer reads every source written before its module runs, so no spec names it."""
-    spec, why = plan_spec(tiny_model("longcat_flash"))
-    assert spec is None and "reads an earlier state of the stream" in why
+def test_a_source_written_before_one_it_reads_is_given_weight_zero():
+    """longcat_flash's shortcut MoE is computed from the first half-layer's stream and added at the
+    layer's end: a spec orders its write by when it returns (before the second half's attention), and
+    the second half's reads give it weight 0 (static=); read so, every share is the family's."""
+    model = tiny_model("longcat_flash")
+    spec, _ = plan_spec(model)
+    assert spec.static["0.attn.1"] == (1.0, 1.0, 0.0, 1.0)  # embed, 0.attn, 0.mlp.mlp, 0.mlp
+    ids = torch.randint(5, 100, (4, 16), generator=torch.Generator().manual_seed(3))
+    kw = {"skip_positions": 0, "progress": False}
+    by_family, by_spec = capture(model, ids, **kw), capture(model, ids, spec=spec, **kw)
+    assert list(by_spec.source.values[:4]) == ["embed", "0.attn", "0.mlp.mlp", "0.mlp"]
+    assert list(by_family.source.values[:4]) == ["embed", "0.attn", "0.mlp", "0.attn.1"]
+    aligned = by_spec["contribution_share"].sel(source=by_family.source.values)
+    np.testing.assert_allclose(
+        aligned.fillna(0).values, by_family["contribution_share"].fillna(0).values, atol=1e-7
+    )
+    assert float(by_spec["residual_error"].max()) < 1e-5
 
 
 def test_depthscope_spec_prints_the_plan_of_a_transformers_model(tmp_path, capsys):
