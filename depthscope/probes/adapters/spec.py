@@ -434,6 +434,11 @@ def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[
     if not isinstance(spec, ModelSpec):
         raise DepthscopeError(f"spec must be a ModelSpec, got a {type(spec).__name__}")
     writes_map, reads_map = _mapping("writes", spec.writes), _mapping("reads", spec.reads)
+    if not isinstance(spec.static, Mapping) or not all(isinstance(k, str) for k in spec.static):
+        raise DepthscopeError(
+            "ModelSpec: static= maps consumer labels to weights ({'0.mlp': [1.0]}), "
+            f"not {spec.static!r:.60}"
+        )
     if not spec.embed or not writes_map:
         raise DepthscopeError("ModelSpec: name at least one embedding (embed=) and one write (writes=)")
     embeds = _embeds(model, spec.embed)

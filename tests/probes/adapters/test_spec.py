@@ -165,6 +165,7 @@ def test_a_read_that_is_not_a_combination_of_the_writes_is_refused():
         (ModelSpec({"embed": "blocks.*.attn"}, {"attn": "blocks.*.attn"}, {}), "names one module"),
         (ModelSpec(["blocks.0:inside"], {"attn": "blocks.*.attn"}, {}), "after ':' comes 'in'"),
         (dataclasses.replace(NANO, static={"9.attn": [1.0]}), r"static= names 9\.attn: no such consumer"),
+        (dataclasses.replace(NANO, static=[1.0]), "static= maps consumer labels to weights"),
         (dataclasses.replace(NANO, static={"0.attn": [1.0, 1.0, 1.0]}), "give 1 to 2 finite numbers"),
         (dataclasses.replace(NANO, static={"0.attn": [1.0, float("nan")]}), "give 1 to 2 finite numbers"),
         # given weights that do not rebuild the input: the probe's check refuses them, naming it
