@@ -207,12 +207,18 @@ def _chained(ran: dict[int, list], shape: torch.Size) -> dict[int, list] | None:
 def running_sum(trace: Any) -> bool:
     """Whether the trace reads a stream that is a running sum of its writes: every source enters
     every consumer that sees it with one static weight (a standard residual, scaled writes). Depth
-    mixing (beam's 1/sqrt(K), a post-LN model's 1/sigma, per-token weights) is not one.
+    mixing (beam's 1/sqrt(K), a post-LN model's 1/sigma, per-token weights) is not one. A static weight
+    of exactly 0 is a source not read (longcat_flash's shortcut MoE: written before the second
+    half-layer's reads, which give it 0).
     """
     import numpy as np
 
     m = trace["mixing"].values
-    same = np.isnan(m) | np.isclose(m, np.nanmax(np.where(np.isnan(m), -np.inf, m), axis=0), rtol=1e-6)
+    same = (
+        np.isnan(m)
+        | (m == 0.0)
+        | np.isclose(m, np.nanmax(np.where(np.isnan(m), -np.inf, m), axis=0), rtol=1e-6)
+    )
     return bool(same.all() and np.nanmax(np.abs(trace["mixing_std"].values)) < 1e-9)
 
 

@@ -18,11 +18,15 @@ the source.
 How a model is read is a ``structure.Plan``: a row of ``LAYOUTS`` (module paths and a few structural
 switches) for the model types it names, else ``structure.discover``. Either is checked on a probe
 forward before the capture (``structure.check``), and a model that is not the sum of its writes is
-refused with the check that failed; the engine checks the rebuild on every batch as for every family.
+refused with the check that failed. The checked plan is then written as a ``ModelSpec`` (``spec_of``:
+what ``depthscope spec`` prints) and the adapter is built from that spec as any spec's is
+(``spec.build_spec``, its weights given by the plan, not found); the engine checks the rebuild on
+every batch as for every family.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -40,7 +44,6 @@ from depthscope.probes.adapters.base import (
     config_value,
     config_values,
     head_of,
-    module_attach,
 )
 from depthscope.probes.adapters.family import Family
 from depthscope.probes.adapters.hf import input_embedding, model_name, pretrained, text_encoder
@@ -371,14 +374,23 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     and how the plan was found; (None, why) where the plan is refused. A source that is a module's
     input, or a read of a module's output, is named with its ``:in`` or ``:out``; a per-layer
     embedding is a write under the key ``ple``; the weights a spec would not find as the plan has
-    them are given (``static=``: ``_given``), the rest found from the activations (``build_spec``).
+    them are given (``static=``: ``_given``). The family builds from this spec (``build``), its other
+    weights unit; read with ``--spec``, they are found from the activations (``build_spec``).
     """
     try:
         probe = Probe(model, _vocab(model))
         plan = plan_of(model, probe)
         sources, consumers = check(plan, probe)
+        spec = spec_of(model, plan, probe, sources, consumers)
     except Refused as err:
         return None, str(err)
+    return spec, plan.origin
+
+
+def spec_of(model: Any, plan: Plan, probe: Probe, sources, consumers) -> ModelSpec:
+    """A checked plan (its ``sources`` and ``consumers``) as a ModelSpec; Refused where a consumer
+    reads a source written after its module runs (no spec says that).
+    """
     named = {p for p, _ in model.named_modules()}
 
     def patterns(paths: dict[int, str]) -> list[str]:
@@ -407,11 +419,9 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     reads[READOUT] = [named_as(consumers[-1].tap, ":in")]
     static = _given(plan, probe, sources, consumers)
     if isinstance(static, str):
-        return None, static
-    spec = ModelSpec(
-        embeds, writes, reads, ctx=_context(text_config(model)), label=model_name(model), static=static
-    )
-    return spec, plan.origin
+        raise Refused(static)
+    ctx, label = _context(text_config(model)), model_name(model)
+    return ModelSpec(embeds, writes, reads, ctx=ctx, vocab=_vocab(model), label=label, static=static)
 
 
 def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]] | str:
@@ -480,6 +490,7 @@ def build(model: Any) -> Adapter:
         probe = Probe(model, vocab)
         plan = plan_of(model, probe)
         sources, consumers = check(plan, probe)
+        spec = spec_of(model, plan, probe, sources, consumers)
     except Refused as err:
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
         also = ""
@@ -490,13 +501,13 @@ def build(model: Any) -> Adapter:
                 also = f"; nor as a post-LN model: {post}"
             else:
                 return post_ln.build(model, found)
-        spec = (
+        advice = (
             ""
             if model_type in LAYOUTS
             else "; name where it writes and reads in a spec file: " + SPEC_COMMAND
         )
         raise Refused(
-            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}{spec}"
+            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}{advice}"
         ) from None
     name = model_name(model)
     keep = (
@@ -512,10 +523,10 @@ def build(model: Any) -> Adapter:
         "tie_word_embeddings",
     )
     config = config_values(cfg, keep)
-    return Adapter(
+    read = build_spec(model, spec, find=False)  # the one checked way from a description to hooks
+    return dataclasses.replace(
+        read,
         family=NAME,
-        sources=sources,
-        consumers=consumers,
         attrs={
             "scheme": "standard",
             "variant": name,
@@ -523,12 +534,9 @@ def build(model: Any) -> Adapter:
             "config": json.dumps(config, sort_keys=True, default=str),
             "layout": plan.origin,
             "parallel_residual": int(any(len(step.subs) > 1 for steps in plan.steps for step in steps)),
-            "static_weights": int(any(c.static is not None for c in consumers)),
+            "static_weights": int(any(c.static is not None for c in read.consumers)),
         },
-        ctx=_context(cfg),
-        vocab=vocab,
         encode=text_encoder(model),
-        attach=module_attach,
         skip_positions=1,
         head=verified_head(model, plan, probe),
         hint=f"; this {model_type} model ({plan.origin}) is not a plain sum of its writes here",

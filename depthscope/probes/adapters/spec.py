@@ -292,9 +292,10 @@ def _found(label: str, site: _Site, labels: list[str], values: list[Tensor], tar
     raise DepthscopeError(f"ModelSpec: consumer {label} ({site.path}) {choice.why}{more}")
 
 
-def _weights(spec: ModelSpec, label, site, names, values, h, dtype, tol) -> tuple[_Weights, int]:
+def _weights(spec: ModelSpec, label, site, names, values, h, dtype, tol, find) -> tuple[_Weights, int]:
     """A consumer's weights over the ``values`` of the sources before it, and how many it reads:
-    given static ones (``static=``: maybe fewer), declared per-feature ones (``weights=``) or found.
+    given static ones (``static=``: maybe fewer), declared per-feature ones (``weights=``), found
+    (``find``) or else unit.
     """
     if label in spec.static:
         found = _given_static(label, spec.static[label], len(values))
@@ -302,6 +303,8 @@ def _weights(spec: ModelSpec, label, site, names, values, h, dtype, tol) -> tupl
     given = spec.weights.get(site.key)
     if given is not None:
         return _declared(label, site, given, values, h, tol), len(values)
+    if not find:
+        return _Weights("unit"), len(values)
     return _found(label, site, names, values, h, dtype, tol), len(values)
 
 
@@ -467,9 +470,11 @@ def _embeds(model: Any, embed: Any) -> list[_Site]:
     return sites
 
 
-def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
+def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None, *, find: bool = True) -> Adapter:
     """The adapter of ``model`` as ``spec`` names it, its weights found on a probe forward; ``ctx``
     is the window length when neither the spec nor the model says it (the ids a capture is given).
+    ``find=False``: the weights not given (``static=``, ``weights=``) are unit, not found (a family
+    whose plan says them: ``huggingface``); checked on the probe all the same.
     """
     embeds, writes, reads = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
@@ -507,7 +512,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None) -> Adapter:
         depth = 1 + n - len(embeds)  # the writes before it, per-layer embeddings too (their depths count)
         given = spec.weights.get(r.key)
         names = [s.label for s, _ in sources[:n]]
-        found, n = _weights(spec, label, r, names, values[:n], h, dtype, tol)
+        found, n = _weights(spec, label, r, names, values[:n], h, dtype, tol, find)
         kind = READOUT if r.key == READOUT else _kind(r.key)
         weights = f"{label}.w" if found.how in ("token", "declared") else None
         consumers.append(ConsumerSpec(label, f"{label}.in", kind, depth, n, weights, found.static))
