@@ -537,9 +537,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "a spec's read of a module's output is taken as the module starts",
-        "depthscope/probes/adapters/spec.py",
-        'probe.first[s.path].index if s.where == "in" else probe.first[s.path].end',
-        "probe.first[s.path].index",
+        "depthscope/probes/adapters/structure.py",
+        'return call.index if where == "in" else call.end',
+        "return call.index",
         ("tests/probes/adapters/test_spec.py::test_a_modules_input_as_a_source_and_its_output_as_a_read",),
     ),
     Mutant(

@@ -405,48 +405,40 @@ def spec_of(model: Any, plan: Plan, probe: Probe, sources, consumers) -> ModelSp
         keyed: dict[str, dict[int, str]] = {}
         for lab, tap in rows:
             i, _, key = lab.partition(".")
-            keyed.setdefault(key, {})[int(i)] = named_as(tap, usual)
+            keyed.setdefault(key, {})[int(i)] = _named_as(tap, usual)
         return {k: patterns(v) for k, v in keyed.items()}
 
     layer_embeds = [(s.label, s.tap) for s in sources if s.kind == EMBED and s.label[0].isdigit()]
     named_embeds = {
-        s.label: named_as(s.tap, ":out") for s in sources if s.kind == EMBED and not s.label[0].isdigit()
+        s.label: _named_as(s.tap, ":out") for s in sources if s.kind == EMBED and not s.label[0].isdigit()
     }
     default = [EMBED] + [f"{EMBED}.{p.rsplit('.', 1)[-1]}" for p in list(named_embeds.values())[1:]]
     embeds = list(named_embeds.values()) if list(named_embeds) == default else named_embeds
     writes = by_key([(s.label, s.tap) for s in sources if s.kind != EMBED] + layer_embeds, ":out")
     reads = by_key(((c.label, c.tap) for c in consumers if c.label != READOUT), ":in")
-    reads[READOUT] = [named_as(consumers[-1].tap, ":in")]
+    reads[READOUT] = [_named_as(consumers[-1].tap, ":in")]
     static = _given(plan, probe, sources, consumers)
-    if isinstance(static, str):
-        raise Refused(static)
     ctx, label = _context(text_config(model)), model_name(model)
     return ModelSpec(embeds, writes, reads, ctx=ctx, vocab=_vocab(model), label=label, static=static)
 
 
-def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]] | str:
-    """The plan's weights where a spec would not find them as they are (``static=``), or why a spec
-    cannot give them. A spec's consumer reads the sources written before its module runs, in the order
+def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]]:
+    """The plan's weights where a spec would not find them as they are (``static=``); Refused where a
+    spec cannot give them. A spec's consumer reads the sources written before its module runs, in the order
     they were written; the plan's may read fewer (gpt_neox's parallel MLP, whose norm runs after the
     attention has written), or read a source written later than one it does not read (longcat_flash's
     shortcut MoE, computed from the first half-layer's stream and added at the layer's end): those
     get weight 0, trailing ones left out. Static weights are the plan's (the config's multipliers).
     """
-
-    def when(tap: str) -> int:
-        path, _, where = tap.rpartition(":")
-        call = probe.first[path]
-        return call.index if where == "in" else call.end
-
     e = len(plan.embeds)
-    order = sources[:e] + sorted(sources[e:], key=lambda s: when(s.tap))  # as a spec orders them
+    order = sources[:e] + sorted(sources[e:], key=lambda s: probe.when(s.tap))  # as a spec orders them
     out = {}
     for c in consumers:
         own = dict(zip((s.label for s in sources), c.static or (1.0,) * c.n_sources))
-        before = order[:e] + [s for s in order[e:] if when(s.tap) < when(c.tap)]
+        before = order[:e] + [s for s in order[e:] if probe.when(s.tap) < probe.when(c.tap)]
         missing = set(own) - {s.label for s in before}
         if missing:
-            return f"{c.label} reads {sorted(missing)[0]}, written after its module runs"
+            raise Refused(f"{c.label} reads {sorted(missing)[0]}, written after its module runs")
         w = [own.get(s.label, 0.0) for s in before]
         while len(w) > 1 and w[-1] == 0.0 and before[len(w) - 1].label not in own:
             w.pop()
@@ -455,7 +447,7 @@ def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[floa
     return out
 
 
-def named_as(tap: str, usual: str) -> str:
+def _named_as(tap: str, usual: str) -> str:
     """A tap as a spec names it: the module's path where the tap is the value its role usually
     reads (``usual``: ``":out"`` for a source, ``":in"`` for a read), else the tap itself.
     """

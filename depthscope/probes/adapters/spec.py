@@ -482,10 +482,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None, *, find: boo
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
     probe = _probe(model, paths, vocab, ctx, forward)
     # when a value exists: an input as its module starts, an output once it has returned
-    when = {
-        s.tap: probe.first[s.path].index if s.where == "in" else probe.first[s.path].end
-        for s in embeds + writes + reads
-    }
+    when = {s.tap: probe.when(s.tap) for s in embeds + writes + reads}
     writes.sort(key=lambda s: when[s.tap])
     reads.sort(key=lambda s: (s.key == READOUT, when[s.tap]))
 

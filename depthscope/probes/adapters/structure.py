@@ -215,6 +215,14 @@ class Probe:
             )
         return self.first[path]
 
+    def when(self, tap: str) -> int:
+        """The tick at which a ``"path:in"`` or ``"path:out"`` value exists: an input as its module's
+        first call starts, an output once that call has returned.
+        """
+        path, _, where = tap.rpartition(":")
+        call = self.first[path]
+        return call.index if where == "in" else call.end
+
     def tolerance(self) -> float:
         """The relative tolerance of a rebuilt value in the model's compute dtype."""
         return PROBE_TOLERANCE.get(self.dtype, FLOAT_TOLERANCE)
