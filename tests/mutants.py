@@ -557,6 +557,22 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads",),
     ),
     Mutant(
+        "a plan's step that scales the stream leaves the earlier sources' weights as they were",
+        "depthscope/probes/adapters/huggingface.py",
+        "weights = {lab: step.keep * w for lab, w in weights.items()}",
+        "weights = dict(weights)",
+        (
+            "tests/probes/adapters/test_plan_spec.py::test_a_layer_that_scales_the_stream_scales_every_earlier_weight",
+        ),
+    ),
+    Mutant(
+        "a plan's write that reads an earlier stream read as its own step's",
+        "depthscope/probes/adapters/huggingface.py",
+        "fed[k - sub.back].append((sub, lab))",
+        "fed[k].append((sub, lab))",
+        ("tests/probes/adapters/test_plan_spec.py",),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

@@ -16,12 +16,11 @@ weights of the consumers on those sources; a scale inside the embedding module (
 the source.
 
 How a model is read is a ``structure.Plan``: a row of ``LAYOUTS`` (module paths and a few structural
-switches) for the model types it names, else ``structure.discover``. Either is checked on a probe
-forward before the capture (``structure.check``), and a model that is not the sum of its writes is
-refused with the check that failed. The checked plan is then written as a ``ModelSpec`` (``spec_of``:
-what ``depthscope spec`` prints) and the adapter is built from that spec as any spec's is
-(``spec.build_spec``, its weights given by the plan, not found); the engine checks the rebuild on
-every batch as for every family.
+switches) for the model types it names, else ``structure.discover``. Either is written as a
+``ModelSpec`` (``spec_of``: what ``depthscope spec`` prints) and the adapter is built from that spec
+as any spec's is (``spec.build_spec``, its weights given by the plan, not found), which checks it on
+the probe forward: a model that is not the sum of its writes is refused naming the first consumer
+that is not. The engine checks the rebuild on every batch as for every family.
 """
 
 from __future__ import annotations
@@ -55,12 +54,12 @@ from depthscope.probes.adapters.structure import (
     Refused,
     Step,
     Sublayer,
-    check,
     discover,
     error,
+    layer_calls,
     tap_value,
 )
-from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind
+from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
 
 NAME = "huggingface"
 Scale = Callable[[Any], float]  # a static scale from the (text) config
@@ -342,7 +341,7 @@ def _step(
 
 
 def plan_of(model: Any, probe: Probe) -> Plan:
-    """The model's plan: its ``LAYOUTS`` row, else discovered (``structure.check`` checks it)."""
+    """The model's plan: its ``LAYOUTS`` row, else discovered (checked when its spec is built)."""
     model_type = getattr(model.config, "model_type", "")
     layout = LAYOUTS.get(model_type)
     if layout is not None:
@@ -380,17 +379,29 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     try:
         probe = Probe(model, _vocab(model))
         plan = plan_of(model, probe)
-        sources, consumers = check(plan, probe)
-        spec = spec_of(model, plan, probe, sources, consumers)
+        spec = spec_of(model, plan, probe)
+        build_spec(model, spec, find=False, probe=probe)  # checked as the family reads it
     except Refused as err:
-        return None, str(err)
+        return None, _unprefixed(err)
     return spec, plan.origin
 
 
-def spec_of(model: Any, plan: Plan, probe: Probe, sources, consumers) -> ModelSpec:
-    """A checked plan (its ``sources`` and ``consumers``) as a ModelSpec; Refused where a consumer
-    reads a source written after its module runs (no spec says that).
+def spec_of(model: Any, plan: Plan, probe: Probe) -> ModelSpec:
+    """A plan as the ModelSpec that reads it (checked when it is built: ``build_spec``); Refused where
+    the layers that run are not the plan's, or a consumer reads a source written after its module runs.
+
+    A step's writes are labelled as they ran (a layer writing two of one kind labels the second by its
+    module's name: ``3.mlp.shared_mlp``); each distinct read of a stream is one consumer, labelled by
+    the first write it feeds. A consumer's weights are those the plan gives its stream's sources
+    (scaled writes; a step that scales the stream scales every earlier one), given as ``static=``
+    over the sources a spec orders before it (as they return) where they are not all 1: a source
+    written before one it reads but not read by it gets 0 (longcat_flash's shortcut MoE, computed
+    from the first half-layer's stream and added at the layer's end), trailing ones are left out
+    (gpt_neox's parallel MLP, whose norm runs after the attention has written).
     """
+    writes, reads = _walk(plan, probe)
+    static = _given(plan, probe, writes, reads)
+
     named = {p for p, _ in model.named_modules()}
 
     def patterns(paths: dict[int, str]) -> list[str]:
@@ -405,53 +416,70 @@ def spec_of(model: Any, plan: Plan, probe: Probe, sources, consumers) -> ModelSp
         keyed: dict[str, dict[int, str]] = {}
         for lab, tap in rows:
             i, _, key = lab.partition(".")
-            keyed.setdefault(key, {})[int(i)] = _named_as(tap, usual)
+            keyed.setdefault(key, {})[int(i)] = tap.removesuffix(usual)  # the tap where it is not the usual
         return {k: patterns(v) for k, v in keyed.items()}
 
-    layer_embeds = [(s.label, s.tap) for s in sources if s.kind == EMBED and s.label[0].isdigit()]
-    named_embeds = {
-        s.label: _named_as(s.tap, ":out") for s in sources if s.kind == EMBED and not s.label[0].isdigit()
-    }
-    default = [EMBED] + [f"{EMBED}.{p.rsplit('.', 1)[-1]}" for p in list(named_embeds.values())[1:]]
-    embeds = list(named_embeds.values()) if list(named_embeds) == default else named_embeds
-    writes = by_key([(s.label, s.tap) for s in sources if s.kind != EMBED] + layer_embeds, ":out")
-    reads = by_key(((c.label, c.tap) for c in consumers if c.label != READOUT), ":in")
-    reads[READOUT] = [_named_as(consumers[-1].tap, ":in")]
-    static = _given(plan, probe, sources, consumers)
-    ctx, label = _context(text_config(model)), model_name(model)
-    return ModelSpec(embeds, writes, reads, ctx=ctx, vocab=_vocab(model), label=label, static=static)
+    embeds = {e.label: e.tap.removesuffix(":out") for e in plan.embeds}
+    default = [EMBED] + [f"{EMBED}.{p.rsplit('.', 1)[-1]}" for p in list(embeds.values())[1:]]
+    embed = list(embeds.values()) if list(embeds) == default else embeds
+    readout = {READOUT: [plan.readout.removesuffix(":in")]}
+    keys = by_key(writes.items(), ":out"), by_key(((lab, tap) for lab, tap, _ in reads[:-1]), ":in") | readout
+    ctx, vocab, name = _context(text_config(model)), _vocab(model), model_name(model)
+    return ModelSpec(embed, *keys, ctx=ctx, vocab=vocab, label=name, static=static)
 
 
-def _given(plan: Plan, probe: Probe, sources, consumers) -> dict[str, tuple[float, ...]]:
-    """The plan's weights where a spec would not find them as they are (``static=``); Refused where a
-    spec cannot give them. A spec's consumer reads the sources written before its module runs, in the order
-    they were written; the plan's may read fewer (gpt_neox's parallel MLP, whose norm runs after the
-    attention has written), or read a source written later than one it does not read (longcat_flash's
-    shortcut MoE, computed from the first half-layer's stream and added at the layer's end): those
-    get weight 0, trailing ones left out. Static weights are the plan's (the config's multipliers).
-    """
-    e = len(plan.embeds)
-    order = sources[:e] + sorted(sources[e:], key=lambda s: probe.when(s.tap))  # as a spec orders them
+def _walk(plan: Plan, probe: Probe) -> tuple[dict[str, str], list[tuple[str, str, dict[str, float]]]]:
+    """The plan's writes (label -> tap) and reads (label, tap, each source's weight in what it reads)."""
+    ran = [k for k, _ in layer_calls(probe, plan.layers)]
+    if tuple(ran) != plan.index():
+        raise Refused(f"the layers that run are {ran}, not {list(plan.index())}")
+    weights = {e.label: e.scale for e in plan.embeds}  # each source's weight in the stream so far
+    writes: dict[str, str] = {}  # label -> tap
+    reads: list[tuple[str, str, dict[str, float]]] = []  # (label, tap, its weights)
+    for i, steps in zip(plan.index(), plan.steps):
+        used: set[str] = set()
+        start = lambda sub: probe.once(sub.write.rpartition(":")[0]).index  # noqa: E731
+        ran_as = [[(sub, _label(i, sub, used)) for sub in sorted(st.subs, key=start)] for st in steps]
+        fed: list[list[tuple[Sublayer, str]]] = [[] for _ in steps]  # the writes a read of each stream feeds
+        for k, step in enumerate(ran_as):
+            for sub, lab in step:
+                fed[k - sub.back].append((sub, lab))
+        for k, step in enumerate(steps):
+            for read in dict.fromkeys(sub.read for sub, _ in fed[k]):
+                lab = next(lab for sub, lab in fed[k] if sub.read == read)
+                reads.append((lab, f"{read}:in", dict(weights)))
+            weights = {lab: step.keep * w for lab, w in weights.items()}
+            for sub, lab in ran_as[k]:
+                writes[lab], weights[lab] = sub.write, sub.scale
+    reads.append((READOUT, plan.readout, weights))
+    return writes, reads
+
+
+def _label(i: int, sub: Sublayer, used: set[str]) -> str:
+    lab = f"{i}.ple" if sub.kind == EMBED else label(i, sub.kind)  # a per-layer embedding (gemma4)
+    if lab in used:
+        lab = f"{lab}.{sub.write.rpartition(':')[0].rsplit('.', 1)[-1]}"
+    used.add(lab)
+    return lab
+
+
+def _given(plan: Plan, probe: Probe, writes: dict[str, str], reads) -> dict[str, tuple[float, ...]]:
+    """Each read's weights over the sources a spec orders before it, where they are not all 1."""
+    order = [e.label for e in plan.embeds] + sorted(writes, key=lambda lab: probe.when(writes[lab]))
     out = {}
-    for c in consumers:
-        own = dict(zip((s.label for s in sources), c.static or (1.0,) * c.n_sources))
-        before = order[:e] + [s for s in order[e:] if probe.when(s.tap) < probe.when(c.tap)]
-        missing = set(own) - {s.label for s in before}
+    for lab, tap, own in reads:
+        before = order[: len(plan.embeds)] + [
+            s for s in order[len(plan.embeds) :] if probe.when(writes[s]) < probe.when(tap)
+        ]
+        missing = set(own) - set(before)
         if missing:
-            raise Refused(f"{c.label} reads {sorted(missing)[0]}, written after its module runs")
-        w = [own.get(s.label, 0.0) for s in before]
-        while len(w) > 1 and w[-1] == 0.0 and before[len(w) - 1].label not in own:
+            raise Refused(f"{lab} reads {sorted(missing)[0]}, written after its module runs")
+        w = [own.get(s, 0.0) for s in before]
+        while len(w) > 1 and w[-1] == 0.0 and before[len(w) - 1] not in own:
             w.pop()
         if w != [1.0] * len(before):
-            out[c.label] = tuple(w)
+            out[lab] = tuple(w)
     return out
-
-
-def _named_as(tap: str, usual: str) -> str:
-    """A tap as a spec names it: the module's path where the tap is the value its role usually
-    reads (``usual``: ``":out"`` for a source, ``":in"`` for a read), else the tap itself.
-    """
-    return tap.removesuffix(usual)
 
 
 def reading_gap(model: Any, spec: ModelSpec) -> str:
@@ -481,8 +509,8 @@ def build(model: Any) -> Adapter:
         probe = None
         probe = Probe(model, vocab)
         plan = plan_of(model, probe)
-        sources, consumers = check(plan, probe)
-        spec = spec_of(model, plan, probe, sources, consumers)
+        spec = spec_of(model, plan, probe)
+        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks
     except Refused as err:
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
         also = ""
@@ -499,7 +527,8 @@ def build(model: Any) -> Adapter:
             else "; name where it writes and reads in a spec file: " + SPEC_COMMAND
         )
         raise Refused(
-            f"cannot read this {model_type} model as a sum of its writes ({how}): {err}{also}{advice}"
+            f"cannot read this {model_type} model as a sum of its writes ({how}): "
+            f"{_unprefixed(err)}{also}{advice}"
         ) from None
     name = model_name(model)
     keep = (
@@ -515,7 +544,6 @@ def build(model: Any) -> Adapter:
         "tie_word_embeddings",
     )
     config = config_values(cfg, keep)
-    read = build_spec(model, spec, find=False)  # the one checked way from a description to hooks
     return dataclasses.replace(
         read,
         family=NAME,
@@ -533,6 +561,11 @@ def build(model: Any) -> Adapter:
         head=verified_head(model, plan, probe),
         hint=f"; this {model_type} model ({plan.origin}) is not a plain sum of its writes here",
     )
+
+
+def _unprefixed(err: Exception) -> str:
+    """A refusal of the family's spec as the family's own (not a user's ModelSpec)."""
+    return str(err).removeprefix("ModelSpec: ")
 
 
 def _context(cfg: Any) -> int:

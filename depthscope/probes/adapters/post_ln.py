@@ -518,9 +518,9 @@ def find_layout(model: Any, probe: Any) -> Layout:
     longest ModuleList whose every layer reads the previous one's output. A module that a chunked
     feed-forward calls more than once is refused (only ``LAYOUTS`` rows read chunked encoders).
     """
-    from depthscope.probes.adapters.structure import Refused
+    from depthscope.probes.adapters.structure import Refused, layer_list
 
-    layers, ran = _layer_list(model, probe)
+    layers, ran = layer_list(model, probe, every=True)
     relative = None
     for i, call in ran:
         rel = _layer_parts(probe, f"{layers}.{i}", i, call)
@@ -543,23 +543,6 @@ def find_layout(model: Any, probe: Any) -> Layout:
         scales=scales,
         origin="structure",
     )
-
-
-def _layer_list(model: Any, probe: Any) -> tuple[str, list]:
-    """The longest ModuleList whose every layer runs and reads the previous one's output."""
-    from depthscope.probes.adapters.structure import Refused, layer_calls
-
-    found = []
-    for path, m in model.named_modules():
-        if path and isinstance(m, torch.nn.ModuleList) and f"{path}.0" in probe.count:
-            with contextlib.suppress(Refused):
-                ran = layer_calls(probe, path)
-                if [k for k, _ in ran] == list(range(len(m))):
-                    found.append((len(ran), path, ran))
-    if not found:
-        raise Refused("no list of layers whose every layer runs and reads the previous one's output")
-    _, path, ran = max(found, key=lambda f: f[0])
-    return path, ran
 
 
 def _layer_parts(probe: Any, at: str, i: int, call: Any) -> tuple[str, str, str, str]:

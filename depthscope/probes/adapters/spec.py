@@ -233,12 +233,15 @@ def _kind(key: str) -> Kind:
     return kind  # type: ignore[return-value]
 
 
-def _probe(model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[..., Any]) -> Probe:
+def _probe(
+    model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[..., Any], probe=None
+) -> Probe:
     """One probe forward with the named modules' calls recorded (``structure.Probe``), on ids of a
-    model's shorter context where it has one; each named module must run once.
+    model's shorter context where it has one (or the ``probe`` a family made of every module); each
+    named module must run once.
     """
     try:
-        probe = Probe(model, vocab, forward, (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx)), paths)
+        probe = probe or Probe(model, vocab, forward, (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx)), paths)
     except Refused as err:
         raise DepthscopeError(f"ModelSpec: {err}") from None
     path, n = next(((p, probe.count.get(p, 0)) for p in paths if probe.count.get(p, 0) != 1), (None, 1))
@@ -470,17 +473,21 @@ def _embeds(model: Any, embed: Any) -> list[_Site]:
     return sites
 
 
-def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None, *, find: bool = True) -> Adapter:
+def build_spec(
+    model: Any, spec: ModelSpec, ctx: int | None = None, *, find: bool = True, probe: Probe | None = None
+) -> Adapter:
     """The adapter of ``model`` as ``spec`` names it, its weights found on a probe forward; ``ctx``
     is the window length when neither the spec nor the model says it (the ids a capture is given).
     ``find=False``: the weights not given (``static=``, ``weights=``) are unit, not found (a family
-    whose plan says them: ``huggingface``); checked on the probe all the same.
+    whose plan says them: ``huggingface``, which passes the ``probe`` it found the plan on); checked on
+    the probe all the same: ``structure.Refused`` names the first consumer that is not the sum it is
+    read as.
     """
     embeds, writes, reads = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
-    probe = _probe(model, paths, vocab, ctx, forward)
+    probe = _probe(model, paths, vocab, ctx, forward, probe)
     # when a value exists: an input as its module starts, an output once it has returned
     when = {s.tap: probe.when(s.tap) for s in embeds + writes + reads}
     writes.sort(key=lambda s: when[s.tap])
@@ -524,7 +531,7 @@ def build_spec(model: Any, spec: ModelSpec, ctx: int | None = None, *, find: boo
     try:  # the check every reading passes (the weights found rebuild each input; given ones may not)
         verify(consumers, values, targets, tol)
     except Refused as err:
-        raise DepthscopeError(f"ModelSpec: consumer {err}") from None
+        raise Refused(f"ModelSpec: consumer {err}") from None
     readout = next((r for r in reads if r.key == READOUT), None)
     attrs = {
         "scheme": spec.scheme,

@@ -6,15 +6,13 @@ modules it watches recorded with its first input and output.
 
 A ``Plan`` says, in module paths, what the Hugging Face adapter reads: the embedding sources and
 their static scales; for every layer the steps of its stream (the modules whose input is the
-stream at that point, then the writes added to it together, each with its static scale); and the
-module that reads the final stream (the read-out). A plan comes from a row of the layouts table
-(``huggingface.LAYOUTS``) or from ``discover``; either way ``check`` checks that the layers run and
-each reads the previous one's output, turns the plan into sources and consumers with static weights
-(``specs``: a step may also scale the stream it adds to, gemma4's ``layer_scalar``, and then every
-earlier source's static weight is scaled with it) and hands them to ``verify``, the check every
-reading passes, a ModelSpec's too: each consumer's input on the probe is the sum of the sources
-before it with its weights. A model that is not the sum of its writes is refused in one line naming
-the first consumer that is not; a tap that runs more than once per forward is refused too.
+stream at that point, then the writes added to it together, each with its static scale; a step may
+also scale the stream it adds to, gemma4's ``layer_scalar``); and the module that reads the final
+stream (the read-out). A plan comes from a row of the layouts table (``huggingface.LAYOUTS``) or
+from ``discover``; either way it is written as a ModelSpec (``huggingface.spec_of``) and checked as
+every reading is, by ``verify``: each consumer's input on the probe is the sum of the sources before
+it with its weights. A model that is not the sum of its writes is refused in one line naming the
+first consumer that is not; a tap that runs more than once per forward is refused too.
 
 The engine's rebuild check on every batch of a capture stays the final guard. Legend: batch, pos,
 d_model; a value is a recorded tensor [batch, pos, d_model] ([1, pos, d_model] for a position
@@ -23,6 +21,7 @@ embedding shared over the batch).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import os
@@ -36,13 +35,12 @@ from depthscope.errors import DepthscopeError, first_line
 from depthscope.probes.adapters import fit as weights
 from depthscope.probes.adapters.base import (
     ConsumerSpec,
-    SourceSpec,
     evaluating,
     input_device,
     input_slot,
     token_view,
 )
-from depthscope.trace.labels import ATTN, EMBED, MLP, READOUT, SSM, Kind, label
+from depthscope.trace.labels import ATTN, EMBED, MLP, SSM, Kind
 
 # relative tolerance of a rebuilt value on the probe: float32 sums of a few terms are good to
 # about 1e-7; half precision rounds every addition (the engine allows 1e-2 and 5e-2 there)
@@ -295,21 +293,7 @@ def _encloses(outer: str, path: str) -> bool:
     return outer == "" or path == outer or path.startswith(outer + ".")
 
 
-# --- check: a plan against the probe -----------------------------------------------------------
-
-
-def check(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
-    """The sources and consumers ``plan`` reads (``specs``), each consumer checked on the probe
-    (``verify``); Refused naming the first that is not the sum it is read as.
-    """
-    ran = layer_calls(probe, plan.layers)
-    if tuple(k for k, _ in ran) != plan.index():
-        raise Refused(f"the layers that run are {[k for k, _ in ran]}, not {list(plan.index())}")
-    sources, consumers = specs(plan, probe)
-    values = [tap_value(probe, s.tap).double() for s in sources]
-    targets = {c.label: (c.tap.rpartition(":")[0], tap_value(probe, c.tap)) for c in consumers}
-    verify(consumers, values, targets, probe.tolerance())
-    return sources, consumers
+# --- the check every reading passes -----------------------------------------------------------
 
 
 def verify(
@@ -334,64 +318,6 @@ def verify(
                 f"{c.label} ({path}) does not read the stream: its input is not the sum of the {c.n_sources} "
                 f"sources before it, {weighted} (relative error {err:.2g})"
             )
-
-
-def specs(plan: Plan, probe: Probe) -> tuple[list[SourceSpec], list[ConsumerSpec]]:
-    """Sources and consumers of a plan, in execution order, with the static weights its scales imply.
-
-    A step's writes are ordered as they ran; each distinct read of a stream is one consumer,
-    labelled by the first write it feeds and placed where that stream is read (before the step's
-    writes); a layer writing two of one kind labels the second by its module's name
-    (``3.mlp.shared_mlp``). A step that scales the stream scales every earlier source's weight
-    after its reads.
-    """
-    sources = [SourceSpec(e.label, e.tap, EMBED, 0) for e in plan.embeds]
-    weights = [e.scale for e in plan.embeds]
-    consumers = []
-    depth = 0
-    for i, steps in zip(plan.index(), plan.steps):
-        used: set[str] = set()
-        ordered = [
-            sorted(st.subs, key=lambda sub: probe.once(sub.write.rpartition(":")[0]).index) for st in steps
-        ]
-        writes = []  # per step: (sublayer, label, depth) of its writes
-        for st in ordered:
-            writes.append([(sub, _label(i, sub, used), depth + 1 + k) for k, sub in enumerate(st)])
-            depth += len(st)
-        reads: list[list[tuple]] = [[] for _ in steps]  # per step: the writes fed by a read of its stream
-        for k, step in enumerate(writes):
-            for w in step:
-                reads[k - w[0].back].append(w)
-        for k, step in enumerate(steps):
-            seen: set[str] = set()
-            for sub, lab, d in reads[k]:
-                if sub.read not in seen:
-                    seen.add(sub.read)
-                    consumers.append(
-                        ConsumerSpec(
-                            lab, f"{sub.read}:in", sub.kind, d, len(sources), static=_static(weights)
-                        )
-                    )
-            weights = [step.keep * w for w in weights]
-            for sub, lab, d in writes[k]:
-                sources.append(SourceSpec(lab, sub.write, sub.kind, d))
-                weights.append(sub.scale)
-    n = len(sources)
-    consumers.append(ConsumerSpec(READOUT, plan.readout, READOUT, depth + 1, n, static=_static(weights)))
-    return sources, consumers
-
-
-def _label(i: int, sub: Sublayer, used: set[str]) -> str:
-    lab = f"{i}.ple" if sub.kind == EMBED else label(i, sub.kind)  # a per-layer embedding (gemma4)
-    if lab in used:
-        lab = f"{lab}.{sub.write.rpartition(':')[0].rsplit('.', 1)[-1]}"
-    used.add(lab)
-    return lab
-
-
-def _static(weights: list[float]) -> tuple[float, ...] | None:
-    """Static weights over the sources so far, or None when every one is 1 (the fast unit path)."""
-    return None if all(w == 1.0 for w in weights) else tuple(weights)
 
 
 def tap_value(probe: Probe, tap: str) -> Tensor:
@@ -426,6 +352,26 @@ def layer_calls(probe: Probe, path: str) -> list[tuple[int, Call]]:
     if not calls:
         raise Refused(f"no layer of {path} runs in the forward")
     return calls
+
+
+def layer_list(model: Any, probe: Probe, every: bool = False) -> tuple[str, list[tuple[int, Call]]]:
+    """The path and calls (``layer_calls``) of the longest ModuleList of ``model`` whose layers that run
+    (``every``: all of them) each read the previous one's output; Refused if there is none.
+    """
+    best: tuple[str, list[tuple[int, Call]]] | None = None
+    for path, module in model.named_modules():
+        if not isinstance(module, torch.nn.ModuleList) or f"{path}.0" not in probe.count:
+            continue
+        with contextlib.suppress(Refused):
+            calls = layer_calls(probe, path)
+            if (not every or len(calls) == len(module)) and (best is None or len(calls) > len(best[1])):
+                best = (path, calls)
+    if best is None:
+        runs = "run and " if every else ""
+        raise Refused(
+            f"no list of layers found (no ModuleList whose layers each {runs}read the previous one's output)"
+        )
+    return best
 
 
 # --- discovery -------------------------------------------------------------------------------------
@@ -502,7 +448,7 @@ class Discovery:
 
     def plan(self) -> Plan:
         """The discovered plan; Refused where a step of the discovery finds nothing."""
-        path, ran = self.layers()
+        path, ran = layer_list(self.model, self.probe)
         layers = [call for _, call in ran]
         outside = [c for c in self.probe.calls if not _encloses(path, c.path) and not _encloses(c.path, path)]
         embeds = self.embeds(layers[0], [c for c in outside if c.index < layers[0].index], path)
@@ -515,24 +461,6 @@ class Discovery:
         if readout is None:
             raise Refused("nothing after the last layer reads its output (no final norm or head takes it)")
         return Plan(path, embeds, steps, readout, "discovered", tuple(k for k, _ in ran))
-
-    def layers(self) -> tuple[str, list[tuple[int, Call]]]:
-        """The path and calls of the longest ModuleList whose every module reads the previous one's output."""
-        best: tuple[str, list[tuple[int, Call]]] | None = None
-        for path, module in self.model.named_modules():
-            if not isinstance(module, torch.nn.ModuleList) or f"{path}.0" not in self.probe.count:
-                continue
-            try:
-                calls = layer_calls(self.probe, path)
-            except Refused:
-                continue
-            if best is None or len(calls) > len(best[1]):
-                best = (path, calls)
-        if best is None:
-            raise Refused(
-                "no list of layers found (no ModuleList whose layers each read the previous one's output)"
-            )
-        return best
 
     def embeds(self, first: Call, before: list[Call], layers: str) -> tuple[Embed, ...]:
         """The sources whose (scaled) sum is the first layer's input, from the calls ``before`` it."""

@@ -15,10 +15,17 @@ import torch
 from depthscope.errors import DepthscopeError, TraceError
 from depthscope.probes import capture
 from depthscope.probes.adapters import claimed, resolve
-from depthscope.probes.adapters.huggingface import LAYOUTS, layout_plan
-from depthscope.probes.adapters.structure import Probe, Refused, Step, check, discover
+from depthscope.probes.adapters.huggingface import LAYOUTS, layout_plan, spec_of
+from depthscope.probes.adapters.spec import build_spec
+from depthscope.probes.adapters.structure import Probe, Refused, Step, discover
 from depthscope.probes.load import load_model
 from tests.architectures import oracle_errors, running_sum, tiny_model
+
+
+def check(model, plan, probe):
+    """The family's check of a plan: its spec built on the probe, its weights the plan's."""
+    return build_spec(model, spec_of(model, plan, probe), find=False, probe=probe)
+
 
 pytestmark = pytest.mark.golden  # run again under ATEN_CPU_CAPABILITY=default by make test
 
@@ -97,8 +104,8 @@ def test_discovery_finds_what_the_layouts_table_says(model_type):
     table = layout_plan(model, LAYOUTS[model_type], model_type)
     embedding = next(p for p, m in model.named_modules() if m is model.get_input_embeddings())
     found = discover(model, probe, embedding)
-    check(table, probe)
-    check(found, probe)
+    check(model, table, probe)
+    check(model, found, probe)
     assert (found.layers, found.readout) == (table.layers, table.readout)
     assert [(e.label, e.tap) for e in found.embeds] == [(e.label, e.tap) for e in table.embeds]
     np.testing.assert_allclose([e.scale for e in found.embeds], [e.scale for e in table.embeds], rtol=1e-6)
@@ -224,7 +231,8 @@ def test_a_model_whose_forward_differs_from_its_layout_is_refused_in_one_line(tm
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     # the MLP's norm is where the rebuilt stream first differs from what the model computes
     assert (
-        "(the llama layout): 0.mlp (model.layers.0.post_attention_layernorm) does not read the stream" in err
+        "(the llama layout): consumer 0.mlp (model.layers.0.post_attention_layernorm) does not read the "
+        "stream" in err
     )
     assert not out.exists() and not list(tmp_path.glob(".t.nc*"))
 
@@ -264,8 +272,10 @@ def test_check_names_a_read_that_does_not_see_the_stream():
     first = plan.steps[0][0].subs[0]
     moved = replace(first, read=first.write.rpartition(":")[0])  # the attention's own (normed) input
     broken = replace(plan, steps=((Step((moved,)), *plan.steps[0][1:]), *plan.steps[1:]))
-    with pytest.raises(Refused, match=r"0.attn \(model.layers.0.self_attn\) does not read the stream"):
-        check(broken, probe)
+    with pytest.raises(
+        Refused, match=r"consumer 0.attn \(model.layers.0.self_attn\) does not read the stream"
+    ):
+        check(model, broken, probe)
 
 
 @pytest.mark.parametrize("where", ["embedding", "write"])
@@ -277,7 +287,7 @@ def test_check_refuses_a_plan_whose_static_scale_is_not_the_models(where):
     model = tiny_model("granite", residual_multiplier=0.3, embedding_multiplier=5.0)
     probe = Probe(model, model.config.vocab_size)
     plan = layout_plan(model, LAYOUTS["granite"], "granite")
-    sources, consumers = check(plan, probe)
+    consumers = check(model, plan, probe).consumers
     assert consumers[0].static == (5.0,) and consumers[1].static == pytest.approx((5.0, 0.3))
     if where == "embedding":
         broken = replace(plan, embeds=(replace(plan.embeds[0], scale=1.0),))
@@ -286,8 +296,10 @@ def test_check_refuses_a_plan_whose_static_scale_is_not_the_models(where):
         sub = replace(plan.steps[0][0].subs[0], scale=1.0)
         broken = replace(plan, steps=((Step((sub,)), *plan.steps[0][1:]), *plan.steps[1:]))
         first, how = "0.mlp", "with its static weights"  # (5, 1): the embedding's scale kept
-    with pytest.raises(Refused, match=rf"^{first} \(.*\) does not read the stream: .* {how}"):
-        check(broken, probe)
+    with pytest.raises(
+        Refused, match=rf"^ModelSpec: consumer {first} \(.*\) does not read the stream: .* {how}"
+    ):
+        check(model, broken, probe)
 
 
 def test_native_families_keep_their_model_types():

@@ -94,6 +94,31 @@ def test_a_source_written_before_one_it_reads_is_given_weight_zero():
     assert worst is not None and max(worst.values()) < 1e-6, worst
 
 
+def test_a_layer_that_scales_the_stream_scales_every_earlier_weight():
+    """gemma4 multiplies its layer's output stream by ``layer_scalar``: with 0.5 in every layer, the
+    plan scales each source's weight by 0.5 per layer from its own on (the read-out reads the writes
+    of layer k = 0..3 with 0.5^(4-k), the embedding with 0.5^4), as the activations say (found
+    without static=); the family's capture and the capture through the spec whose weights are found
+    agree on every share and weight, and rebuild every input."""
+    model = tiny_model("gemma4_text")
+    for name, buffer in model.named_buffers():
+        if name.endswith("layer_scalar"):
+            buffer.fill_(0.5)
+    spec, _ = plan_spec(model)
+    layer = [0] + [int(s.label.partition(".")[0]) for s in resolve(model).sources[1:]]
+    np.testing.assert_allclose(spec.static["readout"], [0.5 ** (4 - k) for k in layer], rtol=1e-6)
+    unsaid = dataclasses.replace(spec, static={})
+    np.testing.assert_allclose(
+        build_spec(model, unsaid).consumers[-1].static, spec.static["readout"], rtol=1e-6
+    )
+    ids = torch.randint(5, 100, (4, 16), generator=torch.Generator().manual_seed(3))
+    kw = {"skip_positions": 0, "progress": False}
+    by_family, by_evidence = capture(model, ids, **kw), capture(model, ids, spec=unsaid, **kw)
+    for var in ("contribution_share", "mixing"):
+        np.testing.assert_allclose(by_evidence[var].values, by_family[var].values, rtol=1e-5, atol=1e-7)
+    assert float(by_family["residual_error"].max()) < 1e-5
+
+
 def test_depthscope_spec_prints_the_plan_of_a_transformers_model(tmp_path, capsys):
     """The printed file names the modules the family reads and, captured with --spec, reads them."""
     tiny_model("llama").save_pretrained(tmp_path / "m")
