@@ -573,6 +573,18 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_plan_spec.py",),
     ),
     Mutant(
+        "the transformers family lets a refusal of its spec's build other than the sum check escape raw",
+        "depthscope/probes/adapters/huggingface.py",
+        "        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks\n"
+        "    except DepthscopeError as err:",
+        "        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks\n"
+        "    except Refused as err:",
+        (
+            "tests/probes/adapters/test_huggingface_layouts.py::"
+            "test_a_read_module_that_runs_twice_is_refused_as_the_family_refuses",
+        ),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

@@ -381,7 +381,7 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
         plan = plan_of(model, probe)
         spec = spec_of(model, plan, probe)
         build_spec(model, spec, find=False, probe=probe)  # checked as the family reads it
-    except Refused as err:
+    except DepthscopeError as err:  # Refused, or any other check of the spec's build
         return None, _unprefixed(err)
     return spec, plan.origin
 
@@ -511,7 +511,7 @@ def build(model: Any) -> Adapter:
         plan = plan_of(model, probe)
         spec = spec_of(model, plan, probe)
         read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks
-    except Refused as err:
+    except DepthscopeError as err:  # Refused, or any other check of the spec's build
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
         also = ""
         if probe is not None:  # not a sum of its writes: a post-LN model, read through its LayerNorms?

@@ -237,6 +237,27 @@ def test_a_model_whose_forward_differs_from_its_layout_is_refused_in_one_line(tm
     assert not out.exists() and not list(tmp_path.glob(".t.nc*"))
 
 
+def test_a_read_module_that_runs_twice_is_refused_as_the_family_refuses(monkeypatch):
+    """A llama whose layers call their MLP norm twice (the same value): the plan's spec is refused
+    where it is built (a hook on that norm could not tell the calls apart), in the family's one
+    line naming the layout and the module, after trying it as a post-LN model."""
+    from transformers.models.llama import modeling_llama
+
+    def forward(self, hidden_states, **kwargs):
+        attn, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kwargs)
+        hidden_states = hidden_states + attn
+        self.post_attention_layernorm(hidden_states)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+    monkeypatch.setattr(modeling_llama.LlamaDecoderLayer, "forward", forward)
+    with pytest.raises(DepthscopeError) as err:
+        resolve(tiny_model("llama"))
+    msg = str(err.value)
+    assert msg.startswith("cannot read this llama model as a sum of its writes (the llama layout): ")
+    assert "model.layers.0.post_attention_layernorm runs 2 times" in msg and "nor as a post-LN model" in msg
+    assert "\n" not in msg
+
+
 def test_the_engine_refuses_a_model_that_changes_after_its_probe(monkeypatch):
     """The per-batch rebuild check stays the final guard: an adapter checked on the clean model,
     then a forward that gates each write by its token's stream, is refused on the first batch."""
