@@ -497,7 +497,8 @@ def build_spec(
     recorded = [_value(probe, site.path, site.where) for _, site in sources]
     values = [v for v, _, _ in recorded]
     dtype = recorded[0][2]
-    _check_widths([site.path for _, site in sources], values, reads, probe)
+    seen = {r.tap: _value(probe, r.path, r.where) for r in reads}  # each read's input [b, pos, d], layout
+    _check_widths([site.path for _, site in sources], values, [(r.path, seen[r.tap][0]) for r in reads])
     tol = PROBE_TOLERANCE.get(dtype, FLOAT_TOLERANCE)
     layouts = {site.tap: layout for (_, site), (_, layout, _) in zip(sources, recorded)}
 
@@ -511,7 +512,7 @@ def build_spec(
         n = len(before)
         if before != list(range(n)):
             raise DepthscopeError(f"ModelSpec: consumer {label} reads a source written after a later one")
-        h, layout, _ = _value(probe, r.path, r.where)
+        h, layout, _ = seen[r.tap]
         layouts[r.tap], targets[label] = layout, (r.path, h)
         depth = 1 + n - len(embeds)  # the writes before it, per-layer embeddings too (their depths count)
         given = spec.weights.get(r.key)
@@ -601,11 +602,11 @@ def _not_views(reads: list[_Site], writes: list[_Site]) -> str:
     return ""
 
 
-def _check_widths(paths: list[str], values: list[Tensor], reads: list[_Site], probe: Probe) -> None:
+def _check_widths(paths: list[str], values: list[Tensor], reads: list[tuple[str, Tensor]]) -> None:
     """Every source and every read of one width, the first embedding's: else refused, naming one."""
     width = values[0].shape[-1]
     named = list(zip(paths, values, ["writes"] * len(paths)))
-    named += [(r.path, _value(probe, r.path, r.where)[0], "reads") for r in reads]
+    named += [(path, v, "reads") for path, v in reads]
     for path, v, what in named:
         if v.shape[-1] != width:
             whose = "output is added to" if what == "writes" else "input is"
