@@ -478,7 +478,7 @@ MUTANTS: list[Mutant] = [
         "depthscope/probes/adapters/huggingface.py",
         "if rx and {p for p in named if rx.match(p)} == set(paths.values()):",
         "if rx:",
-        ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads",),
+        ("tests/probes/adapters/test_plan_spec.py::test_the_plans_spec_reads_what_the_family_reads[mllama]",),
     ),
     Mutant(
         "a spec's embeddings named by label keep their positional labels",

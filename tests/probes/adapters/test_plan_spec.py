@@ -34,6 +34,7 @@ CASES = [
     ("xglm", {}, "discovered"),  # the embedding scaled outside modules: the first layer's input (:in)
     ("nanochat", {}, "discovered"),  # the final norm runs twice: the read-out is the last layer's :out
     ("gpt_neox", {}, "layout gpt_neox"),  # a parallel MLP reading fewer sources than before it: static=
+    ("mllama", {}, "discovered"),  # a layer that does not run: its modules' names are not a pattern's
 ]
 
 
