@@ -585,6 +585,13 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        "beam's given static weights unrolled with each add's branch scale of the next add",
+        "depthscope/probes/adapters/beam.py",
+        "coef = [c * math.sqrt((k - 1) / k) for c in coef] + [1.0 / math.sqrt(k)]",
+        "coef = [c * math.sqrt((k - 1) / k) for c in coef] + [1.0 / math.sqrt(k + 1)]",
+        ("tests/probes/adapters/test_beam.py::test_every_cell_is_one_over_sqrt_depth",),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

@@ -23,10 +23,11 @@ another; it shrinks the whole input by 1/sqrt(K), which the consumer's RMSNorm u
 
 How it maps to the delta basis: sources are the token embedding and each sandwich-normed sublayer
 output (what the add receives as f); consumers are each sublayer's input before its pre-norm
-(``input_layernorm`` / ``pre_feedforward_layernorm`` inputs) and the final norm's input. The
-weights are not assumed: they are unrolled at build time from the add indices the decoder layers
-carry (coefficients c over the sources: c <- sqrt((k-1)/k) c, then append 1/sqrt(k)), and the
-engine's residual identity checks them against the actual inputs on every batch.
+(``input_layernorm`` / ``pre_feedforward_layernorm`` inputs) and the final norm's input. The family
+is a ModelSpec (``spec_of``) whose static weights are given, not found: unrolled at build time from
+the add indices the decoder layers carry (coefficients c over the sources: c <- sqrt((k-1)/k) c,
+then append 1/sqrt(k)); ``spec.build_spec`` checks them against the inputs on the probe forward,
+and the engine's residual identity on every batch.
 
 Native (static) quantities, per consumer, of the add that produced its input (NaN for the first
 attention, which reads the embedding directly): ``residual_add_idx`` (layer) k,
@@ -40,17 +41,11 @@ from functools import partial
 from typing import Any
 
 import numpy as np
-import torch
 
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    SourceSpec,
-    module_attach,
-)
+from depthscope.probes.adapters.base import Adapter
 from depthscope.probes.adapters.family import transformers_family
-from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
+from depthscope.probes.adapters.hf import as_family, family_attrs, prefix_of, text_model
+from depthscope.probes.adapters.spec import ModelSpec, build_spec
 from depthscope.schemes import names
 
 NAME = "beam"
@@ -73,45 +68,47 @@ def unrolled_weights(indices: list[int]) -> list[list[float]]:
     return rows
 
 
-def build(model: Any) -> Adapter:
-    """The adapter of a Beam model: static weights 1/sqrt(K), unrolled from the layers' add indices, sent
-    as each consumer's input arrives.
+def spec_of(model: Any) -> ModelSpec:
+    """Beam's reading as a ModelSpec: the embedding and each sandwich-normed sublayer output written,
+    each pre-norm's input and the final norm's read, the static weights 1/sqrt(K) given as the layers'
+    add indices unroll them (checked on the probe forward, then on every batch).
     """
     p = prefix_of(model, BASE_CLASS, NAME)
     inner = text_model(model, p)
-    cfg = inner.config
-    n = cfg.num_hidden_layers
-    indices = add_indices(inner)
-    rows = unrolled_weights(indices)
-    srcs = [SourceSpec(names.EMBED, f"{p}embed_tokens:out", names.EMBED, 0)]
-    cons, weights = [], {}
-    plan = (
-        (names.ATTN, "input_layernorm", "post_attention_layernorm"),
-        (names.MLP, "pre_feedforward_layernorm", "post_feedforward_layernorm"),
+    cfg, at = inner.config, f"{p}layers.*"
+    rows = unrolled_weights(add_indices(inner))
+    labels = [names.label(i, kind) for i in range(len(inner.layers)) for kind in (names.ATTN, names.MLP)]
+    static = {lab: tuple(row) for lab, row in zip([*labels, names.READOUT], rows) if len(row) > 1}
+    return ModelSpec(
+        embed=f"{p}embed_tokens",
+        writes={names.ATTN: f"{at}.post_attention_layernorm", names.MLP: f"{at}.post_feedforward_layernorm"},
+        reads={
+            names.ATTN: f"{at}.input_layernorm",
+            names.MLP: f"{at}.pre_feedforward_layernorm",
+            names.READOUT: f"{p}norm",
+        },
+        ctx=int(cfg.max_position_embeddings),
+        vocab=int(cfg.vocab_size),
+        static=static,
     )
-    for i in range(n):
-        for kind, reads, writes in plan:
-            label, depth = names.label(i, kind), len(srcs)
-            tap = f"{p}layers.{i}.{reads}:in"
-            cons.append(ConsumerSpec(label, tap, kind, depth, len(srcs), f"{label}.w"))
-            weights[f"{label}.w"] = (tap, torch.tensor(rows[depth - 1], dtype=torch.float64))
-            srcs.append(SourceSpec(label, f"{p}layers.{i}.{writes}:out", kind, depth))
-    ro, tap = names.READOUT, f"{p}norm:in"
-    cons.append(ConsumerSpec(ro, tap, ro, len(srcs), len(srcs), f"{ro}.w"))
-    weights[f"{ro}.w"] = (tap, torch.tensor(rows[-1], dtype=torch.float64))
-    labels = [c.label for c in cons]
+
+
+def build(model: Any) -> Adapter:
+    """The adapter of a Beam model: its ModelSpec (``spec_of``), built and checked as any spec is."""
+    spec = spec_of(model)
+    inner = text_model(model, prefix_of(model, BASE_CLASS, NAME))
+    labels = [names.label(i, kind) for i in range(len(inner.layers)) for kind in (names.ATTN, names.MLP)]
     keep = ("layer_types", "mlp_layer_types", "num_experts")
     attrs = family_attrs(
         model,
-        cfg,
+        inner.config,
         keep,
         "depth-scaled",
         mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
     )
-    scales, attach = partial(static_scales, indices, labels), partial(_attach, weights=weights)
-    return decoder_adapter(
-        model, cfg, NAME, srcs, cons, attrs, "depth-scaled residual", static_native=scales, attach=attach
-    )
+    scales = partial(static_scales, add_indices(inner), [*labels, names.READOUT])
+    read = build_spec(model, spec, find=False)
+    return as_family(read, model, NAME, attrs, "depth-scaled residual", static_native=scales, head=None)
 
 
 def static_scales(indices: list[int], labels: list[str]) -> dict[str, tuple[tuple[str, ...], Any, dict]]:
@@ -123,22 +120,6 @@ def static_scales(indices: list[int], labels: list[str]) -> dict[str, tuple[tupl
         "residual_scale": (("layer",), np.sqrt((k - 1) / k), coords),
         "branch_scale": (("layer",), 1.0 / np.sqrt(k), coords),
     }
-
-
-def _attach(model: Any, taps: list[tuple[str, Callback]], weights: dict[str, tuple[str, torch.Tensor]]):
-    """Module taps as they are; a consumer's constant weights are sent when its input arrives."""
-
-    def constant(fn: Callback, w: torch.Tensor) -> Callback:
-        return lambda h: fn(w.to(h.dtype).expand(*h.shape[:2], -1))
-
-    module_taps = []
-    for key, fn in taps:
-        if key in weights:
-            tap, w = weights[key]
-            module_taps.append((tap, constant(fn, w)))
-        else:
-            module_taps.append((key, fn))
-    return module_attach(model, module_taps)
 
 
 FAMILY = transformers_family(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -140,12 +141,28 @@ def decoder_adapter(
     and its config, the first position left out (its attention sink), and a hint naming the
     ``equations`` it unrolls for when the forward no longer matches them; ``more`` adds or overrides.
     """
-    fields = {
-        "ctx": int(cfg.max_position_embeddings),
-        "vocab": int(cfg.vocab_size),
+    fields = {"ctx": int(cfg.max_position_embeddings), "vocab": int(cfg.vocab_size), **more}
+    return Adapter(
+        family=name,
+        sources=sources,
+        consumers=consumers,
+        attrs=attrs,
+        **_family_fields(model, name, equations, fields),
+    )
+
+
+def as_family(read: Adapter, model: Any, name: str, attrs: dict, equations: str = "", **more: Any) -> Adapter:
+    """An adapter built from a family's ModelSpec (``spec.build_spec``) as that family's: its name and
+    attrs, the tokenizer, the first position left out and the hint of ``decoder_adapter`` (or the
+    ``hint`` given in ``more``).
+    """
+    return dataclasses.replace(read, family=name, attrs=attrs, **_family_fields(model, name, equations, more))
+
+
+def _family_fields(model: Any, name: str, equations: str, more: dict) -> dict[str, Any]:
+    return {
         "encode": text_encoder(model),
         "skip_positions": 1,
         "hint": f"; the {name} forward no longer matches the {equations} this adapter unrolls",
         **more,
     }
-    return Adapter(family=name, sources=sources, consumers=consumers, attrs=attrs, **fields)

@@ -25,7 +25,6 @@ that is not. The engine checks the rebuild on every batch as for every family.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import re
@@ -45,7 +44,7 @@ from depthscope.probes.adapters.base import (
     head_of,
 )
 from depthscope.probes.adapters.family import Family
-from depthscope.probes.adapters.hf import input_embedding, model_name, pretrained, text_encoder
+from depthscope.probes.adapters.hf import as_family, input_embedding, model_name, pretrained
 from depthscope.probes.adapters.spec import SPEC_COMMAND, ModelSpec, build_spec
 from depthscope.probes.adapters.structure import (
     Embed,
@@ -544,20 +543,20 @@ def build(model: Any) -> Adapter:
         "tie_word_embeddings",
     )
     config = config_values(cfg, keep)
-    return dataclasses.replace(
+    attrs = {
+        "scheme": "standard",
+        "variant": name,
+        "label": name,
+        "config": json.dumps(config, sort_keys=True, default=str),
+        "layout": plan.origin,
+        "parallel_residual": int(any(len(step.subs) > 1 for steps in plan.steps for step in steps)),
+        "static_weights": int(any(c.static is not None for c in read.consumers)),
+    }
+    return as_family(
         read,
-        family=NAME,
-        attrs={
-            "scheme": "standard",
-            "variant": name,
-            "label": name,
-            "config": json.dumps(config, sort_keys=True, default=str),
-            "layout": plan.origin,
-            "parallel_residual": int(any(len(step.subs) > 1 for steps in plan.steps for step in steps)),
-            "static_weights": int(any(c.static is not None for c in read.consumers)),
-        },
-        encode=text_encoder(model),
-        skip_positions=1,
+        model,
+        NAME,
+        attrs,
         head=verified_head(model, plan, probe),
         hint=f"; this {model_type} model ({plan.origin}) is not a plain sum of its writes here",
     )
