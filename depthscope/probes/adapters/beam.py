@@ -95,9 +95,8 @@ def spec_of(model: Any) -> ModelSpec:
 
 def build(model: Any) -> Adapter:
     """The adapter of a Beam model: its ModelSpec (``spec_of``), built and checked as any spec is."""
-    spec = spec_of(model)
+    read = build_spec(model, spec_of(model), find=False)
     inner = text_model(model, prefix_of(model, BASE_CLASS, NAME))
-    labels = [names.label(i, kind) for i in range(len(inner.layers)) for kind in (names.ATTN, names.MLP)]
     keep = ("layer_types", "mlp_layer_types", "num_experts")
     attrs = family_attrs(
         model,
@@ -106,8 +105,7 @@ def build(model: Any) -> Adapter:
         "depth-scaled",
         mixing_meaning="static: every available source has weight 1/sqrt(K) at a consumer of depth K",
     )
-    scales = partial(static_scales, add_indices(inner), [*labels, names.READOUT])
-    read = build_spec(model, spec, find=False)
+    scales = partial(static_scales, add_indices(inner), [c.label for c in read.consumers])
     return as_family(read, model, NAME, attrs, "depth-scaled residual", static_native=scales, head=None)
 
 
