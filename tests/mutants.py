@@ -575,9 +575,9 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "the transformers family lets a refusal of its spec's build other than the sum check escape raw",
         "depthscope/probes/adapters/huggingface.py",
-        "        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks\n"
+        "        return spec, plan, probe, build_spec(model, spec, find=False, probe=probe)\n"
         "    except DepthscopeError as err:",
-        "        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks\n"
+        "        return spec, plan, probe, build_spec(model, spec, find=False, probe=probe)\n"
         "    except Refused as err:",
         (
             "tests/probes/adapters/test_huggingface_layouts.py::"
@@ -592,6 +592,35 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/adapters/test_beam.py::test_every_cell_is_one_over_sqrt_depth",),
     ),
     Mutant(
+        "a post-LN spec's norm is not checked to compute a LayerNorm of its input",
+        "depthscope/probes/adapters/carry.py",
+        "        if not error(out, want) <= tol:",
+        "        if False:",
+        (
+            "tests/probes/adapters/test_post_ln_spec.py::"
+            "test_a_post_ln_spec_that_does_not_describe_the_model_is_refused_in_one_line",
+        ),
+    ),
+    Mutant(
+        "a post-LN spec's read is not checked to read the stream",
+        "depthscope/probes/adapters/carry.py",
+        '                _reads_stream(f"consumer {label} ({site.path})", value, stream, tol)',
+        "                pass",
+        (
+            "tests/probes/adapters/test_post_ln_spec.py::"
+            "test_a_post_ln_spec_that_does_not_describe_the_model_is_refused_in_one_line",
+        ),
+    ),
+    Mutant(
+        "a chunk of a post-LN write is taken for the whole write",
+        "depthscope/probes/adapters/carry.py",
+        "        if t.shape[1] < self.rebuilt.shape[1]:",
+        "        if False:",
+        (
+            "tests/probes/adapters/test_post_ln.py::test_a_chunked_feed_forward_gives_the_trace_of_the_unchunked_model",
+        ),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",
@@ -600,7 +629,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "a post-LN LayerNorm centres each dense term by its means over tokens, not over features",
-        "depthscope/probes/adapters/post_ln.py",
+        "depthscope/probes/adapters/carry.py",
         "live.sub_(live.mean(-1, keepdim=True)).mul_(gain)",
         "live.sub_(live.mean(-2, keepdim=True)).mul_(gain)",
         ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle",),

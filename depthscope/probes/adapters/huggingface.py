@@ -376,13 +376,10 @@ def plan_spec(model: Any) -> tuple[ModelSpec | None, str]:
     weights unit; read with ``--spec``, they are found from the activations (``build_spec``).
     """
     try:
-        probe = Probe(model, _vocab(model))
-        plan = plan_of(model, probe)
-        spec = spec_of(model, plan, probe)
-        build_spec(model, spec, find=False, probe=probe)  # checked as the family reads it
-    except DepthscopeError as err:  # Refused, or any other check of the spec's build
+        spec, plan, _, _ = _read(model)
+    except DepthscopeError as err:  # the family's refusal
         return None, _unprefixed(err)
-    return spec, plan.origin
+    return spec, plan.origin if plan is not None else "post-LN structure"
 
 
 def spec_of(model: Any, plan: Plan, probe: Probe) -> ModelSpec:
@@ -499,27 +496,28 @@ def reading_gap(model: Any, spec: ModelSpec) -> str:
     return next((f"{show(map(str, g))} where it has {show(map(str, f))}" for f, g in pairs if f != g), "")
 
 
-def build(model: Any) -> Adapter:
-    """The adapter of a decoder from its checked plan: static weights where writes are scaled."""
-    cfg = text_config(model)
+def _read(model: Any) -> tuple[ModelSpec, Plan | None, Probe, Adapter]:
+    """The spec this family reads ``model`` by, its plan (None: the model read as post-LN, its layout
+    found by structure), the probe both were found on, and the adapter built and checked from the spec;
+    Refused in the family's one line where neither reading holds.
+    """
     model_type = str(getattr(model.config, "model_type", ""))
-    vocab = _vocab(model)
+    probe = None
     try:
-        probe = None
-        probe = Probe(model, vocab)
+        probe = Probe(model, _vocab(model))
         plan = plan_of(model, probe)
         spec = spec_of(model, plan, probe)
-        read = build_spec(model, spec, find=False, probe=probe)  # the one checked way to hooks
+        # the one checked way from a description to hooks
+        return spec, plan, probe, build_spec(model, spec, find=False, probe=probe)
     except DepthscopeError as err:  # Refused, or any other check of the spec's build
         how = f"the {model_type} layout" if model_type in LAYOUTS else "discovery"
         also = ""
         if probe is not None:  # not a sum of its writes: a post-LN model, read through its LayerNorms?
             try:
                 found = post_ln.find_layout(model, probe)
-            except Refused as post:
-                also = f"; nor as a post-LN model: {post}"
-            else:
-                return post_ln.build(model, found)
+                return found, None, probe, post_ln.build(model, found, probe=probe, origin="structure")
+            except DepthscopeError as post:
+                also = f"; nor as a post-LN model: {_unprefixed(post)}"
         advice = (
             ""
             if model_type in LAYOUTS
@@ -529,6 +527,17 @@ def build(model: Any) -> Adapter:
             f"cannot read this {model_type} model as a sum of its writes ({how}): "
             f"{_unprefixed(err)}{also}{advice}"
         ) from None
+
+
+def build(model: Any) -> Adapter:
+    """The adapter of a decoder from its checked plan: static weights where writes are scaled (a
+    post-LN model found by structure: read through its LayerNorms, ``post_ln``).
+    """
+    _, plan, probe, read = _read(model)
+    if plan is None:
+        return read
+    cfg = text_config(model)
+    model_type = str(getattr(model.config, "model_type", ""))
     name = model_name(model)
     keep = (
         "model_type",

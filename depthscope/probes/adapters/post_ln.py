@@ -1,76 +1,40 @@
-"""Adapter for post-LN encoders (BERT, MiniLM, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT):
-an exact decomposition through every LayerNorm.
+"""The post-LN family (BERT, MiniLM, RoBERTa, XLM-RoBERTa, CamemBERT, ELECTRA, DistilBERT, and any
+transformers model whose layers compute LN(x + attn), then LN(. + mlp)): the ModelSpec of each, read
+through its LayerNorms (``ModelSpec.norms``; the terms carried through them exactly: ``carry``).
 
-A post-LN layer normalises the sum of its input and its sublayer's output, so the stream is not a
-sum of sublayer outputs (TransformerLens's ``decompose_resid`` is silently wrong here). But for
-each token a LayerNorm is affine given that token's mean and standard deviation:
-
-    LN(x) = gamma * (x - mean(x)) / sigma(x) + beta,   x = sum_s c_s
-          = sum_s gamma * (c_s - mean(c_s)) / sigma(x) + beta
-
-so every term propagates through each later LayerNorm as gamma * (c - mean(c)) / sigma, with the
-sigma of the whole sum (that token's), and each LayerNorm's bias becomes a source of its own
-(``embed.ln``, ``{i}.ln1``, ``{i}.ln2``; kind ``bias``). The embeddings (word, position, token
-type) are sources too. Each hidden state is then again exactly the sum of its terms, which the
-engine checks on every batch.
-
-What the trace's variables mean here: ``contribution_share`` and ``norm_share`` are computed from
-the propagated terms, exactly. ``mixing`` of source s at consumer l is the accumulated factor
-prod 1/sigma over the LayerNorms between them (per token, then the token mean): the scale the
-stream applied to the source's term, gamma and the centring being inside the terms; a bias
-enters with 1 at its own LayerNorm. Consumers: each layer's input (its attention's), the
-attention block's normalised output (the MLP's input), and the last layer's output (the
+The encoders the family names differ in module names and two switches only, so each model type is a
+row of ``LAYOUTS``, which ``spec_of`` writes as the model's spec (what ``depthscope spec`` prints).
+DistilBERT names its norms ``sa_layer_norm`` and ``output_layer_norm`` and has no token types.
+RoBERTa-like models number positions from ``pad_token_id + 1``, so their context is that much
+shorter than ``max_position_embeddings`` (the spec's ``ctx``). An ELECTRA whose ``embedding_size``
+differs from ``hidden_size`` maps the normalised embeddings into the stream with
+``embeddings_project``, a linear map named among the norms (``embed.proj``). Consumers: each layer's
+input (its attention's), the attention block's normalised output (the MLP's input, read from a module
+that sees the whole window where the feed-forward is chunked), and the last layer's output (the
 read-out, what a pooling or head reads).
 
-The encoders differ in module names and two switches only, so each model type is a row of
-``LAYOUTS``. DistilBERT names its norms ``sa_layer_norm`` and ``output_layer_norm`` and has no
-token types. RoBERTa-like models number positions from ``pad_token_id + 1``, so their context is
-that much shorter than ``max_position_embeddings``. An ELECTRA whose ``embedding_size`` differs
-from ``hidden_size`` maps the normalised embeddings into the stream with ``embeddings_project``, a
-linear map: every term goes through its weight exactly and its bias is one more source
-(``embed.proj``); the embeddings' source values (what ``source_rms`` measures) are then their
-images under that weight, in the stream's width, since a trace's sources share one width.
-
-Feed-forward chunking (``chunk_size_feed_forward > 0``): transformers runs the feed-forward once
-per chunk of positions, so the modules inside it see one chunk at a time. The MLP's input is read
-from a module that sees the whole batch (the attention block's output, DistilBERT's ``ffn``), and
-the MLP's write and its LayerNorm's input are assembled from their chunks at the layer's output,
-before anything reads them. The window must then be a multiple of the chunk size (transformers'
-own requirement), refused in one line otherwise.
+A model of another type is found post-LN from what its modules compute on a probe forward
+(``find_layout``, for the transformers family when the model is not a sum of its writes), written as
+a spec the same way.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
+import dataclasses
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from depthscope.errors import DepthscopeError
-from depthscope.probes.adapters.base import (
-    Adapter,
-    Callback,
-    ConsumerSpec,
-    SourceSpec,
-    call_model,
-    config_values,
-    module_attach,
-    router,
-)
+from depthscope.probes.adapters.base import Adapter
+from depthscope.probes.adapters.carry import NAME, is_layer_norm
 from depthscope.probes.adapters.family import Family
-from depthscope.probes.adapters.hf import input_embedding, model_name, model_type, pretrained, text_encoder
-from depthscope.probes.terms import Terms
-from depthscope.probes.workspace import Workspace
+from depthscope.probes.adapters.hf import input_embedding, model_name, model_type, pretrained
+from depthscope.probes.adapters.spec import ModelSpec, build_spec
+from depthscope.probes.adapters.structure import Refused, error, fit, layer_list
 from depthscope.schemes import names
-
-NAME = "post-ln"
-MIXING_MEANING = (
-    "post-LN: mixing is the token mean of prod 1/sigma over the LayerNorms between source and consumer; "
-    "gamma and the centring are inside the terms, and each LayerNorm bias is a source"
-)
+from depthscope.trace.labels import READOUT
 
 
 @dataclass(frozen=True)
@@ -89,8 +53,6 @@ class Layout:
     embed_ln: str | None = "embeddings.LayerNorm"  # None: the embeddings' sum is the first layer's input
     project: str | None = None  # a linear map after the embedding LayerNorm, where the model has one
     padded_positions: bool = False  # positions start at pad_token_id + 1 (RoBERTa): a shorter context
-    scales: tuple[float, ...] = ()  # each embedding's static scale (Marian's sqrt(d)); empty: all 1
-    origin: str = "layout"  # "layout" (a row of LAYOUTS) or "structure" (found on a probe forward)
 
 
 BERT = Layout(
@@ -132,361 +94,48 @@ def detect(model: Any) -> bool:
     return pretrained(model) and model_type(model) in MODEL_TYPES
 
 
-@dataclass(frozen=True)
-class _Plan:
-    """One model's layout resolved: the base model's path prefix, the layer count, whether the
-    embeddings are projected, the feed-forward chunk size.
+def spec_of(model: Any, layout: Layout | None = None) -> ModelSpec:
+    """The ModelSpec of a post-LN encoder from its type's row of ``LAYOUTS`` (paths under its base
+    model, ``*`` the layer): what the family reads and ``depthscope spec`` prints.
     """
-
-    layout: Layout
-    prefix: str  # "bert." for a model with a head, "" for the base model
-    n_layers: int
-    project: str | None  # the projection's path under the base model, where this model has one
-    chunk: int  # chunk_size_feed_forward (0: the feed-forward sees the whole batch)
-
-    def paths(self) -> list[str]:
-        """Every module the hooks read, as full paths."""
-        lay, p = self.layout, self.prefix
-        out = [f"{p}{path}" for _, path in lay.embeddings] + ([f"{p}{lay.embed_ln}"] if lay.embed_ln else [])
-        out += [f"{p}{self.project}"] if self.project else []
-        for i in range(self.n_layers):
-            at = f"{p}{lay.layers}.{i}"
-            out += [at] + [f"{at}.{m}" for m in (lay.attn_out, lay.ln1, lay.mlp_in.partition(":")[0])]
-            out += [f"{at}.{lay.mlp_out}", f"{at}.{lay.ln2}"]
-        return out
-
-
-def _plan(model: Any, found: Layout | None = None) -> _Plan:
     cfg = model.config
-    layout = found or LAYOUTS[cfg.model_type]
-    prefix = model.base_model_prefix if found is None else ""  # a found layout holds full paths
+    lay = layout or LAYOUTS[cfg.model_type]
+    prefix = model.base_model_prefix
     base = getattr(model, prefix, None) if prefix else None
     p = f"{prefix}." if isinstance(base, torch.nn.Module) else ""
-    base = base if p else model
-    project = layout.project if layout.project and (found or hasattr(base, layout.project)) else None
-    n_layers = len(model.get_submodule(layout.layers)) if found else int(cfg.num_hidden_layers)
-    chunk = 0 if found else int(getattr(cfg, "chunk_size_feed_forward", 0) or 0)  # found: runs once
-    plan = _Plan(layout, p, n_layers, project, chunk)
-    for path in plan.paths():  # a config the layout does not describe: one line, not a hook's traceback
-        try:
-            model.get_submodule(path)
-        except AttributeError:
-            raise DepthscopeError(
-                f"the post-LN adapter reads {cfg.model_type} models with a module {path!r}; this "
-                f"{type(model).__name__} has none"
-            ) from None
-    return plan
-
-
-def build(model: Any, found: Layout | None = None) -> Adapter:
-    """The adapter of a post-LN model: embeddings, sublayer outputs and LayerNorm biases as sources;
-    each consumer gets its terms propagated through the LayerNorms before it. ``found``: a layout
-    found by ``find_layout`` (any post-LN model), else the model type's row of ``LAYOUTS``.
-    """
-    cfg = model.config
-    plan = _plan(model, found)
-    n = plan.n_layers
-    # in the order the model computes them (the terms are kept in that order)
-    srcs = [SourceSpec(label, label, names.EMBED, 0) for label, _ in plan.layout.embeddings]
-    if plan.layout.embed_ln:
-        srcs.append(SourceSpec("embed.ln", "embed.ln", names.BIAS, 0))
-    if plan.project:
-        srcs.append(SourceSpec("embed.proj", "embed.proj", names.BIAS, 0))
-    cons = []
-    for i in range(n):
-        for kind, depth, ln in ((names.ATTN, 2 * i + 1, "ln1"), (names.MLP, 2 * i + 2, "ln2")):
-            label = names.label(i, kind)
-            cons.append(
-                ConsumerSpec(label, f"{label}.in", kind, depth, len(srcs), f"{label}.terms", terms=True)
-            )
-            srcs += [
-                SourceSpec(label, label, kind, depth),
-                SourceSpec(f"{i}.{ln}", f"{i}.{ln}", names.BIAS, depth),
-            ]
-    cons.append(
-        ConsumerSpec(
-            names.READOUT, "readout.in", names.READOUT, 2 * n + 1, len(srcs), "readout.terms", terms=True
-        )
-    )
-    name = model_name(model)
-    keep = (
-        "model_type",
-        "num_hidden_layers",
-        "hidden_size",
-        "embedding_size",
-        "num_attention_heads",
-        "intermediate_size",
-        "hidden_dim",
-        "vocab_size",
-        "max_position_embeddings",
-        "layer_norm_eps",
-        "chunk_size_feed_forward",
-    )
-    offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if plan.layout.padded_positions else 0
-    n_dense = sum(s.kind != names.BIAS for s in srcs)  # the biases are carried as vectors
-    return Adapter(
-        family=NAME,
-        sources=srcs,
-        consumers=cons,
-        attrs={
-            "scheme": "post-ln",
-            "variant": name,
-            "label": name,
-            "config": json.dumps(config_values(cfg, keep, keep_none=True), sort_keys=True, default=str),
-            "mixing_meaning": MIXING_MEANING,
-            "layout": f"post-ln {plan.layout.origin}",  # "post-ln layout" (a row) or "post-ln structure"
+    at = f"{p}{lay.layers}.*"
+    norms = {"embed.ln": f"{p}{lay.embed_ln}"} if lay.embed_ln else {}
+    if lay.project and hasattr(base if p else model, lay.project):  # ELECTRA with embedding_size set
+        norms["embed.proj"] = f"{p}{lay.project}"
+    offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if lay.padded_positions else 0
+    last = int(cfg.num_hidden_layers) - 1
+    return ModelSpec(
+        embed={label: f"{p}{path}" for label, path in lay.embeddings},
+        writes={names.ATTN: f"{at}.{lay.attn_out}", names.MLP: f"{at}.{lay.mlp_out}"},
+        norms={**norms, "ln1": f"{at}.{lay.ln1}", "ln2": f"{at}.{lay.ln2}"},
+        reads={
+            names.ATTN: f"{at}:in",
+            names.MLP: f"{at}.{lay.mlp_in}",
+            READOUT: f"{p}{lay.layers}.{last}:out",
         },
-        ctx=int(getattr(cfg, "max_position_embeddings", 0) or 1 << 16) - offset,
-        vocab=int(cfg.vocab_size),
-        encode=text_encoder(model, "a post-LN encoder's token ids are word pieces, not bytes"),
-        attach=lambda m, taps, ws=None: _attach(m, taps, plan, len(srcs), n_dense, ws or Workspace()),
-        workspace=True,  # the terms' buffers, from batch to batch
-        forward=_chunked_forward(plan.chunk) if plan.chunk else call_model,
-        views=False,  # a post-LN layer's input is the stream itself
+        ctx=_context(cfg, offset),
+        label=model_name(model),
+        scheme="post-ln",
     )
 
 
-def _chunked_forward(chunk: int):
-    """``model(tokens)``, the window first checked against the feed-forward's chunk size."""
-
-    def forward(model: Any, tokens: Tensor) -> Any:
-        if tokens.shape[1] % chunk:
-            raise DepthscopeError(
-                f"the model runs its feed-forward in chunks of {chunk} positions (chunk_size_feed_forward), "
-                f"so the window must be a multiple of {chunk}; got {tokens.shape[1]} (set --ctx)"
-            )
-        return model(tokens)
-
-    return forward
-
-
-class _Terms:
-    """The terms of the current hidden state and their accumulated 1/sigma, batch by batch.
-
-    Per batch, source-major (``accumulate.Terms``): ``dense`` [dense sources, batch, pos, d_model]
-    holds the terms of the sublayers and the word embeddings whole; two groups of vectors hold the
-    terms that are one vector per position times a per-token factor: ``const`` [k, 1, 1, d] (each
-    LayerNorm bias, and an embedding that is the same at every token, such as the token type of
-    text without segments) and ``window`` [j, 1, pos, d] (an embedding the same in every window:
-    the position embedding). ``scale`` [source, batch, pos] is every term's accumulated 1/sigma.
-    Each LayerNorm updates the live terms in place, and a consumer hands the engine views of them
-    (the engine folds them before the next LayerNorm). The sum of the terms, ``rebuilt``, is carried
-    alongside by the same linear maps (O(d) per token and LayerNorm), so the engine need not sum the
-    terms again at every consumer.
-    Where the embeddings are projected (``hold``), their terms start in buffers of the embedding
-    width and their values reach the engine only once projected into the stream's width. The MLP's
-    write and its LayerNorm's input arrive in chunks of positions (``part``, ``norm_part``) and
-    reach the engine whole (``flush``).
+def build(model: Any, spec: ModelSpec | None = None, *, probe: Any = None, origin: str = "layout") -> Adapter:
+    """The family's adapter: ``spec`` (default: the model type's row of ``LAYOUTS``) built and checked
+    by ``build_spec`` on the ``probe`` where one is given; ``origin`` is what the trace's ``layout``
+    attr says the spec came from (``layout``: a row; ``structure``: ``find_layout``).
     """
-
-    GROUPS = ("const", "window")
-
-    def __init__(self, send, n_sources: int, n_dense: int, n_embed: int, hold: bool, workspace: Workspace):
-        self.send, self.hold = send, hold
-        self.sizes = {"dense": n_dense, "const": n_sources, "window": n_embed, "scale": n_sources}
-        # the engine's, lent for the batch and kept by it from batch to batch: the buffers ("embed"
-        # before a projection, "stream") and the index tensors
-        self.ws = workspace
-        self.buf: dict[str, Tensor] = {}
-        self.count: dict[str, int] = {}  # live terms per group ("dense", "const", "window")
-        self.at: dict[str, list[int]] = {}  # the source index of each live term, per group
-        self.n = 0  # live terms in all
-        self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
-        self.parts: list[Tensor] = []  # chunks of the MLP's write
-        self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
-
-    def _buffers(self, slot: str, lead: tuple[int, int], d: int, like: Tensor) -> dict[str, Tensor]:
-        shapes = {
-            "dense": (self.sizes["dense"], *lead, d),
-            "const": (self.sizes["const"], 1, 1, d),
-            "window": (self.sizes["window"], 1, lead[1], d),
-            "scale": (self.sizes["scale"], *lead),
-        }
-        return {k: self.ws.buffer(("post-ln", slot, k), shape, like) for k, shape in shapes.items()}
-
-    def start(self, key: str, t: Tensor) -> None:
-        """A new batch, from its first source [batch, pos, d]."""
-        self.buf = self._buffers("embed" if self.hold else "stream", t.shape[:2], t.shape[-1], t)
-        self.count = {"dense": 0, "const": 0, "window": 0}
-        self.at = {"dense": [], "const": [], "window": []}
-        self.n = 0
-        self.rebuilt = torch.zeros_like(t)
-        self.held = [] if self.hold else None
-        self.parts, self.xs = [], []
-        self.source(key, t)
-
-    def _add(self, group: str, key: str, value: Tensor, whole: Tensor) -> None:
-        """Term ``value`` (its group's shape) of source ``key``, whose value is ``whole`` [batch, pos, d]."""
-        self.buf[group][self.count[group]] = value
-        self.count[group] += 1
-        self.at[group].append(self.n)
-        if self.held is not None:
-            self.held.append((key, whole))
-        else:
-            self.send(key, whole)
-        self.buf["scale"][self.n] = 1.0
-        self.rebuilt += value
-        self.n += 1
-
-    def source(self, key: str, t: Tensor) -> None:
-        """A new term, kept whole with scale 1; sent to the engine as a source (or held for the
-        projection).
-        """
-        self._add("dense", key, t, t)
-
-    def embedding(self, key: str, t: Tensor) -> None:
-        """An embedding after the first: kept as a vector where it is one per position in every
-        window ([1, pos, d]: the position embedding) or, on a CPU, one for every token (compared
-        exactly; on an accelerator the comparison would wait for the device, so it stays whole).
-        """
-        batch = self.rebuilt.shape[0]
-        if t.shape[0] == 1 and batch > 1:
-            self._add("window", key, t, t.expand(batch, -1, -1))
-        elif t.device.type == "cpu" and torch.equal(t, t[:1, :1].expand_as(t)):
-            self._add("const", key, t[:1, :1], t)
-        else:
-            self._add("dense", key, t.expand(batch, -1, -1), t.expand(batch, -1, -1))
-
-    def bias(self, key: str, v: Tensor) -> None:
-        """A new term that is the vector ``v`` [d] at every token (a bias): kept as one vector."""
-        self._add("const", key, v.view(1, 1, -1), v.expand_as(self.rebuilt))
-
-    def normalise(self, ln: torch.nn.LayerNorm, x: Tensor, bias_key: str) -> None:
-        """Propagate every term through ``ln`` applied to ``x`` (= their sum), then add its bias."""
-        # that token's 1/sigma; the variance as the centred input's squared norm (a BLAS-fast
-        # reduction, ten times faster on a CPU than Tensor.var's kernel, the same two-pass sum)
-        d = x.shape[-1]
-        norm = torch.linalg.vector_norm(x - x.mean(-1, keepdim=True), dim=-1, keepdim=True)
-        inv = norm.square_().div_(d).add_(ln.eps).rsqrt_()  # [batch, pos, 1], in place: few calls
-        gain = (inv * ln.weight if ln.weight is not None else inv).flatten(0, 1)  # [T, d]
-        live = self.buf["dense"][: self.count["dense"]].flatten(1, 2)  # [m, T, d]
-        # whole-tensor, in place: the means as one reduction over the features (4.3x faster here than
-        # a matrix-vector product with 1/d, whose rows of d are too short for BLAS), then one centring
-        # and one scaling pass (measured faster than cache-sized token chunks: per-chunk calls dominate)
-        live.sub_(live.mean(-1, keepdim=True)).mul_(gain)
-        for group in self.GROUPS:  # the fixed part of the map; the token's 1/sigma goes into scale
-            vec = self.buf[group][: self.count[group]]
-            vec.sub_(vec.mean(-1, keepdim=True))
-            if ln.weight is not None:
-                vec.mul_(ln.weight)
-        r = self.rebuilt  # this batch's own buffer (the engine has folded every view of it)
-        r.sub_(r.mean(-1, keepdim=True)).mul_(gain.view_as(r))
-        self.buf["scale"][: self.n].mul_(inv.squeeze(-1))
-        self.bias(bias_key, ln.bias if ln.bias is not None else x.new_zeros(x.shape[-1]))
-
-    def project(self, linear: torch.nn.Linear, bias_key: str) -> None:
-        """Map every term through ``linear``'s weight into the stream's width (the map is linear, so
-        the sum of the mapped terms plus its bias is its output); its bias is a new source.
-        """
-        w = linear.weight  # [d_model, d_embed]
-        old = self.buf
-        self.buf = self._buffers("stream", old["scale"].shape[1:], w.shape[0], old["dense"])
-        for group, k in self.count.items():
-            self.buf[group][:k] = old[group][:k] @ w.T
-        self.buf["scale"][: self.n] = old["scale"][: self.n]
-        self.rebuilt = self.rebuilt @ w.T
-        held, self.held = self.held or [], None
-        for key, value in held:  # each source's value in the stream's width: its image under the weight
-            self.send(key, value @ w.T)
-        self.bias(bias_key, linear.bias if linear.bias is not None else w.new_zeros(w.shape[0]))
-
-    def part(self, t: Tensor) -> None:
-        """A chunk of positions of the MLP's write."""
-        self.parts.append(t)
-
-    def norm_part(self, x: Tensor) -> None:
-        """A chunk of positions of the input of the LayerNorm after the MLP."""
-        self.xs.append(x)
-
-    def flush(self, key: str, ln: torch.nn.LayerNorm, bias_key: str) -> None:
-        """The layer is done: its MLP's write, whole, is a source; its LayerNorm propagates the terms."""
-        if not self.parts or not self.xs:  # the engine reports the source that never fired
-            return
-        t = torch.cat(self.parts, 1) if len(self.parts) > 1 else self.parts[0]
-        x = torch.cat(self.xs, 1) if len(self.xs) > 1 else self.xs[0]
-        self.parts, self.xs = [], []
-        self.source(key, t)
-        self.normalise(ln, x, bias_key)
-
-    def _index(self, group: str, device: torch.device) -> Tensor:
-        """The source indices of a group's live terms, as a tensor (the same in every batch: cached)."""
-        key = ("post-ln index", group, tuple(self.at[group]), device)
-        return self.ws.constant(key, lambda: torch.tensor(key[2], dtype=torch.long, device=device))
-
-    def consumer(self, key: str, h: Tensor) -> None:
-        """Consumer ``key``'s input and its terms (views, folded by the engine at once)."""
-        self.send(f"{key}.in", h)
-        at = lambda group: self._index(group, h.device)  # noqa: E731
-        live = lambda group: self.buf[group][: self.count[group]]  # noqa: E731
-        vecs = tuple((live(g), at(g)) for g in self.GROUPS if self.count[g])
-        self.send(
-            f"{key}.terms", Terms(live("dense"), at("dense"), vecs, self.buf["scale"][: self.n], self.rebuilt)
-        )
+    read = build_spec(model, spec or spec_of(model), probe=probe)
+    return dataclasses.replace(read, attrs={**read.attrs, "layout": f"post-ln {origin}"})
 
 
-@contextlib.contextmanager
-def _attach(
-    model: Any, taps: list[tuple[str, Callback]], plan: _Plan, n_sources: int, n_dense: int, ws: Workspace
-):
-    state = _Terms(
-        router(taps), n_sources, n_dense, len(plan.layout.embeddings), plan.project is not None, ws
-    )
-    with module_attach(model, _hooks(model, plan, state)):
-        yield
-
-
-def _hooks(model: Any, plan: _Plan, state: _Terms) -> list[tuple[str, Callback]]:
-    """Every (tap, callback) of one model, in the order the forward reaches them."""
-    lay, p = plan.layout, plan.prefix
-
-    def layer_norm(path: str, bias_key: str):
-        ln = model.get_submodule(path)
-        return lambda x: state.normalise(ln, x, bias_key)
-
-    scales = lay.scales or (1.0,) * len(lay.embeddings)
-
-    def scaled(f: Callback, c: float) -> Callback:
-        """An embedding's write as the stream receives it: [pos, d] as [1, pos, d], times its scale."""
-
-        def write(t: Tensor) -> None:
-            t = t.unsqueeze(0) if t.ndim == 2 else t
-            f(t * c if c != 1.0 else t)
-
-        return write
-
-    ((first, first_path), *rest), (c0, *cs) = lay.embeddings, scales
-    hooks = [(f"{p}{first_path}:out", scaled(lambda t: state.start(first, t), c0))]  # a new batch starts here
-    hooks += [
-        (f"{p}{path}:out", scaled(lambda t, key=label: state.embedding(key, t), c))
-        for (label, path), c in zip(rest, cs)
-    ]
-    if lay.embed_ln:
-        hooks.append((f"{p}{lay.embed_ln}:in", layer_norm(f"{p}{lay.embed_ln}", "embed.ln")))
-    if plan.project:
-        linear = model.get_submodule(f"{p}{plan.project}")
-        hooks.append((f"{p}{plan.project}:in", lambda x: state.project(linear, "embed.proj")))
-    for i in range(plan.n_layers):
-        at = f"{p}{lay.layers}.{i}"
-        ln2 = model.get_submodule(f"{at}.{lay.ln2}")
-        hooks += [
-            (f"{at}:in", lambda h, i=i: state.consumer(f"{i}.attn", h)),
-            (f"{at}.{lay.attn_out}:out", lambda t, i=i: state.source(f"{i}.attn", t)),
-            (f"{at}.{lay.ln1}:in", layer_norm(f"{at}.{lay.ln1}", f"{i}.ln1")),
-            (f"{at}.{lay.mlp_in}", lambda h, i=i: state.consumer(f"{i}.mlp", h)),
-            (f"{at}.{lay.mlp_out}:out", state.part),
-            (f"{at}.{lay.ln2}:in", state.norm_part),
-            (f"{at}:out", lambda h, i=i, ln=ln2: state.flush(f"{i}.mlp", ln, f"{i}.ln2")),
-        ]
-    # after the last layer's flush (hooks on one module run in the order they were registered)
-    hooks.append((f"{p}{lay.layers}.{plan.n_layers - 1}:out", lambda h: state.consumer("readout", h)))
-    return hooks
-
-
-# --- post-LN by structure: the layout found on a probe forward ----------------------------------
-
-
-def _is_layer_norm(module: Any) -> bool:
-    return isinstance(module, torch.nn.LayerNorm) or type(module).__name__.endswith("LayerNorm")
+def _context(cfg: Any, offset: int) -> int:
+    """The window a model's position table allows, ``offset`` positions short (RoBERTa's pad id)."""
+    return int(getattr(cfg, "max_position_embeddings", 0) or 1 << 16) - offset
 
 
 def _inside(outer: str, path: str) -> bool:
@@ -502,8 +151,8 @@ def _embedding_label(path: str, used: set[str]) -> str:
     return label
 
 
-def find_layout(model: Any, probe: Any) -> Layout:
-    """The post-LN layout of any transformers model, found on the probe (``structure.Probe``) from
+def find_layout(model: Any, probe: Any) -> ModelSpec:
+    """The post-LN spec of any transformers model, found on the probe (``structure.Probe``) from
     what its modules compute, not from their names or classes; ``structure.Refused`` naming the
     check that fails. Every layer must compute, in this order:
 
@@ -518,8 +167,6 @@ def find_layout(model: Any, probe: Any) -> Layout:
     longest ModuleList whose every layer reads the previous one's output. A module that a chunked
     feed-forward calls more than once is refused (only ``LAYOUTS`` rows read chunked encoders).
     """
-    from depthscope.probes.adapters.structure import Refused, layer_list
-
     layers, ran = layer_list(model, probe, every=True)
     relative = None
     for i, call in ran:
@@ -529,29 +176,28 @@ def find_layout(model: Any, probe: Any) -> Layout:
         relative = rel
     attn_out, ln1, mlp_out, ln2 = relative
     labels, paths, scales, embed_ln, padded, project = _embedding_parts(model, probe, layers, ran[0][1])
-    return Layout(
-        embeddings=tuple(zip(labels, paths)),
-        layers=layers,
-        attn_out=attn_out,
-        ln1=ln1,
-        mlp_in=f"{ln1}:out",
-        mlp_out=mlp_out,
-        ln2=ln2,
-        embed_ln=embed_ln,
-        project=project,
-        padded_positions=padded,
-        scales=scales,
-        origin="structure",
+    at = f"{layers}.*"
+    norms = {"embed.ln": embed_ln} if embed_ln else {}
+    norms.update({"embed.proj": project} if project else {})
+    first = "embed.ln" if embed_ln else f"0.{names.ATTN}"  # reads the embeddings' (scaled) sum
+    offset = (int(getattr(model.config, "pad_token_id", 0) or 0) + 1) if padded else 0
+    return ModelSpec(
+        embed=dict(zip(labels, paths)),
+        writes={names.ATTN: f"{at}.{attn_out}", names.MLP: f"{at}.{mlp_out}"},
+        norms={**norms, "ln1": f"{at}.{ln1}", "ln2": f"{at}.{ln2}"},
+        reads={names.ATTN: f"{at}:in", names.MLP: f"{at}.{ln1}:out", READOUT: f"{layers}.{ran[-1][0]}:out"},
+        static={first: list(scales)} if any(c != 1.0 for c in scales) else {},
+        ctx=_context(model.config, offset),
+        label=model_name(model),
+        scheme="post-ln",
     )
 
 
 def _layer_parts(probe: Any, at: str, i: int, call: Any) -> tuple[str, str, str, str]:
     """(attention write, ln1, MLP write, ln2) of layer ``i`` at ``at``, relative to it (``find_layout``)."""
-    from depthscope.probes.adapters.structure import Refused, error
-
     tol = probe.tolerance()
     inner = [c for c in probe.calls if _inside(at, c.path) and c.input is not None and c.output is not None]
-    norms = [c for c in inner if _is_layer_norm(c.module)]
+    norms = [c for c in inner if is_layer_norm(c.module)]
     if len(norms) != 2:
         raise Refused(f"layer {i} runs {len(norms)} LayerNorms on the stream, not the 2 of a post-LN layer")
     ln1, ln2 = norms
@@ -565,7 +211,7 @@ def _layer_parts(probe: Any, at: str, i: int, call: Any) -> tuple[str, str, str,
                 for c in inner
                 if after < c.index < before
                 and probe.count.get(c.path) == 1
-                and not _is_layer_norm(c.module)
+                and not is_layer_norm(c.module)
                 and c.output.shape[-1] == target.shape[-1]
                 and error(target, base + c.output.double()) <= tol
             ),
@@ -582,12 +228,10 @@ def _layer_parts(probe: Any, at: str, i: int, call: Any) -> tuple[str, str, str,
 
 def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
     """(labels, paths, scales, embedding LayerNorm or None, padded positions) before the layers."""
-    from depthscope.probes.adapters.structure import Refused, error, fit
-
     tol = probe.tolerance()
     modules = dict(model.named_modules())
     before = [c for c in probe.calls if c.index < first.index and not _inside(layers, c.path)]
-    norms = [c for c in before if _is_layer_norm(c.module) and c.output is not None and c.input is not None]
+    norms = [c for c in before if is_layer_norm(c.module) and c.output is not None and c.input is not None]
     embed_ln = norms[-1] if norms and error(first.input, norms[-1].output) <= tol else None
     project = None
     if embed_ln is None and norms:  # a linear map from the embeddings' width into the stream's (RemBERT)

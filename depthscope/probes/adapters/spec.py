@@ -31,6 +31,10 @@ input and output, and depthscope
 The capture engine then checks the identity on every batch, as for every family, and per-token
 weights are solved again on every batch with the same identifiability rule, token by token.
 
+A post-LN model (the stream renormalised after each write: BERT, the original transformer) names
+its LayerNorms as ``norms=``: nothing is fitted then; every term is carried through each norm
+exactly (``carry``), and the spec is checked on the probe site by site.
+
 Sources may be increments (a sublayer's output) or whole states (a block's output, which
 DenseFormer averages): the engine only needs each input to be a combination of them. A module may
 be named under several read keys (MUDDFormer's layer 0 reads its query, key and value from one
@@ -60,7 +64,7 @@ import torch
 from torch import Tensor
 
 from depthscope.errors import DepthscopeError, first_line
-from depthscope.probes.adapters import fit
+from depthscope.probes.adapters import carry, fit
 from depthscope.probes.adapters.base import (
     Adapter,
     Callback,
@@ -125,6 +129,13 @@ class ModelSpec:
             (``*``), ``sources`` [n, batch, pos, d] the sources available, ``h`` [batch, pos, d]
             its input; it returns [batch, pos, n] or [batch, pos, n, d] (or [n] / [n, d]: the same
             at every token). The identity is checked like any other, on the probe and every batch.
+        norms: key -> pattern(s) of post-norms (a post-LN model, ``post_ln``): modules whose input is
+            the stream (the last norm's output, or the embeddings' sum) plus the writes since, and whose
+            output is the stream from then on: a LayerNorm, or a linear map into the stream's width
+            (ELECTRA's projection). Every term is carried through each one exactly, its bias a source
+            labelled like a write (``{i}.ln1``, ``embed.ln``); the reads then read the stream itself
+            (their mixing the accumulated 1/sigma), and ``static=`` may give only the embeddings'
+            scales, at the first norm or read after them.
 
     A pattern is a string or a list of strings, wherever one is taken. A path ending in ``:in`` or
     ``:out`` names that value of the module where its role takes the other (``embed="layers.0:in"``,
@@ -143,6 +154,7 @@ class ModelSpec:
     forward: Callable[[Any, Tensor], Any] | None = field(default=None, compare=False)
     weights: Mapping[str, Callable[..., Tensor]] = field(default_factory=dict, compare=False)
     static: Mapping[str, Sequence[float]] = field(default_factory=dict)
+    norms: Mapping[str, Patterns] = field(default_factory=dict)
 
     def describe(self) -> dict[str, Any]:
         """The spec as JSON-ready data (recorded in the trace's ``config`` attr)."""
@@ -151,6 +163,8 @@ class ModelSpec:
             "writes": {k: patterns(k, v) for k, v in _mapping("writes", self.writes).items()},
             "reads": {k: patterns(k, v) for k, v in _mapping("reads", self.reads).items()},
         }
+        if self.norms:
+            out["norms"] = {k: patterns(k, v) for k, v in _mapping("norms", self.norms).items()}
         if self.static:
             out["static"] = {k: [float(x) for x in v] for k, v in _mapping("static", self.static).items()}
         return out
@@ -234,14 +248,22 @@ def _kind(key: str) -> Kind:
 
 
 def _probe(
-    model: Any, paths: list[str], vocab: int, ctx: int, forward: Callable[..., Any], probe=None
+    model: Any,
+    paths: list[str],
+    vocab: int,
+    ctx: int,
+    forward: Callable[..., Any],
+    probe=None,
+    chunk: int = 0,
 ) -> Probe:
     """One probe forward with the named modules' calls recorded (``structure.Probe``), on ids of a
-    model's shorter context where it has one (or the ``probe`` a family made of every module); each
-    named module must run once.
+    model's shorter context where it has one, or of one ``chunk`` of positions where the model runs
+    modules once per chunk (or the ``probe`` a family made of every module); each named module must
+    run once.
     """
+    positions = chunk or min(PROBE_SHAPE[1], ctx)
     try:
-        probe = probe or Probe(model, vocab, forward, (PROBE_SHAPE[0], min(PROBE_SHAPE[1], ctx)), paths)
+        probe = probe or Probe(model, vocab, forward, (PROBE_SHAPE[0], positions), paths)
     except Refused as err:
         raise DepthscopeError(f"ModelSpec: {err}") from None
     path, n = next(((p, probe.count.get(p, 0)) for p in paths if probe.count.get(p, 0) != 1), (None, 1))
@@ -483,6 +505,8 @@ def build_spec(
     the probe all the same: ``structure.Refused`` names the first consumer that is not the sum it is
     read as.
     """
+    if isinstance(spec, ModelSpec) and spec.norms:  # a post-LN model: its terms carried through the norms
+        return _carried(model, spec, ctx, probe)
     embeds, writes, reads = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
@@ -567,6 +591,28 @@ def build_spec(
         logits=_logits,
         views=not not_views,
     )
+
+
+def _carried(model: Any, spec: ModelSpec, ctx: int | None, probe: Probe | None) -> Adapter:
+    """A spec with norms (a post-LN model): its sites named, probed and ordered as any spec's, the
+    terms carried through its norms (``carry.adapter``, which checks them on the probe).
+    """
+    embeds, writes, reads = _sites(model, spec)
+    norms = [
+        s for k, v in _mapping("norms", spec.norms).items() for s in _expand(model, k, patterns(k, v), "in")
+    ]
+    forward = spec.forward or (lambda m, t: m(t))
+    vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
+    paths = list(dict.fromkeys(s.path for s in embeds + writes + norms + reads))
+    chunk = carry.chunk_of(model)  # a chunked feed-forward runs its modules once on one chunk
+    probe = _probe(model, paths, vocab, ctx, forward, probe, chunk)
+    roles = [(EMBED, s) for s in embeds] + [("write", s) for s in writes]
+    roles += [("norm", s) for s in norms] + [("read", s) for s in reads]
+    roles.sort(key=lambda rs: probe.when(rs[1].tap))  # in the order the forward reaches them
+    values = {s.tap: _value(probe, s.path, s.where) for _, s in roles}
+    named = [(source.label, site) for source, site in _sources(embeds, [])]
+    output = lambda path: _value(probe, path, "out")[0]  # noqa: E731
+    return carry.adapter(model, spec, roles, values, named, output, vocab, ctx, chunk)
 
 
 def _sources(embeds: list[_Site], writes: list[_Site]) -> list[tuple[SourceSpec, _Site]]:

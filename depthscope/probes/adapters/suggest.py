@@ -65,7 +65,7 @@ class Suggestion:
         else:
             d = self.spec.describe()
             lines += ["spec = ModelSpec(", f"    embed={_py(d['embed'])},"]
-            for what in ("writes", "reads", "static"):
+            for what in ("writes", "norms", "reads", "static"):
                 if what in d:
                     lines.append(f"    {what}={{")
                     lines += [
@@ -73,6 +73,8 @@ class Suggestion:
                         for k, v in d[what].items()
                     ]
                     lines.append("    },")
+            if self.spec.ctx is not None:  # a context the model's config does not say (RoBERTa's)
+                lines.append(f"    ctx={self.spec.ctx},")
             lines.append(")")
         if helpers is not None:
             return (
@@ -198,19 +200,25 @@ def suggest_spec(model: Any, forward: Any = None, *, check: bool = True) -> Sugg
     checked on a probe forward (``check``) with a note of what ``build_spec`` makes of it.
     ``forward(model, ids)`` runs the model where it needs more than ``model(ids)``.
     """
-    from depthscope.probes.adapters import huggingface
+    from depthscope.probes.adapters import huggingface, post_ln
     from depthscope.probes.adapters.registry import detecting
 
     family = detecting(model) if forward is None else None
-    if family is not None and family.name == huggingface.NAME:  # what the capture reads, as a spec
-        spec, how = huggingface.plan_spec(model)
+    if family is not None and family.name in (huggingface.NAME, post_ln.NAME):  # what capture reads
+        if family.name == post_ln.NAME:
+            spec, how = post_ln.spec_of(model), f"the {model.config.model_type} row of its layouts"
+        else:
+            spec, how = huggingface.plan_spec(model)
         if spec is not None:
             gap = huggingface.reading_gap(model, spec) if check else ""
             note = (
                 f"the {family.name} family reads this model ({how}): this spec names the modules it reads; "
             )
-            note += "with --spec their weights are found from the activations where static= does not "
-            note += "give them (the family's scales, a parallel read of fewer sources), and it reads "
+            if spec.norms:  # post-LN: every term carried through the norms, nothing to find
+                note += "with --spec every term is carried through its norms as the family does; it reads "
+            else:
+                note += "with --spec their weights are found from the activations where static= does not "
+                note += "give them (the family's scales, a parallel read of fewer sources), and it reads "
             note += gap or "the same sources and consumers (label, kind, depth, count of sources)"
             found = Suggestion(spec, (note,), type(model).__name__)
             return verify(model, found) if check else found

@@ -76,13 +76,13 @@ def tokens(n=3, pos=24, seed=0):
 
 
 @torch.no_grad()
-def independent_decomposition(model, toks):
+def independent_decomposition(model, toks, base=None):
     """Per consumer (each post-LN LayerNorm's output in call order, ELECTRA's projection applied to
     the first), each term's share <c, h> / |h|^2 over all tokens and its token-mean 1/sigma product,
-    from plain hooks on every Embedding and LayerNorm of the base model only: the sublayer writes are
+    from plain hooks on every Embedding and LayerNorm of the base model (or ``base``) only: the writes are
     each LayerNorm's input minus the stream before it, the terms carried by hand (float64).
     """
-    base = model.base_model
+    base = model.base_model if base is None else base
     calls, handles = [], []
     for module in base.modules():
         if isinstance(module, (torch.nn.Embedding, torch.nn.LayerNorm)):
@@ -166,7 +166,8 @@ def test_a_chunked_feed_forward_gives_the_trace_of_the_unchunked_model(kind):
     linear.register_forward_hook(lambda m, a, out: calls.append(out.shape[1]))
     a = capture(plain, tokens(4, 24), batch_size=2, rank=True)
     b = capture(chunked, tokens(4, 24), batch_size=2, rank=True)
-    assert calls == [8, 8, 8] * 2  # three chunks per batch: the hooks did see chunks
+    # the probe forward of one chunk that checks the spec, then three chunks per batch: the hooks saw chunks
+    assert calls == [8] + [8, 8, 8] * 2
     assert set(a.data_vars) == set(b.data_vars)
     for name in a.data_vars:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-12, atol=1e-14, err_msg=name)

@@ -26,11 +26,18 @@ def test_a_found_layout_reads_a_tabled_model_as_its_row_does(kind):
     model = MODELS[kind](config(kind, 128)).eval().double()
     found = post_ln.find_layout(model, Probe(model, 128))
     row = post_ln.LAYOUTS[kind.removesuffix("-projected")]
-    assert found.origin == "structure" and found.ln2.endswith(row.ln2)
+    tabled = post_ln.spec_of(model)  # the row's spec: the same norms and embeddings, found
+    assert (found.norms, found.embed) == (tabled.norms, tabled.embed)
+    assert found.norms["ln2"].endswith(row.ln2)
     by_row = capture(model, tokens(), batch_size=2, skip_positions=0)
     by_structure = capture(
-        model, tokens(), batch_size=2, skip_positions=0, adapter=post_ln.build(model, found)
+        model,
+        tokens(),
+        batch_size=2,
+        skip_positions=0,
+        adapter=post_ln.build(model, found, origin="structure"),
     )
+    assert (by_row.attrs["layout"], by_structure.attrs["layout"]) == ("post-ln layout", "post-ln structure")
     assert list(by_structure["source"].values) == list(by_row["source"].values)
     for var in ("contribution_share", "mixing", "norm_share", "input_rms", "source_rms"):
         np.testing.assert_allclose(by_structure[var].values, by_row[var].values, rtol=1e-12, atol=1e-14)
