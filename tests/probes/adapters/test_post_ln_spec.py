@@ -78,20 +78,20 @@ def test_a_post_ln_model_found_by_structure_is_read_through_the_spec_plan_spec_g
 class Mix(nn.Module):
     """A write that mixes earlier positions (a stand-in for attention)."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, positions: int = 1):
         super().__init__()
-        self.proj = nn.Linear(d, d)
+        self.proj, self.positions = nn.Linear(d, d), positions
 
     def forward(self, x):
-        return torch.tanh(self.proj(x)).cumsum(1) / 4
+        return torch.tanh(self.proj(x)).cumsum(self.positions) / 4
 
 
 class PostBlock(nn.Module):
     """The original transformer's block as research code writes it: LN(x + f(x)), then LN(. + g(.))."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, positions: int = 1):
         super().__init__()
-        self.mix, self.norm1 = Mix(d), nn.LayerNorm(d)
+        self.mix, self.norm1 = Mix(d, positions), nn.LayerNorm(d)
         self.ff, self.norm2 = (
             nn.Sequential(nn.Linear(d, 2 * d), nn.GELU(), nn.Linear(2 * d, d)),
             nn.LayerNorm(d),
@@ -103,17 +103,19 @@ class PostBlock(nn.Module):
 
 
 class PostLN(nn.Module):
-    def __init__(self, vocab: int = 99, d: int = 16, ctx: int = 24, n: int = 3):
+    def __init__(self, vocab: int = 99, d: int = 16, ctx: int = 24, n: int = 3, time_first: bool = False):
         super().__init__()
         self.tok, self.pos, self.norm0 = nn.Embedding(vocab, d), nn.Embedding(ctx, d), nn.LayerNorm(d)
-        self.layers = nn.ModuleList(PostBlock(d) for _ in range(n))
+        self.layers = nn.ModuleList(PostBlock(d, 0 if time_first else 1) for _ in range(n))
         self.out = nn.Linear(d, vocab)
+        self.time_first = time_first  # fairseq's layout: the layers see [pos, batch, d]
 
     def forward(self, ids):
         x = self.norm0(self.tok(ids) + self.pos(torch.arange(ids.shape[1])[None]))  # pos: [1, T, d]
+        x = x.transpose(0, 1) if self.time_first else x
         for layer in self.layers:
             x = layer(x)
-        return self.out(x)
+        return self.out(x.transpose(0, 1) if self.time_first else x)
 
 
 SPEC = ModelSpec(
@@ -142,6 +144,18 @@ def test_research_code_with_post_norm_blocks_equals_the_independent_decompositio
             row["contribution_share"].dropna("source"), share, atol=1e-10, err_msg=label
         )
         np.testing.assert_allclose(row["mixing"].dropna("source"), mixing, rtol=1e-10, err_msg=label)
+
+
+def test_a_time_first_post_ln_model_reads_as_its_batch_first_twin():
+    """fairseq's layout ([pos, batch, d] inside the layers), the same weights: the same trace."""
+    model, toks = research_model(), tokens(2, 16)
+    twin = PostLN(time_first=True).double().eval()
+    twin.load_state_dict(model.state_dict())
+    spec = dataclasses.replace(SPEC, reads={**SPEC.reads, "readout": "layers.2:out"})
+    same_traces(
+        capture(model, toks, batch_size=2, skip_positions=0, spec=spec),
+        capture(twin, toks, batch_size=2, skip_positions=0, spec=spec),
+    )
 
 
 class Doubled(nn.LayerNorm):
