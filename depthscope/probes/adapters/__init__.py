@@ -84,7 +84,7 @@ def resolve(
     if family is not None:
         return _built(family, model)
     from depthscope.probes.adapters.spec import SPEC_COMMAND, build_spec
-    from depthscope.probes.adapters.suggest import suggest_spec
+    from depthscope.probes.adapters.suggest import post_ln_spec, suggest_spec
 
     guessed = suggest_spec(model, forward, check=False).spec
     why = ""
@@ -95,6 +95,11 @@ def resolve(
             return ad
         except DepthscopeError as err:
             why = f"; read as {_short(guessed)}: {str(err).removeprefix('ModelSpec: ')}"
+    post = post_ln_spec(model, forward)  # not a sum of its writes: a post-LN model, through its norms?
+    if post is not None:
+        ad = build_spec(model, post, ctx=ctx)
+        ad.attrs["spec_origin"] = "discovered"
+        return ad
     raise DepthscopeError(
         f"cannot capture a {type(model).__name__}: no adapter knows it (known families: {', '.join(known)})"
         f"{why}; name where it writes and reads with a ModelSpec: {SPEC_COMMAND}, in the model's own module "

@@ -180,15 +180,16 @@ def find_layout(model: Any, probe: Any) -> ModelSpec:
     norms = {"embed.ln": embed_ln} if embed_ln else {}
     norms.update({"embed.proj": project} if project else {})
     first = "embed.ln" if embed_ln else f"0.{names.ATTN}"  # reads the embeddings' (scaled) sum
-    offset = (int(getattr(model.config, "pad_token_id", 0) or 0) + 1) if padded else 0
+    cfg = model.config if pretrained(model) else None  # a plain module: its position table says the context
+    offset = (int(getattr(cfg, "pad_token_id", 0) or 0) + 1) if padded and cfg is not None else 0
     return ModelSpec(
         embed=dict(zip(labels, paths)),
         writes={names.ATTN: f"{at}.{attn_out}", names.MLP: f"{at}.{mlp_out}"},
         norms={**norms, "ln1": f"{at}.{ln1}", "ln2": f"{at}.{ln2}"},
         reads={names.ATTN: f"{at}:in", names.MLP: f"{at}.{ln1}:out", READOUT: f"{layers}.{ran[-1][0]}:out"},
         static={first: list(scales)} if any(c != 1.0 for c in scales) else {},
-        ctx=_context(model.config, offset),
-        label=model_name(model),
+        ctx=_context(cfg, offset) if cfg is not None else None,
+        label=model_name(model) if cfg is not None else None,
         scheme="post-ln",
     )
 
@@ -250,13 +251,14 @@ def _embedding_parts(model: Any, probe: Any, layers: str, first: Any) -> tuple:
         )
         embed_ln = norms[-1] if project is not None else None
     target = embed_ln.input if embed_ln is not None else first.input
-    embedding = input_embedding(model)
-    word = next((p for p, m in modules.items() if m is embedding), None) if embedding is not None else None
     called = [c for c in before if isinstance(c.module, torch.nn.Embedding) and probe.count.get(c.path) == 1]
     values = _outputs(probe, called)  # [batch or 1, pos, width], 2-D ones too
     embeds = [
         c for c in called if values.get(c.path) is not None and values[c.path].shape[-1] == target.shape[-1]
     ]
+    embedding = input_embedding(model) if pretrained(model) else None  # a plain module: the first called
+    word = next((p for p, m in modules.items() if m is embedding), None) if embedding is not None else None
+    word = word if word is not None or not embeds else embeds[0].path
     if not embeds or embeds[0].path != word:
         raise Refused("the input embedding is not the first embedding the model calls before its layers")
     for k in range(len(embeds), 0, -1):  # the embeddings the sum holds: the first k that fit

@@ -23,6 +23,7 @@ could not decide (a forward that needs more than ids, a child whose kind its nam
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 from dataclasses import dataclass
@@ -36,6 +37,7 @@ from depthscope.probes.adapters.structure import Probe, path_word
 from depthscope.trace.labels import READOUT
 
 VIEWS = ("q", "k", "v")
+REFUSED = "checked on a probe forward: refused: "
 
 
 @dataclass(frozen=True)
@@ -230,7 +232,29 @@ def suggest_spec(model: Any, forward: Any = None, *, check: bool = True) -> Sugg
         )
     else:
         found = _guess(model, forward)
-    return verify(model, found) if check else found
+    checked = verify(model, found) if check else found
+    if check and (found.spec is None or checked.notes[-1].startswith(REFUSED)):
+        post = post_ln_spec(model, forward)  # not a sum of its writes: a post-LN model?
+        if post is not None:
+            how = "found post-LN from what its modules compute: LN(x + write), then LN(. + write) per layer"
+            return verify(model, Suggestion(post, (how,), found.model))
+    return checked
+
+
+def post_ln_spec(model: Any, forward: Any = None) -> ModelSpec | None:
+    """The spec of a module whose layers compute LN(x + attn), then LN(. + mlp) (``post_ln.find_layout``
+    on a probe forward of ids below every embedding table's size), or None where it is not one.
+    """
+    from depthscope.probes.adapters import post_ln
+
+    tables = [m.num_embeddings for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    if not tables or min(tables) < 2:
+        return None
+    try:
+        spec = post_ln.find_layout(model, Probe(model, min(tables), forward))
+    except DepthscopeError:
+        return None
+    return dataclasses.replace(spec, forward=forward) if forward is not None else spec
 
 
 def _guess(model: Any, forward: Any) -> Suggestion:
@@ -296,7 +320,7 @@ def verify(model: Any, suggestion: Suggestion) -> Suggestion:
     try:
         ad = build_spec(model, suggestion.spec)
     except DepthscopeError as err:
-        note = f"checked on a probe forward: refused: {str(err).removeprefix('ModelSpec: ')}"
+        note = f"{REFUSED}{str(err).removeprefix('ModelSpec: ')}"
     else:
         found = Counter(json.loads(ad.attrs["weights_found"]).values())
         how = ", ".join(f"{k} weights x {n}" for k, n in sorted(found.items()))

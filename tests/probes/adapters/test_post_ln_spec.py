@@ -229,3 +229,25 @@ def test_a_read_inside_a_chunked_feed_forward_is_refused_in_one_line():
         DepthscopeError, match="consumer 0.mlp is read inside a feed-forward that runs in chunks"
     ):
         capture(model, tokens(2, 24), spec=inside)
+
+
+def test_a_post_ln_module_no_family_knows_is_found_and_read_without_a_spec():
+    """The research model with no spec: post-LN discovery finds the spec written by hand above (its
+    mix write found as the whole mixing module, the MLP read at the first norm's output), and the
+    capture without one is the capture with it."""
+    model, toks = research_model(), tokens(2, 16)
+    suggestion = suggest_spec(model)
+    assert suggestion.notes[0].startswith("found post-LN") and suggestion.notes[-1].startswith(
+        "checked on a probe forward: read, 15 sources, 7 consumers"
+    )
+    found = suggestion.spec
+    assert (found.embed, found.norms) == ({"embed": "tok", "pos": "pos"}, SPEC.norms)
+    assert found.writes == {"attn": "layers.*.mix", "mlp": "layers.*.ff"}
+    plain = capture(model, toks, batch_size=2, skip_positions=0)
+    assert plain.attrs["spec_origin"] == "discovered" and plain.attrs["family"] == "post-ln"
+    by_hand = capture(model, toks, batch_size=2, skip_positions=0, spec=SPEC)
+    assert list(plain["source"].values) == ["embed", "pos", *by_hand["source"].values[2:]]
+    for var in VARS:
+        np.testing.assert_allclose(
+            plain[var].values, by_hand[var].values, rtol=1e-12, atol=1e-14, err_msg=var
+        )
