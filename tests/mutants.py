@@ -621,6 +621,16 @@ MUTANTS: list[Mutant] = [
         ),
     ),
     Mutant(
+        "a plain module whose pre-norm guess is refused is not tried as post-LN",
+        "depthscope/probes/adapters/__init__.py",
+        "    post = post_ln_spec(model, forward)\n",
+        "    post = None\n",
+        (
+            "tests/probes/adapters/test_post_ln_spec.py::"
+            "test_a_post_ln_module_no_family_knows_is_found_and_read_without_a_spec",
+        ),
+    ),
+    Mutant(
         "the batch's finiteness check looks at the rebuild errors only",
         "depthscope/probes/accumulate.py",
         "finite = torch.isfinite(torch.stack(torch._foreach_norm(sums, math.inf))).all()",

@@ -95,7 +95,8 @@ def resolve(
             return ad
         except DepthscopeError as err:
             why = f"; read as {_short(guessed)}: {str(err).removeprefix('ModelSpec: ')}"
-    post = post_ln_spec(model, forward)  # not a sum of its writes: a post-LN model, through its norms?
+    # not a sum of its writes: a post-LN model, read through its norms?
+    post = post_ln_spec(model, forward)
     if post is not None:
         ad = build_spec(model, post, ctx=ctx)
         ad.attrs["spec_origin"] = "discovered"
