@@ -597,6 +597,11 @@ def _carried(model: Any, spec: ModelSpec, ctx: int | None, probe: Probe | None) 
     """A spec with norms (a post-LN model): its sites named, probed and ordered as any spec's, the
     terms carried through its norms (``carry.adapter``, which checks them on the probe).
     """
+    if spec.weights or spec.head is not None:
+        raise DepthscopeError(
+            "ModelSpec: with norms= every term is carried through the norms, not weighted: weights= and "
+            "head= do not apply (give neither)"
+        )
     embeds, writes, reads = _sites(model, spec)
     norms = [
         s for k, v in _mapping("norms", spec.norms).items() for s in _expand(model, k, patterns(k, v), "in")

@@ -195,6 +195,12 @@ def _broken(what: str):
         ("", {"static": {"embed.ln": [1.0]}}, r"one scale per embedding"),
         ("", {"reads": {"attn": ["layers.*:in", "layers.*.mix:in"]}}, r"two reads are both 0\.attn"),
         ("", {"norms": {**SPEC.norms, "head": "out"}}, r"the linear map out comes after a write or read"),
+        ("", {"head": ("norm0", "out")}, r"weights= and head= do not apply"),
+        (
+            "",
+            {"norms": {"embed.ln": "norm0", "ln1": "layers.*.norm1", "attn": "layers.*.norm2"}},
+            r"both 0\.attn",
+        ),
     ],
 )
 def test_a_post_ln_spec_that_does_not_describe_the_model_is_refused_in_one_line(what, change, message):
