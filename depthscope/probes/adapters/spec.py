@@ -205,12 +205,11 @@ class _Site:
         return f"{self.path}:{self.where}"
 
 
-def _expand(model: Any, key: str, names: list[str], where: str) -> list[_Site]:
-    """The modules each pattern names (``*``: a layer index; without one, the first number of the
-    path is), each meaning its value ``where`` unless the pattern says which (``"layers.0:in"``);
-    DepthscopeError if one names none.
+def _expand(model: Any, key: str, names: list[str], where: str, paths: list[str]) -> list[_Site]:
+    """The modules among ``paths`` (the model's) each pattern names (``*``: a layer index; without one,
+    the first number of the path is), each meaning its value ``where`` unless the pattern says which
+    (``"layers.0:in"``); DepthscopeError if one names none.
     """
-    paths = [p for p, _ in model.named_modules()]
     sites = []
     for named in names:
         pattern, colon, said = named.partition(":")
@@ -457,11 +456,11 @@ def _logits(output: Any) -> Tensor:
     return output
 
 
-def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[_Site]]:
-    """The embeddings, writes and reads the spec names, each checked."""
+def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[_Site], list[_Site]]:
+    """The embeddings, writes, reads and norms the spec names, each checked."""
     if not isinstance(spec, ModelSpec):
         raise DepthscopeError(f"spec must be a ModelSpec, got a {type(spec).__name__}")
-    writes_map, reads_map = _mapping("writes", spec.writes), _mapping("reads", spec.reads)
+    writes_map = _mapping("writes", spec.writes)
     if not isinstance(spec.static, Mapping) or not all(isinstance(k, str) for k in spec.static):
         raise DepthscopeError(
             "ModelSpec: static= maps consumer labels to weights ({'0.mlp': [1.0]}), "
@@ -469,27 +468,32 @@ def _sites(model: Any, spec: ModelSpec) -> tuple[list[_Site], list[_Site], list[
         )
     if not spec.embed or not writes_map:
         raise DepthscopeError("ModelSpec: name at least one embedding (embed=) and one write (writes=)")
-    embeds = _embeds(model, spec.embed)
-    writes = [s for k, v in writes_map.items() for s in _expand(model, k, patterns(k, v), "out")]
-    reads = [s for k, v in reads_map.items() for s in _expand(model, k, patterns(k, v), "in")]
+    paths = [p for p, _ in model.named_modules()]  # listed once: every pattern is matched against them
+
+    def named(what: str, where: str) -> list[_Site]:
+        given = _mapping(what, getattr(spec, what)).items()
+        return [s for k, v in given for s in _expand(model, k, patterns(k, v), where, paths)]
+
+    embeds = _embeds(model, spec.embed, paths)
+    writes, reads, norms = named("writes", "out"), named("reads", "in"), named("norms", "in")
     for s in writes + [r for r in reads if r.key != READOUT]:
         _kind(s.key)
-    return embeds, writes, reads
+    return embeds, writes, reads, norms
 
 
-def _embeds(model: Any, embed: Any) -> list[_Site]:
+def _embeds(model: Any, embed: Any, paths: list[str]) -> list[_Site]:
     """The embedding sites, each keyed by its label where ``embed`` maps labels to modules (the first
     ``embed``, each naming one module), else by ``embed``.
     """
     if not isinstance(embed, Mapping):
-        return _expand(model, EMBED, patterns(EMBED, embed), "out")
+        return _expand(model, EMBED, patterns(EMBED, embed), "out", paths)
     labels = list(_mapping("embed", embed))
     if labels[:1] != [EMBED] or not all(isinstance(v, str) for v in embed.values()):
         raise DepthscopeError(
             f"ModelSpec: embed= maps labels to one module each, the first labelled 'embed' "
             f"({{'embed': 'wte', 'pos_embed': 'wpe'}}), got {dict(embed)!r:.80}"
         )
-    sites = [site for lab in labels for site in _expand(model, lab, [embed[lab]], "out")]
+    sites = [site for lab in labels for site in _expand(model, lab, [embed[lab]], "out", paths)]
     if len(sites) != len(labels):
         raise DepthscopeError("ModelSpec: each label of embed= names one module (no '*')")
     return sites
@@ -507,7 +511,7 @@ def build_spec(
     """
     if isinstance(spec, ModelSpec) and spec.norms:  # a post-LN model: its terms carried through the norms
         return _carried(model, spec, ctx, probe)
-    embeds, writes, reads = _sites(model, spec)
+    embeds, writes, reads, _ = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
@@ -602,10 +606,7 @@ def _carried(model: Any, spec: ModelSpec, ctx: int | None, probe: Probe | None) 
             "ModelSpec: with norms= every term is carried through the norms, not weighted: weights= and "
             "head= do not apply (give neither)"
         )
-    embeds, writes, reads = _sites(model, spec)
-    norms = [
-        s for k, v in _mapping("norms", spec.norms).items() for s in _expand(model, k, patterns(k, v), "in")
-    ]
+    embeds, writes, reads, norms = _sites(model, spec)
     forward = spec.forward or (lambda m, t: m(t))
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + norms + reads))
