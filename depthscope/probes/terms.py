@@ -2,7 +2,7 @@
 
 ``Terms``: a post-LN consumer's terms. A LayerNorm acts on each token as a fixed linear map times
 that token's 1/sigma, so every source's term can be carried through the later LayerNorms exactly
-(``probes.adapters.post_ln``); ``Terms`` is how they travel, source-major, with the terms that are
+(``probes.adapters.carry``); ``Terms`` is how they travel, source-major, with the terms that are
 one vector per position kept as vectors.
 
 ``Split``: per-feature weights that are a static per-feature part plus a per-token scalar
