@@ -71,6 +71,7 @@ from depthscope.probes.adapters.base import (
     ConsumerSpec,
     Head,
     SourceSpec,
+    call_model,
     head_of,
     module_attach,
     router,
@@ -512,7 +513,7 @@ def build_spec(
     if isinstance(spec, ModelSpec) and spec.norms:  # a post-LN model: its terms carried through the norms
         return _carried(model, spec, ctx, probe)
     embeds, writes, reads, _ = _sites(model, spec)
-    forward = spec.forward or (lambda m, t: m(t))
+    forward = spec.forward or call_model
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + reads))
     probe = _probe(model, paths, vocab, ctx, forward, probe)
@@ -607,7 +608,7 @@ def _carried(model: Any, spec: ModelSpec, ctx: int | None, probe: Probe | None) 
             "head= do not apply (give neither)"
         )
     embeds, writes, reads, norms = _sites(model, spec)
-    forward = spec.forward or (lambda m, t: m(t))
+    forward = spec.forward or call_model
     vocab, ctx = _vocab_ctx(model, spec, embeds, ctx)
     paths = list(dict.fromkeys(s.path for s in embeds + writes + norms + reads))
     chunk = carry.chunk_of(model)  # a chunked feed-forward runs its modules once on one chunk
