@@ -320,10 +320,15 @@ class MUDD(_LM):
     def __init__(self, n_layer: int = 3):
         super().__init__(n_layer)
         self.blocks = nn.ModuleList(MUDDBlock() for _ in range(n_layer))
-        # dynamic dense weights: from RMSNorm(X_i), 4 ways x (i + 1) states, a static part + a token part
+        # dynamic dense weights: from RMSNorm(X_i), 4 ways x (i + 1) states, a static part (the bias:
+        # one-hot on the latest state, the scheme's initialisation) + a token part of size ~0.5 at any
+        # width (larger per-token weights make the states grow with depth until they are near collinear)
         self.dyn = nn.ModuleList(nn.Linear(D, 4 * (i + 1)) for i in range(n_layer))
-        for lin in self.dyn:
-            nn.init.normal_(lin.weight, std=0.5)
+        for i, lin in enumerate(self.dyn):
+            nn.init.normal_(lin.weight, std=0.5 / D**0.5)
+            nn.init.zeros_(lin.bias)
+            with torch.no_grad():
+                lin.bias.view(4, i + 1)[:, i] = 1.0
 
     def forward(self, idx: Tensor, targets: Tensor | None = None):
         states = [self.wte(idx)]
