@@ -325,6 +325,7 @@ class _Terms:
         self.n = 0  # live terms in all
         self.held: list[tuple[str, Tensor]] | None = None  # sources waiting for the projection
         self.parts: list[Tensor] = []  # chunks of the MLP's write
+        self.part_key = ""  # whose write the chunks are
         self.xs: list[Tensor] = []  # chunks of its LayerNorm's input
 
     def _buffers(self, slot: str, lead: tuple[int, int], d: int, like: Tensor) -> dict[str, Tensor]:
