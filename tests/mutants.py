@@ -522,10 +522,10 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
     ),
     Mutant(
-        "the weight moments merged in groups take every group's magnitudes from the first",
+        "the weight moments merged in groups take every group's weights from the first",
         "depthscope/probes/moments.py",
-        "self._add_tokens(idx[a : a + step], w[a : a + step], w_abs[a : a + step])",
-        "self._add_tokens(idx[a : a + step], w[a : a + step], w_abs[:step])",
+        "self._add_tokens(idx[a : a + step], w[a : a + step], part)",
+        "self._add_tokens(idx[a : a + step], w[:step], part)",
         ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
     ),
     Mutant(

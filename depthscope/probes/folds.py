@@ -30,7 +30,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from depthscope.probes.moments import GROUP_BYTES, Moments
+from depthscope.probes.moments import Moments
 from depthscope.probes.terms import Split, Terms, Windows, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
@@ -209,7 +209,7 @@ class PerToken(Fold):
             acc.add_rows(idx, dots)
             # every consumer's weight moments at once: a row's columns past its n are 0 in every batch
             W = W.transpose(0, 1)  # noqa: N806  [R, T, S]
-            acc.moments.add_tokens(idx.to(acc.device), W, W.abs())
+            acc.moments.add_tokens(idx.to(acc.device), W, None, acc.chunk)
         super().end_batch()
 
 
@@ -254,7 +254,7 @@ class PerFeature(Fold):
         if self.rows:  # the consumers' weight moments in groups: columns past a row's n stay 0
             acc, (_, first, _) = self.acc, self.rows[0]
             S, T = acc.V.shape[0], first.shape[0]  # noqa: N806
-            step = max(1, GROUP_BYTES // (8 * T * S))
+            step = max(1, acc.chunk // (8 * T * S))
             for a in range(0, len(self.rows), step):
                 rows = self.rows[a : a + step]
                 means = first.new_zeros(2, len(rows), T, S)  # [2, R, T, S]
@@ -262,7 +262,7 @@ class PerFeature(Fold):
                     means[0, r, :, : mean.shape[1]] = mean
                     means[1, r, :, : mean.shape[1]] = magnitude
                 idx = acc.index([i for i, _, _ in rows])
-                acc.moments.add_tokens(idx, means[0], means[1])
+                acc.moments.add_tokens(idx, means[0], means[1], acc.chunk)
         super().end_batch()
 
     def _fold(
@@ -383,7 +383,7 @@ class PerBlock(Fold):
             err = err + acc.sq(r - h[a:b])
         acc.add_rows(i, dots, norms)  # |rebuilt|^2: the dots' sum, which it equals
         acc.add_error(i, err, acc.sq(h))
-        acc.moments.add_tokens(i, block_mixing(w), block_mixing(w.abs()))
+        acc.moments.add_tokens(i, block_mixing(w), block_mixing(w.abs()), acc.chunk)
 
 
 class Carried(Fold):
@@ -438,8 +438,8 @@ class Carried(Fold):
         """Fold what waits for the whole batch; then forget the batch's consumers."""
         if self.rows:
             idx = self.acc.index(self.rows)
-            w = self.buf.index_select(0, idx.to(self.buf.device)).to(self.acc.dtype)  # [R, S, T]
-            self.acc.moments.add_tokens(idx, w.transpose(1, 2), w.abs().transpose(1, 2))
+            w = self.buf.index_select(0, idx.to(self.buf.device))  # [R, S, T], in float64 a group at a time
+            self.acc.moments.add_tokens(idx, w.transpose(1, 2), None, self.acc.chunk)
         super().end_batch()
 
 

@@ -164,23 +164,33 @@ def test_the_accumulator_is_what_a_fold_reads():
 
 @pytest.mark.parametrize(
     "scheme, options",
-    [("attnres", {}), ("dca", {}), ("dca", {"grn": "v1"}), ("dca", {"grn": "v3"}), ("frac", {})],
+    [
+        ("attnres", {}),
+        ("dca", {}),
+        ("dca", {"grn": "v1"}),
+        ("dca", {"grn": "v3"}),
+        ("frac", {}),
+        ("post-ln", {}),
+    ],
 )
 def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, options):
-    """Per-token, split per-feature (DCA's, with a shared base; GRN-v3's), static (GRN-v1) and block
-    weights, with a position cut, folded in chunks of a few tokens (512 bytes: one token when a
-    token's terms are larger), their moments merged a consumer at a time, and in one chunk per batch
-    (an accelerator's, ``folds.chunk_bytes``), every consumer's moments at once, give the same trace,
-    to the float32 rounding of the products (summed in float64 either way)."""
-    from depthscope.probes import accumulate, folds, moments
+    """Per-token, split per-feature (DCA's, with a shared base; GRN-v3's), static (GRN-v1), block
+    and post-LN carried weights (a random BERT's), with a position cut, folded in chunks of a few
+    tokens (512 bytes: one token when a token's terms are larger), their moments merged a consumer at
+    a time, and in one chunk per batch (an accelerator's, ``folds.chunk_bytes``), every consumer's
+    moments at once, give the same trace, to the float32 rounding of the products (summed in float64
+    either way)."""
+    from depthscope.probes import accumulate
+    from tests.families import BY_FAMILY, sizes
 
-    model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform
-    tokens = random_tokens(tiny(), batch=4)
+    if scheme == "post-ln":
+        model = BY_FAMILY[scheme](sizes(vocab=256))[0].eval()
+    else:
+        model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform
+    tokens = random_tokens(tiny(ctx=32), batch=4)
     traces = []
     for size in (512, 1 << 40):  # the weight moments merged one consumer at a time, then all at once
         monkeypatch.setattr(accumulate, "chunk_bytes", lambda device, size=size: size)
-        monkeypatch.setattr(moments, "GROUP_BYTES", size)
-        monkeypatch.setattr(folds, "GROUP_BYTES", size)
         traces.append(capture(model, tokens, batch_size=2, skip_positions=1))
     small, whole = traces
     for t in traces:  # NaN fails
