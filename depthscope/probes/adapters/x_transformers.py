@@ -306,11 +306,14 @@ def hc_weights(hc: Any, normed: Tensor) -> tuple[Tensor, Tensor]:
     """(H_pre [batch, pos, stream, view], beta [batch, pos, stream]) of one HyperConnection, in float64,
     from its normalised streams [batch, pos, stream, d_model].
     """
-    n = normed.double()
     views = hc.num_input_views
-    alpha = n @ hc.dynamic_alpha_fn.double() * hc.dynamic_alpha_scale.double() + hc.static_alpha.double()
+    # both projections in one product: the streams' float64 copy, which costs more than the
+    # arithmetic, read once
+    fns = torch.cat([hc.dynamic_alpha_fn, hc.dynamic_beta_fn.unsqueeze(-1)], -1).double()
+    both = normed.double() @ fns
+    alpha = both[..., :-1] * hc.dynamic_alpha_scale.double() + hc.static_alpha.double()
     pre = alpha[..., :views].sigmoid()
-    dynamic = (n @ hc.dynamic_beta_fn.double()).sigmoid() * 2 * hc.dynamic_beta_scale.double()
+    dynamic = both[..., -1].sigmoid() * 2 * hc.dynamic_beta_scale.double()
     beta = (dynamic + hc.static_beta.double()).sigmoid() * 2
     return pre, beta
 
