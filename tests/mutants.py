@@ -529,6 +529,13 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
     ),
     Mutant(
+        "the weight moments take the weights themselves for their magnitudes where none are given",
+        "depthscope/probes/moments.py",
+        "w_abs = w.abs() if w_abs is None else w_abs.to(self.seen.dtype)",
+        "w_abs = w if w_abs is None else w_abs.to(self.seen.dtype)",
+        ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
+    ),
+    Mutant(
         "the per-feature fold's last group of consumers never merges its weight moments",
         "depthscope/probes/folds.py",
         "for a in range(0, len(self.rows), step):",
