@@ -187,7 +187,7 @@ def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, optio
         model = BY_FAMILY[scheme](sizes(vocab=256))[0].eval()
     else:
         model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform
-    tokens = random_tokens(tiny(ctx=32), batch=4)
+    tokens = random_tokens(tiny(), batch=4)
     traces = []
     for size in (512, 1 << 40):  # the weight moments merged one consumer at a time, then all at once
         monkeypatch.setattr(accumulate, "chunk_bytes", lambda device, size=size: size)
