@@ -536,6 +536,20 @@ MUTANTS: list[Mutant] = [
         ("tests/probes/test_oracle.py::test_every_scheme_equals_the_oracle",),
     ),
     Mutant(
+        "factored per-feature weights: every chunk formed from the batch's first tokens",
+        "depthscope/probes/folds.py",
+        "chunk = w.rows(a, b, out=formed[: n * (b - a) * d].view(b - a, n, d))",
+        "chunk = w.rows(0, b - a, out=formed[: n * (b - a) * d].view(b - a, n, d))",
+        ("tests/probes/test_engine.py::test_the_folds_give_one_trace_in_any_token_chunks",),
+    ),
+    Mutant(
+        "factored per-feature weights formed with their factors' stream axes misaligned",
+        "depthscope/probes/terms.py",
+        "return torch.matmul(self.coef[a:b].mT, self.basis[a:b], out=out)",
+        "return torch.matmul(self.coef[a:b].mT, self.basis[a:b].flip(-2), out=out)",
+        ("tests/probes/test_oracle.py::test_every_family_equals_the_oracle",),
+    ),
+    Mutant(
         "the per-feature fold's last group of consumers never merges its weight moments",
         "depthscope/probes/folds.py",
         "for a in range(0, len(self.rows), step):",

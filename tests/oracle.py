@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from depthscope.probes.adapters.base import evaluating
-from depthscope.probes.terms import Split, Terms
+from depthscope.probes.terms import Factored, Split, Terms
 
 SCALE = {"mixing_std": "mixing_abs"}  # a spread of weights constant over tokens is their rounding
 TABLE = ("mixing", "mixing_abs", "mixing_std", "contribution_share", "norm_share")
@@ -36,6 +36,8 @@ def record(model, ad, tokens: torch.Tensor) -> dict[str, dict]:
                 got[kind][key] = (t.full().double().clone(), t.scale.double().clone())
             elif isinstance(t, Split):  # per-feature weights in two parts, whole here
                 got[kind][key] = t.full().double()
+            elif isinstance(t, Factored):  # per-feature weights as two factors: their product, in float64
+                got[kind][key] = torch.matmul(t.coef.double().mT, t.basis.double())
             else:
                 got[kind][key] = t.detach().double().clone()
 

@@ -45,7 +45,7 @@ from depthscope.probes.partial import (
 )
 from depthscope.probes.settings import CaptureSettings, Partial, check_window
 from depthscope.probes.shard import all_gather, shard
-from depthscope.probes.terms import Split, Terms, Windows, block_terms
+from depthscope.probes.terms import Factored, Split, Terms, Windows, block_terms
 from depthscope.probes.workspace import Workspace
 from depthscope.progress import bar
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
@@ -572,7 +572,7 @@ class Taps:
             got = self.pending.setdefault(i, {})
             if key == "h":
                 self.acc.positions(i, t)
-            if key == "w" and isinstance(t, (Terms, Split)):  # its own cut, without a copy
+            if key == "w" and isinstance(t, (Terms, Split, Factored)):  # its own cut, without a copy
                 got[key] = t.cut(self.skip)
             elif key == "w" and self.skip and isinstance(t, Tensor) and t.ndim == 4:  # whole per feature
                 got[key] = Windows.of(t, self.skip)  # cut chunk by chunk in the fold, without a copy
@@ -600,9 +600,9 @@ class Taps:
             if self.probe is not None and spec.kind == READOUT:
                 self._readout(spec, h, "terms", terms.full().flatten(1, 2))
             self.acc.consumer(i, self._flat(h), terms)
-        elif isinstance(w, (Split, Windows)):  # per-feature weights never flattened whole
+        elif isinstance(w, (Split, Factored, Windows)):  # per-feature weights never flattened whole
             w = w.to(V.device, V.dtype)
-            w = w.flat() if isinstance(w, Split) else w
+            w = w if isinstance(w, Windows) else w.flat()
             if self.probe is not None and spec.kind == READOUT:
                 self._readout(spec, h, "feature", w.full())
             self.acc.consumer(i, self._flat(h), w)

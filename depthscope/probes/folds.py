@@ -14,7 +14,8 @@ accumulator's. Legend: T = tokens of the batch, S = sources, n = a consumer's so
 * ``PerToken``: weights W [T, n] (AttnRes, unrolled HC/mHC streams): one batched product rebuilds,
   and the per-token Grams G_t = V_t V_t^T (in token chunks) give the dots at the end.
 * ``PerFeature``: weights [T, n, d], or ``Split`` into a static per-feature part b [n, d] and a
-  per-token gate g [T, n] (DCA's GRN-v2/v3), in cache-sized token chunks.
+  per-token gate g [T, n] (DCA's GRN-v2/v3), or ``Factored`` (a per-token product of two small
+  factors: qwen4_exp's gated streams), in cache-sized token chunks.
 * ``PerBlock``: block weights [T, m, n, m] (Frac-Connections: a term is the source's fractions
   mixed), the terms formed in token chunks (``probes.terms.block_terms``).
 * ``Carried``: a post-LN consumer's ``Terms``, already in memory: whole-tensor passes, and the
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from depthscope.probes.moments import Moments
-from depthscope.probes.terms import Split, Terms, Windows, block_mixing, block_terms
+from depthscope.probes.terms import Factored, Split, Terms, Windows, block_mixing, block_terms
 from depthscope.probes.workspace import Workspace
 
 CHUNK_BYTES = 1 << 20  # token chunks of per-token and per-feature work on a CPU: about 1 MB, cache-sized
@@ -214,14 +215,15 @@ class PerToken(Fold):
 
 
 class PerFeature(Fold):
-    """Per-feature weights, whole [T, n, d] (or ``Windows``: uncut, each chunk inside one window) or
-    ``Split`` (b [n, d] + g [T, n]), folded in token chunks
+    """Per-feature weights, whole [T, n, d] (or ``Windows``: uncut, each chunk inside one window),
+    ``Split`` (b [n, d] + g [T, n]) or ``Factored`` (C^T A per token), folded in token chunks
     (``chunk_bytes``: on a CPU) so that the terms [n, t, d] of a chunk stay in cache: the terms (one product,
     into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
     dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuild
     error once at the end (|rebuilt|^2 is the dots' sum). Split weights are formed a chunk at a time,
-    w = b + g, in cache too: the sources are read from memory once per consumer, where whole weights cost
-    their own [T, n, d] in memory besides, and their building before. Their feature means (of w and |w|)
+    w = b + g, in cache too, and so are factored ones (one batched product per chunk): the sources are read
+    from memory once per consumer, where whole weights cost their own [T, n, d] in memory besides, and
+    their building before. Their feature means (of w and |w|)
     need no pass at all (``split_means``). Five operations a chunk, nothing allocated but [n] and
     [n, t] results: at a few hundred chunks a batch the calls, not only the arithmetic, are the cost.
 
@@ -280,11 +282,12 @@ class PerFeature(Fold):
         terms = ws.buffer("feature terms", size, V)
         rebuilt = ws.buffer("feature rebuilt", (T, d), V)
         split = isinstance(w, Split)
+        if split or isinstance(w, Factored):
+            formed = ws.buffer("feature weights", size, V)
         if split:
             static = w.static.to(V.dtype).unsqueeze(1)  # [n, 1, d]
             gate = w.gate.to(V.dtype).T.unsqueeze(-1)  # [n, T, 1]
-            formed = ws.buffer("feature weights", size, V)
-        elif isinstance(w, Windows):
+        elif isinstance(w, (Windows, Factored)):
             w = w.to(V.device, V.dtype)
         else:
             w = w.to(V.dtype)
@@ -299,7 +302,11 @@ class PerFeature(Fold):
             if split:
                 chunk = torch.add(static, gate[:, a:b], out=formed[: n * (b - a) * d].view(shape))
             else:
-                chunk = (w.rows(a, b) if windows else w[a:b]).transpose(0, 1)
+                if isinstance(w, Factored):
+                    chunk = w.rows(a, b, out=formed[: n * (b - a) * d].view(b - a, n, d))
+                else:
+                    chunk = w.rows(a, b) if windows else w[a:b]
+                chunk = chunk.transpose(0, 1)
                 means.append(torch.stack([chunk.sum(-1), chunk.abs().sum(-1)]))
             c = torch.mul(V[:n, a:b], chunk, out=terms[: n * (b - a) * d].view(shape))  # V first: its layout
             r = torch.sum(c, 0, out=rebuilt[a:b])
@@ -445,11 +452,12 @@ class Carried(Fold):
 
 def kind_of(w) -> str:
     """The fold of a consumer's weights: None (unit) or [n] (static): ``gram``; [T, n]: ``token``;
-    [T, n, d], ``Windows`` or ``Split``: ``feature``; [T, m, n, m]: ``block``; ``Terms``: ``carried``.
+    [T, n, d], ``Windows``, ``Split`` or ``Factored``: ``feature``; [T, m, n, m]: ``block``;
+    ``Terms``: ``carried``.
     """
     if isinstance(w, Terms):
         return "carried"
-    if isinstance(w, (Split, Windows)):
+    if isinstance(w, (Split, Factored, Windows)):
         return "feature"
     if w is None or w.ndim == 1:
         return "gram"

@@ -8,6 +8,10 @@ one vector per position kept as vectors.
 ``Split``: per-feature weights that are a static per-feature part plus a per-token scalar
 (GRN-v2/v3 and DCA, ``probes.adapters.grn``), handed in those two parts.
 
+``Factored``: per-feature weights that are a per-token product of two small factors (a gated
+residual's stream weights unrolled over the sources it wrote: qwen4_exp), formed a chunk of tokens
+at a time by the engine.
+
 Block weights (Frac-Connections, arXiv 2503.14125): a plain tensor w [..., frac, source, frac]
 (``block_terms``): the features fall into m equal fractions and source s's term in fraction f of
 the input is sum_g w[f, s, g] times fraction g of the source, so a term is the source's
@@ -156,9 +160,45 @@ class Windows:
         return self.flat.unflatten(0, (-1, self.window))[:, self.skip :].flatten(0, 1)
 
 
-def whole(w: Tensor | Split) -> Tensor:
-    """Weights as one tensor: ``Split`` ones formed whole (for what reads a few tokens, or needs them so)."""
-    return w.full() if isinstance(w, Split) else w
+@dataclass(frozen=True)
+class Factored:
+    """Per-feature weights w[..., s, f] = sum_k coef[..., k, s] basis[..., k, f], never formed whole:
+    ``coef`` [batch, pos, k, n] (each of k streams' share of each source), ``basis`` [batch, pos, k,
+    d_model] (what a read weighs each stream's channels by); ``flat``: [T, k, n] and [T, k, d_model].
+    Formed whole in memory they are d_model / k times the factors' size, and building them cost more
+    than the fold that reads them; the engine forms them a chunk of tokens at a time, in cache
+    (``probes.folds.PerFeature``), by the same products in the same dtype (``rows``).
+    """
+
+    coef: Tensor
+    basis: Tensor
+
+    def cut(self, skip: int) -> Factored:
+        """Without the first ``skip`` positions of every window (views)."""
+        return replace(self, coef=self.coef[:, skip:], basis=self.basis[:, skip:]) if skip else self
+
+    def to(self, device: torch.device, dtype: torch.dtype) -> Factored:
+        """Both factors on ``device`` in ``dtype``."""
+        return replace(self, coef=self.coef.to(device, dtype), basis=self.basis.to(device, dtype))
+
+    def flat(self) -> Factored:
+        """(batch, pos) flattened to tokens."""
+        return replace(self, coef=self.coef.flatten(0, 1), basis=self.basis.flatten(0, 1))
+
+    def rows(self, a: int, b: int, out: Tensor | None = None) -> Tensor:
+        """The weights of flat tokens a..b [b - a, n, d_model] (into ``out`` where given)."""
+        return torch.matmul(self.coef[a:b].mT, self.basis[a:b], out=out)
+
+    def full(self) -> Tensor:
+        """The whole weights [..., n, d_model] (the read-out's logit attribution; the tests)."""
+        return torch.matmul(self.coef.mT, self.basis)
+
+
+def whole(w: Tensor | Split | Factored) -> Tensor:
+    """Weights as one tensor: ``Split`` and ``Factored`` ones formed whole (for what reads a few
+    tokens, or needs them so).
+    """
+    return w.full() if isinstance(w, (Split, Factored)) else w
 
 
 def block_terms(w: Tensor, values: Tensor) -> Tensor:

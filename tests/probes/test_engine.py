@@ -171,11 +171,13 @@ def test_the_accumulator_is_what_a_fold_reads():
         ("dca", {"grn": "v3"}),
         ("frac", {}),
         ("post-ln", {}),
+        ("qwen4_exp", {}),
     ],
 )
 def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, options):
-    """Per-token, split per-feature (DCA's, with a shared base; GRN-v3's), static (GRN-v1), block
-    and post-LN carried weights (a random BERT's), with a position cut, folded in chunks of a few
+    """Per-token, split per-feature (DCA's, with a shared base; GRN-v3's), static (GRN-v1), block,
+    post-LN carried weights (a random BERT's) and factored per-feature ones (a random qwen4_exp's
+    gated streams), with a position cut, folded in chunks of a few
     tokens (512 bytes: one token when a token's terms are larger), their moments merged a consumer at
     a time, and in one chunk per batch (an accelerator's, ``folds.chunk_bytes``), every consumer's
     moments at once, give the same trace, to the float32 rounding of the products (summed in float64
@@ -183,7 +185,7 @@ def test_the_folds_give_one_trace_in_any_token_chunks(monkeypatch, scheme, optio
     from depthscope.probes import accumulate
     from tests.families import BY_FAMILY, sizes
 
-    if scheme == "post-ln":
+    if scheme in BY_FAMILY:
         model = BY_FAMILY[scheme](sizes(vocab=256))[0].eval()
     else:
         model = perturb(build(tiny(scheme, options)))  # weights away from their init: not uniform

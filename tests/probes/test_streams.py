@@ -31,6 +31,6 @@ def test_per_channel_reads_and_identity_writes():
     unroll = StreamUnroll.start((1, 2), 2)
     unroll.write(None, torch.tensor([[[1.0, 0.0], [0.5, 0.5]]]))  # no stream mixing, written into stream 0
     pre = torch.tensor([[[1.0, 2.0], [3.0, 4.0]]]).unsqueeze(1).expand(1, 2, 2, 2)  # [b, p, stream, d]
-    w = unroll.read(pre)  # [b, p, source, d]: embed is in both streams, the output in stream 0 only
+    w = unroll.read(pre).full()  # [b, p, source, d]: embed is in both streams, the output in stream 0 only
     torch.testing.assert_close(w[0, 0], torch.tensor([[4.0, 6.0], [1.0, 2.0]], dtype=torch.float64))
     torch.testing.assert_close(w[0, 1], torch.tensor([[4.0, 6.0], [2.0, 3.0]], dtype=torch.float64))

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from depthscope.probes.adapters import base as ab
 from depthscope.probes.adapters.hf import decoder_adapter, family_attrs, prefix_of, text_model
+from depthscope.probes.terms import Factored
 from depthscope.schemes import names
 
 
@@ -59,20 +60,21 @@ class StreamUnroll:
         """Sources written so far (the coefficients' last dimension)."""
         return self.coef.shape[-1]
 
-    def read(self, pre: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    def read(self, pre: Tensor, dtype: torch.dtype | None = None) -> Tensor | Factored:
         """Delta-basis weights of a read with stream weights ``pre`` [batch, pos, stream] (scalar
         per stream: -> [batch, pos, source]) or [batch, pos, stream, d_model] (per channel:
-        -> [batch, pos, source, d_model]), in ``dtype`` (default the coefficients'). Per-channel
-        weights are formed in ``dtype`` itself, one product per token (C^T A, contiguous): in the
-        model's float32 they are d_model times the coefficients' size, and a float64 copy of them
-        cost more than the capture's fold of them (each weight is then a sum over the streams
-        rounded in float32, a few units of its last place, where the float64 one is rounded once).
+        -> ``Factored`` weights [batch, pos, source, d_model], C^T A per token), in ``dtype``
+        (default the coefficients'). Per-channel weights are d_model times the coefficients' size:
+        they are handed as their two factors, in ``dtype`` (the model's float32: a float64 copy of
+        them cost more than the capture's fold of them), and the engine forms them a chunk of tokens
+        at a time (each weight then a sum over the streams rounded in float32, a few units of its
+        last place, where the float64 one is rounded once).
         """
         if pre.ndim == self.coef.ndim - 1:
             w = torch.einsum("bps,bpsn->bpn", pre.to(self.coef.device, self.coef.dtype), self.coef)
             return w if dtype is None else w.to(dtype)
         dtype = dtype or self.coef.dtype
-        return torch.matmul(self.coef.to(dtype).transpose(-1, -2), pre.to(self.coef.device, dtype))
+        return Factored(self.coef.to(dtype), pre.to(self.coef.device, dtype))
 
     def write(self, res: Tensor | None, post: Tensor) -> None:
         """A sublayer's write: C <- res^T C (``res`` [batch, pos, stream, stream], source x target;
