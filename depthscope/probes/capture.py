@@ -660,18 +660,23 @@ class Taps:
         # a block the layer does not read is NaN throughout, and so is its dot; a NaN inside a part
         # that is read leaves either the write NaN or the parts short of it: the check fails on both
         read = (~parts[:1, :1, :, 0].flatten(0, 1).isnan().all(0)).nonzero().flatten().tolist()  # first token
-        total = sum((parts[:, :, k] for k in read), parts.new_zeros(*parts.shape[:2], parts.shape[-1]))
+        total = parts[:, :, read[0]].clone() if read else parts.new_zeros(*parts.shape[:2], parts.shape[-1])
+        for k in read[1:]:  # in place, one pass each
+            total += parts[:, :, k]
         against = write
         if weight is not None:
             w = weight.detach().to(write.dtype)
             total, against = total @ w.T, write @ w
-        miss = (total.double() - write.double()).norm()
-        self.split_error[j] = 0.0 if miss == 0 else float(miss / write.double().norm())
+        # the difference in the write's dtype: exact where the two agree to within a factor of 2
+        # (Sterbenz), the only case where its rounding could matter; its norm summed in float64
+        miss = torch.linalg.vector_norm(total.sub_(write), dtype=torch.float64)
+        size = torch.linalg.vector_norm(write, dtype=torch.float64)
+        self.split_error[j] = 0.0 if miss == 0 else float(miss / size)
         dots = against.new_full(parts.shape[:3], math.nan)
         for k in read:
             dots[:, :, k] = torch.linalg.vecdot(parts[:, :, k], against)
         self.acc.native_mean(name, dims, i, dots.double())
-        self.acc.native_mean(f"{name}_total", (), i, write.square().sum(-1).double())
+        self.acc.native_mean(f"{name}_total", (), i, torch.linalg.vecdot(write, write).double())
 
     def complete(self) -> bool:
         """Whether this batch has seen every source, consumer and native quantity."""
