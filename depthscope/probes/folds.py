@@ -221,11 +221,11 @@ class PerFeature(Fold):
     into a workspace buffer), the rebuild (one sum, into the workspace's [T, d] rebuilt input), the
     dots with it (one matrix-vector product) and the norms, each from the chunk in cache; the rebuild
     error once at the end (|rebuilt|^2 is the dots' sum). Split weights are formed a chunk at a time,
-    w = b + g, in cache too, and so are factored ones (one batched product per chunk): the sources are read
-    from memory once per consumer, where whole weights cost their own [T, n, d] in memory besides, and
-    their building before. Their feature means (of w and |w|)
-    need no pass at all (``split_means``). Five operations a chunk, nothing allocated but [n] and
-    [n, t] results: at a few hundred chunks a batch the calls, not only the arithmetic, are the cost.
+    w = b + g, in cache too, and so are factored ones (one batched product per chunk): the sources are
+    read from memory once per consumer, where whole weights cost their own [T, n, d] in memory besides,
+    and their building before. Split weights' feature means (of w and |w|) need no pass at all
+    (``split_means``). Five operations a chunk, nothing allocated but [n] and [n, t] results: at a few
+    hundred chunks a batch the calls, not only the arithmetic, are the cost.
 
     Two consumers sharing a ``Split.base`` (a DCA block's query view and its MLP, which reads the
     same weighted terms plus the attention's output) are folded together: the first waits (its input
