@@ -276,6 +276,21 @@ MUTANTS: list[Mutant] = [
         "",
         ("tests/test_interrupt.py::test_what_python_cannot_raise_after_an_interrupt_is_silent",),
     ),
+    # --- the heap during a capture -----------------------------------------------------------------
+    Mutant(
+        "the batches run without the steady heap (glibc trims what each batch frees)",
+        "depthscope/probes/capture.py",
+        "            steady_heap(),\n",
+        "",
+        ("tests/test_heap.py::test_the_heap_is_kept_during_a_capture[capture]",),
+    ),
+    Mutant(
+        "the steady heap leaves glibc's trim threshold as it was",
+        "depthscope/resources.py",
+        "    mallopt(M_TRIM_THRESHOLD, KEEP)\n",
+        "",
+        ("tests/test_heap.py::test_leaving_sets_glibcs_own_limits_even_on_an_error",),
+    ),
     # --- multi-stream statistics -------------------------------------------------------------------
     Mutant(
         "stream statistics: a read's magnitude without its read weights",

@@ -48,6 +48,7 @@ from depthscope.probes.shard import all_gather, shard
 from depthscope.probes.terms import Factored, Split, Terms, Windows, block_terms
 from depthscope.probes.workspace import Workspace
 from depthscope.progress import bar
+from depthscope.resources import steady_heap
 from depthscope.trace import CAUSAL_VARIABLE_ATTRS as CAUSAL_ATTRS
 from depthscope.trace.labels import READOUT
 
@@ -254,6 +255,7 @@ def _batches(
         with (
             evaluating(model),
             torch.no_grad(),
+            steady_heap(),
             bar("capture" + ablating, sum(len(chunks[b]) for b in mine), enabled=progress) as pb,
         ):
             pb.advance(sum(len(chunks[b]) for b in mine[:done]))
